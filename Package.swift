@@ -1,0 +1,101 @@
+// swift-tools-version: 6.0
+//
+// Targets are split by who uses them:
+//   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
+//   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
+//   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
+//   - `BGTaskWire`        the parent/child channel protocol, shared by the host and the runner
+//   - `bgtask-runner`     the child process: loads one bundle and serves the ABI to it
+//   - `bgtask`            the CLI
+//   - `_BGTaskSystemShims`, `CFFI`  C shims and the libffi system library (not API)
+import PackageDescription
+
+let package = Package(
+    name: "bgtask",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
+        .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
+        .executable(name: "bgtask", targets: ["bgtask"]),
+        .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
+
+        // Example plugins (Plugins/): each one is a shared library loaded only in a child process.
+        .library(name: "Feed", type: .dynamic, targets: ["Feed"]),
+        .library(name: "Counter", type: .dynamic, targets: ["Counter"]),
+
+        // Test fixtures (Tests/Fixtures/): plugins that exercise the API and misbehave on purpose.
+        .library(name: "ApplePatterns5", type: .dynamic, targets: ["ApplePatterns5"]),
+        .library(name: "ApplePatterns6", type: .dynamic, targets: ["ApplePatterns6"]),
+        .library(name: "Misbehaving", type: .dynamic, targets: ["Misbehaving"]),
+        .library(name: "BadABI", type: .dynamic, targets: ["BadABI"]),
+        .library(name: "NoEntry", type: .dynamic, targets: ["NoEntry"]),
+        .library(name: "EntryFails", type: .dynamic, targets: ["EntryFails"]),
+        .library(name: "CrashInConstructor", type: .dynamic, targets: ["CrashInConstructor"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+    ],
+    targets: [
+        // MARK: The ABI and the SDK
+        .target(name: "CBGTaskPluginABI"),
+        .target(
+            name: "BackgroundTasks",
+            dependencies: ["CBGTaskPluginABI"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+
+        // MARK: Host internals
+        .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
+        .target(name: "_BGTaskSystemShims"),
+        .target(name: "BGTaskWire"),
+        .target(
+            name: "BGTaskHost",
+            dependencies: [
+                "BGTaskWire", "_BGTaskSystemShims",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "bgtask-runner",
+            dependencies: ["BGTaskWire", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
+            // C interop all the way down (libffi's global type descriptors, stdio): Swift 5 mode
+            // keeps it readable; the runner's state is guarded by one lock regardless.
+            swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .executableTarget(
+            name: "bgtask",
+            dependencies: [
+                "BGTaskHost",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+
+        // MARK: Example plugins
+        .target(name: "Feed", dependencies: ["BackgroundTasks"], path: "Plugins/Feed", exclude: ["Info.plist"]),
+        .target(name: "Counter", dependencies: ["CBGTaskPluginABI"], path: "Plugins/Counter", exclude: ["Info.plist"]),
+
+        // MARK: Test fixtures
+        .target(
+            name: "ApplePatterns5", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/ApplePatterns5",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .target(
+            name: "ApplePatterns6", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/ApplePatterns6",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        .target(name: "Misbehaving", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/Misbehaving", exclude: ["Info.plist"]),
+        .target(name: "BadABI", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/BadABI"),
+        .target(name: "NoEntry", path: "Tests/Fixtures/NoEntry"),
+        .target(name: "EntryFails", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/EntryFails"),
+        .target(name: "CrashInConstructor", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/CrashInConstructor"),
+
+        // MARK: Tests
+        .testTarget(
+            name: "BGTaskHostTests",
+            dependencies: ["BGTaskHost", "BGTaskWire"],
+            exclude: []
+        ),
+    ]
+)

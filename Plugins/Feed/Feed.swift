@@ -1,0 +1,154 @@
+// Feed: the showcase plugin. A news-feed app that refreshes its feed in the background and
+// prunes it while the device charges, written as an iOS app delegate would be.
+import BackgroundTasks
+
+@_cdecl("bgtask_plugin_entry")
+public func bgtaskPluginEntry() -> UnsafeRawPointer {
+    BGTaskPlugin.entry(name: "Feed") { launch in FeedApp(launch: launch).didFinishLaunching() }
+}
+
+final class FeedApp: Sendable {
+    static let refreshIdentifier = "com.example.feed.refresh"
+    static let cleanupIdentifier = "com.example.feed.cleanup"
+    static let maxItems = 50
+
+    let launch: BGTaskLaunch
+    let store: FeedStore
+
+    init(launch: BGTaskLaunch) {
+        self.launch = launch
+        self.store = FeedStore(directory: launch.dataDirectory)
+    }
+
+    // MARK: application(_:didFinishLaunchingWithOptions:)
+
+    func didFinishLaunching() {
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.refreshIdentifier, using: nil) { task in
+            self.handleAppRefresh(task: task as! BGAppRefreshTask)
+        }
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.cleanupIdentifier, using: nil) { task in
+            self.handleFeedCleanup(task: task as! BGProcessingTask)
+        }
+        // Opened by the user: start the refresh cycle (iOS apps do this on entering the background).
+        // Refreshes schedule the cleanup once the feed outgrows maxItems.
+        if launch.role == .foreground {
+            scheduleAppRefresh()
+        }
+    }
+
+    func scheduleAppRefresh() {
+        let request = BGAppRefreshTaskRequest(identifier: Self.refreshIdentifier)
+        request.earliestBeginDate = Date(timeIntervalSinceNow: 15 * 60)
+        do {
+            try BGTaskScheduler.shared.submit(request)
+        } catch {
+            print("feed: could not schedule app refresh: \(error)")
+        }
+    }
+
+    func scheduleFeedCleanup() {
+        let request = BGProcessingTaskRequest(identifier: Self.cleanupIdentifier)
+        request.requiresExternalPower = true
+        do {
+            try BGTaskScheduler.shared.submit(request)
+        } catch {
+            print("feed: could not schedule feed cleanup: \(error)")
+        }
+    }
+
+    func handleAppRefresh(task: BGAppRefreshTask) {
+        // Schedule the next refresh first, so one is pending however this one ends.
+        scheduleAppRefresh()
+
+        let queue = OperationQueue()
+        queue.maxConcurrentOperationCount = 1
+        let operation = FetchFeedOperation(store: store)
+
+        task.expirationHandler = {
+            // Out of time: cancel the fetch; its completion block completes the task.
+            queue.cancelAllOperations()
+        }
+        operation.completionBlock = {
+            if operation.feedCount > Self.maxItems {
+                self.scheduleFeedCleanup()
+            }
+            task.setTaskCompleted(success: !operation.isCancelled)
+        }
+        queue.addOperation(operation)
+    }
+
+    func handleFeedCleanup(task: BGProcessingTask) {
+        let result = store.prune(keepingNewest: Self.maxItems)
+        print("feed: cleanup removed \(result.removed) items (kept \(result.kept))")
+        task.setTaskCompleted(success: true)
+    }
+}
+
+/// "Downloads" the newest entries: five items numbered on from the last refresh.
+final class FetchFeedOperation: Operation, @unchecked Sendable {
+    static let itemsPerRefresh = 5
+    let store: FeedStore
+    private(set) var feedCount = 0
+
+    init(store: FeedStore) { self.store = store }
+    override func main() {
+        guard !isCancelled else { return }
+        let result = store.appendRefresh(itemsPerRefresh: Self.itemsPerRefresh)
+        feedCount = result.total
+        print("feed: refresh #\(result.refresh) added \(result.added) items (total \(result.total))")
+    }
+}
+
+struct FeedItem: Codable, Sendable { var id: Int; var title: String }
+
+/// The app's data: `feed.json` (the items, oldest first) and `state.json` (the refresh counter),
+/// in the app's data directory, which persists across launches.
+final class FeedStore: @unchecked Sendable {
+    private struct State: Codable { var refreshCount = 0 }
+
+    private let lock = NSLock()
+    private let feedURL: URL
+    private let stateURL: URL
+
+    init(directory: URL) {
+        feedURL = directory.appendingPathComponent("feed.json")
+        stateURL = directory.appendingPathComponent("state.json")
+    }
+
+    func appendRefresh(itemsPerRefresh count: Int) -> (refresh: Int, added: Int, total: Int) {
+        lock.withLock {
+            var state = load(State.self, from: stateURL) ?? State()
+            state.refreshCount += 1
+            let first = (state.refreshCount - 1) * count + 1
+            var items = load([FeedItem].self, from: feedURL) ?? []
+            items += (first..<first + count).map { FeedItem(id: $0, title: "Story \($0)") }
+            save(items, to: feedURL)
+            save(state, to: stateURL)
+            return (state.refreshCount, count, items.count)
+        }
+    }
+
+    func prune(keepingNewest limit: Int) -> (removed: Int, kept: Int) {
+        lock.withLock {
+            let items = load([FeedItem].self, from: feedURL) ?? []
+            let kept = Array(items.suffix(limit))
+            if kept.count != items.count { save(kept, to: feedURL) }
+            return (items.count - kept.count, kept.count)
+        }
+    }
+
+    private func load<T: Decodable>(_ type: T.Type, from url: URL) -> T? {
+        guard let data = try? Data(contentsOf: url) else { return nil }
+        return try? JSONDecoder().decode(type, from: data)
+    }
+
+    private func save<T: Encodable>(_ value: T, to url: URL) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        do {
+            try encoder.encode(value).write(to: url, options: .atomic)
+        } catch {
+            print("feed: could not save \(url.lastPathComponent): \(error)")
+        }
+    }
+}

@@ -1,0 +1,78 @@
+import BGTaskWire
+import Foundation
+
+/// A validated app (`.app`) or extension (`.appex`) bundle: what its Info.plist says, checked.
+/// Nothing in it has been loaded; plugin code runs only in launch children.
+public struct PluginBundle: Sendable, Equatable {
+    public enum Kind: String, Sendable { case app, `extension` }
+
+    public var kind: Kind
+    public var url: URL
+    public var identifier: String
+    public var executableName: String
+    public var permittedIdentifiers: [String]
+    public var backgroundModes: Set<String>
+    public var mappedHandlers: [MappedHandler]
+    /// Entitlements (`Entitlements` dictionary), keys as Apple names them, boolean values.
+    public var entitlements: [String: Bool]
+    /// The `NSExtension` dictionary's `NSExtensionPointIdentifier`, for extensions.
+    public var extensionPoint: String?
+    /// Extensions in `PlugIns/` that validated.
+    public var extensions: [PluginBundle]
+    /// Extensions in `PlugIns/` that did not, with the reason.
+    public var invalidExtensions: [BGTaskError]
+
+    public var executableURL: URL { url.appendingPathComponent(executableName) }
+    public var infoPlistURL: URL { url.appendingPathComponent("Info.plist") }
+
+    public static let healthResearchEntitlement = "com.apple.developer.background-tasks.health-research"
+    public static let continuedProcessingGPUEntitlement = "com.apple.developer.background-tasks.continued-processing.gpu"
+
+    /// True when `identifier` is in BGTaskSchedulerPermittedIdentifiers, directly or through a
+    /// `prefix.*` wildcard (continued processing).
+    public func permits(_ identifier: String) -> Bool {
+        permittedIdentifiers.contains { Self.pattern($0, matches: identifier) }
+    }
+
+    /// True when `identifier` is permitted only through a wildcard entry.
+    public func isContinuedProcessingIdentifier(_ identifier: String) -> Bool {
+        permittedIdentifiers.contains { $0.hasSuffix(".*") && Self.pattern($0, matches: identifier) }
+    }
+
+    static func pattern(_ pattern: String, matches identifier: String) -> Bool {
+        if pattern.hasSuffix(".*") {
+            let prefix = pattern.dropLast(1)
+            return identifier.count > prefix.count && identifier.hasPrefix(prefix)
+        }
+        return pattern == identifier
+    }
+
+    /// The background mode a task kind needs.
+    public static func requiredMode(for kind: TaskKind) -> String? {
+        switch kind {
+        case .refresh: "fetch"
+        case .processing, .healthResearch: "processing"
+        case .continuedProcessing: nil
+        }
+    }
+
+    /// The kind a task with `identifier` runs as when the caller does not say: from the
+    /// wildcard (continued processing) or the single background mode that allows it.
+    public func inferredKind(of identifier: String) throws(BGTaskError) -> TaskKind {
+        guard permits(identifier) else {
+            throw BGTaskError(.invalidRequest, file: infoPlistURL.path, key: "BGTaskSchedulerPermittedIdentifiers",
+                              "'\(identifier)' is not permitted (permitted: \(permittedIdentifiers.joined(separator: ", ")))")
+        }
+        if isContinuedProcessingIdentifier(identifier) { return .continuedProcessing }
+        switch (backgroundModes.contains("fetch"), backgroundModes.contains("processing")) {
+        case (true, false): return .refresh
+        case (false, true): return .processing
+        case (true, true):
+            throw BGTaskError(.invalidRequest, file: infoPlistURL.path, key: "UIBackgroundModes",
+                              "both fetch and processing are enabled, so the type of '\(identifier)' is ambiguous: pass --type refresh|processing|health-research (or --task \(identifier):TYPE)")
+        case (false, false):
+            throw BGTaskError(.invalidRequest, file: infoPlistURL.path, key: "UIBackgroundModes",
+                              "neither fetch nor processing is enabled, so '\(identifier)' cannot run as a refresh or processing task")
+        }
+    }
+}

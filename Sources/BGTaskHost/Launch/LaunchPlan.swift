@@ -1,0 +1,91 @@
+import BGTaskWire
+import Foundation
+
+/// Limits of one launch, as data. Defaults per task type are documented in the README.
+public struct LaunchLimits: Sendable, Equatable {
+    /// Wall-clock budget shared by all tasks of the launch; at its end expiration is delivered.
+    public var budget: Duration
+    /// Time between expiration and the watchdog kill of the whole process group.
+    public var grace: Duration
+    /// Resident memory above which the launch is killed without a callback (jetsam).
+    public var memoryLimitBytes: UInt64
+
+    public init(budget: Duration, grace: Duration, memoryLimitBytes: UInt64) {
+        self.budget = budget
+        self.grace = grace
+        self.memoryLimitBytes = memoryLimitBytes
+    }
+
+    public static let defaultGrace: Duration = .seconds(5)
+
+    /// The defaults for a launch running `kinds` (the most generous kind wins).
+    public static func defaults(for kinds: [TaskKind]) -> LaunchLimits {
+        let budget: Duration = kinds.map(defaultBudget(for:)).max() ?? defaultBudget(for: .refresh)
+        let memory = kinds.map(defaultMemoryLimit(for:)).max() ?? defaultMemoryLimit(for: .refresh)
+        return LaunchLimits(budget: budget, grace: defaultGrace, memoryLimitBytes: memory)
+    }
+
+    public static func defaultBudget(for kind: TaskKind) -> Duration {
+        switch kind {
+        case .refresh: .seconds(30)
+        case .processing, .healthResearch: .seconds(10 * 60)
+        case .continuedProcessing: .seconds(60 * 60)
+        }
+    }
+
+    public static func defaultMemoryLimit(for kind: TaskKind) -> UInt64 {
+        switch kind {
+        case .refresh: 256 << 20
+        case .processing, .healthResearch, .continuedProcessing: 1 << 30
+        }
+    }
+}
+
+/// Everything needed to start one launch.
+public struct LaunchPlan: Sendable {
+    public var bundle: PluginBundle
+    public var tasks: [TaskAssignment]
+    public var role: LaunchRole
+    /// `simulated`, `scheduled`, `extension`, `foreground`.
+    public var reason: String
+    public var limits: LaunchLimits
+    /// Deliver expiration this long after start instead of at the budget's end (the debugger's
+    /// `_simulateExpirationForTaskWithIdentifier`).
+    public var expireAfter: Duration?
+    public var launchID: String
+    /// The app's container, the child's HOME; persists across launches.
+    public var dataDirectory: URL
+    /// Where the child's stdout and stderr go.
+    public var logFile: URL
+    public var eventJSON: String?
+    /// Extra environment for the child (over the parent's own).
+    public var environment: [String: String]
+
+    public init(
+        bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: String,
+        limits: LaunchLimits, expireAfter: Duration? = nil, launchID: String = LaunchPlan.newLaunchID(),
+        dataDirectory: URL, logFile: URL, eventJSON: String? = nil, environment: [String: String] = [:]
+    ) {
+        self.bundle = bundle
+        self.tasks = tasks
+        self.role = role
+        self.reason = reason
+        self.limits = limits
+        self.expireAfter = expireAfter
+        self.launchID = launchID
+        self.dataDirectory = dataDirectory
+        self.logFile = logFile
+        self.eventJSON = eventJSON
+        self.environment = environment
+    }
+
+    /// Sortable and unique: start time, then random bits.
+    public static func newLaunchID() -> String {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyyMMdd'T'HHmmss"
+        let random = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+        return "\(formatter.string(from: Date()))-\(String(repeating: "0", count: 8 - random.count))\(random)"
+    }
+}

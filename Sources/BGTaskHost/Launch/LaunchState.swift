@@ -1,0 +1,161 @@
+import BGTaskWire
+import Foundation
+import Glibc
+import _BGTaskSystemShims
+
+/// What the supervisor has learned about a launch so far, folded from the child's messages;
+/// turns into the run record once the child is reaped.
+struct LaunchState {
+    enum Phase { case spawned, loading, launched }
+
+    struct TaskProgress {
+        var assignment: TaskAssignment
+        var startedNs: UInt64?
+        var completedNs: UInt64?
+        var success: Bool?
+        var expiredNs: UInt64?
+        var expirationHandled: Bool?
+        var notRegistered = false
+    }
+
+    let plan: LaunchPlan
+    let startNs: UInt64
+    var phase = Phase.spawned
+    var tasks: [UInt64: TaskProgress]
+    var registered: [String] = []
+    var refused: [String] = []
+    var submitted: [WireTaskRequest] = []
+    var finished = false
+    var launchFailure: String?
+    var fatal: String?
+    var error: String?
+    var forcedTermination: RunRecord.Termination?
+    var killed: RunRecord.Termination?
+    var expiredAtNs: UInt64?
+    var peakRSS: UInt64 = 0
+
+    init(plan: LaunchPlan, startNs: UInt64) {
+        self.plan = plan
+        self.startNs = startNs
+        tasks = Dictionary(uniqueKeysWithValues: plan.tasks.map { ($0.task, TaskProgress(assignment: $0)) })
+    }
+
+    /// Records a reason to end the launch; the first one wins.
+    mutating func end(_ termination: RunRecord.Termination, error: String) {
+        guard forcedTermination == nil else { return }
+        forcedTermination = termination
+        self.error = error
+    }
+
+    mutating func apply(_ message: ChildMessage) {
+        switch message {
+        case .hello: break
+        case .loading: phase = .loading
+        case .registered(let identifier, _): registered.append(identifier)
+        case .registerRefused(let identifier, let reason):
+            refused.append(identifier)
+            appendLog(level: 2, "register(forTaskWithIdentifier: \"\(identifier)\") returned false: \(reason)", to: plan.logFile)
+        case .launched: phase = .launched
+        case .launchFailed(let error): launchFailure = error
+        case .taskBegan(let task, let at): tasks[task]?.startedNs = at
+        case .taskNotRegistered(let task): tasks[task]?.notRegistered = true
+        case .expirationDelivered(let task, let at, let toApp):
+            tasks[task]?.expiredNs = at
+            tasks[task]?.expirationHandled = toApp
+        case .taskCompleted(let task, let success, let at):
+            tasks[task]?.completedNs = at
+            tasks[task]?.success = success
+        case .fatal(let error): fatal = error
+        case .finished: finished = true
+        case .progress, .title, .log, .submit, .cancel, .pending: break
+        }
+    }
+
+    func appendLog(level: Int32, _ text: String, to file: URL) {
+        guard let handle = try? FileHandle(forWritingTo: file) else { return }
+        defer { try? handle.close() }
+        _ = try? handle.seekToEnd()
+        let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
+        handle.write(Data("[bgtask \(tag)] \(text)\n".utf8))
+    }
+
+    private func ms(_ ns: UInt64?) -> Double? {
+        guard let ns else { return nil }
+        return (Double(ns > startNs ? ns - startNs : 0) / 1_000_000 * 1000).rounded() / 1000
+    }
+
+    func record(status: Int32, usage: rusage, pid: pid_t, wallNs: UInt64, startedAt: Date) -> RunRecord {
+        var termination: RunRecord.Termination
+        var signal: String?
+        var exitStatus: Int32?
+        var error = self.error
+        let signaled = bgtask_wifsignaled(status) != 0
+        if signaled { signal = SignalName.of(bgtask_wtermsig(status)) }
+        if bgtask_wifexited(status) != 0 { exitStatus = bgtask_wexitstatus(status) }
+        let openTasks = tasks.values.contains { !$0.notRegistered && $0.completedNs == nil }
+
+        if let killed, killed == .watchdog || killed == .jetsam {
+            termination = killed
+            signal = "SIGKILL"
+            if killed == .watchdog {
+                error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) still open"
+            } else {
+                error = "resident memory crossed the limit of \(RunRecord.mib(plan.limits.memoryLimitBytes)) (peak \(RunRecord.mib(max(peakRSS, UInt64(usage.ru_maxrss) * 1024))))"
+            }
+        } else if let launchFailure {
+            termination = .launchFailed
+            error = launchFailure
+        } else if let fatal {
+            termination = .crashed
+            error = fatal
+        } else if let forced = forcedTermination {
+            termination = forced
+        } else if phase != .launched && (signaled || exitStatus != 0) {
+            termination = .launchFailed
+            let how = signal.map { "crashed with \($0)" } ?? "exited with status \(exitStatus ?? -1)"
+            error = phase == .loading
+                ? "\(how) while loading \(plan.bundle.executableName) (in a library constructor or the launch entry)"
+                : "the runner \(how) before loading the plugin"
+        } else if signaled {
+            termination = .crashed
+        } else if exitStatus != 0 {
+            termination = .crashed
+            error = "exited with status \(exitStatus ?? -1)"
+        } else if openTasks || !finished {
+            termination = .crashed
+            error = "exited with status 0 while \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) were still open"
+        } else {
+            termination = .exited
+        }
+
+        let taskRecords = plan.tasks.map { assignment -> RunRecord.TaskRecord in
+            let progress = tasks[assignment.task] ?? TaskProgress(assignment: assignment)
+            let outcome: RunRecord.Outcome
+            if progress.notRegistered {
+                outcome = .notRegistered
+            } else if progress.completedNs == nil {
+                outcome = termination == .launchFailed && progress.startedNs == nil ? .notRegistered : .unfinished
+            } else if progress.expiredNs != nil && progress.expirationHandled == true {
+                outcome = .expired
+            } else {
+                outcome = progress.success == true ? .succeeded : .failed
+            }
+            return RunRecord.TaskRecord(
+                identifier: assignment.identifier, type: assignment.kind, outcome: outcome,
+                startedMs: ms(progress.startedNs), completedMs: ms(progress.completedNs),
+                expiredMs: ms(progress.expiredNs), expirationHandled: progress.expirationHandled,
+                success: progress.success)
+        }
+        let cpuMs = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
+            + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
+        return RunRecord(
+            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason, tasks: taskRecords,
+            termination: termination, signal: signal, exitStatus: exitStatus, error: error,
+            wallMs: (Double(wallNs) / 1_000).rounded() / 1000, cpuMs: (cpuMs * 1000).rounded() / 1000,
+            peakRSSBytes: max(peakRSS, UInt64(max(usage.ru_maxrss, 0)) * 1024),
+            memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: "sampler",
+            budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
+            expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
+            log: plan.logFile.path, registered: registered, refusedRegistrations: refused, submitted: submitted)
+    }
+}

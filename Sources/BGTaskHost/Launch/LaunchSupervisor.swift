@@ -1,0 +1,250 @@
+import BGTaskWire
+import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
+
+/// Runs one launch in a child process and supervises it to the end: spawns the runner in its
+/// own process group, hands it the launch over a socketpair, answers its requests, delivers
+/// expiration at the budget's end, kills the group at the grace's end (watchdog) or when its
+/// memory crosses the limit (jetsam), reaps it and writes the run record.
+///
+/// `run` blocks the calling thread for the life of the launch, in one `poll(2)` loop over the
+/// channel and a pidfd with deadlines as timeouts: no sleeps. Call it from any thread of a
+/// process that is not itself a launch child; it never loads plugin code.
+public struct LaunchSupervisor: Sendable {
+    public var runnerPath: String
+    public var logger: Logger
+    /// How often resident memory is sampled when a memory limit is set.
+    public var memorySampleInterval: Duration = .milliseconds(5)
+
+    public init(runnerPath: String, logger: Logger) {
+        self.runnerPath = runnerPath
+        self.logger = logger
+    }
+
+    /// The runner next to the running executable, or `$BGTASK_RUNNER`.
+    public static func defaultRunnerPath() -> String {
+        if let path = ProcessInfo.processInfo.environment["BGTASK_RUNNER"], !path.isEmpty { return path }
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        return executable.deletingLastPathComponent().appendingPathComponent("bgtask-runner").path
+    }
+
+    public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker) throws(BGTaskError) -> RunRecord {
+        var logger = logger
+        logger[metadataKey: "launch.id"] = "\(plan.launchID)"
+        logger[metadataKey: "bundle.id"] = "\(plan.bundle.identifier)"
+
+        guard access(runnerPath, X_OK) == 0 else {
+            throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
+        }
+        do {
+            try FileManager.default.createDirectory(at: plan.dataDirectory.appendingPathComponent("tmp"), withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(at: plan.logFile.deletingLastPathComponent(), withIntermediateDirectories: true)
+        } catch {
+            throw BGTaskError(.system, file: plan.dataDirectory.path, "cannot create the app container or log directory: \(error.localizedDescription)")
+        }
+
+        let channels: (parent: LaunchChannel, child: LaunchChannel)
+        do { channels = try LaunchChannel.makePair() } catch {
+            throw BGTaskError(.system, "\(error)")
+        }
+        defer { channels.parent.close() }
+        let logFD = try syscall("open \(plan.logFile.path)") {
+            open(plan.logFile.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
+        }
+        defer { close(logFD) }
+        let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        defer { close(nullFD) }
+
+        var environment = ProcessInfo.processInfo.environment
+        environment["HOME"] = plan.dataDirectory.path
+        environment["TMPDIR"] = plan.dataDirectory.appendingPathComponent("tmp").path
+        environment["BGTASK_LAUNCH_ID"] = plan.launchID
+        environment["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
+        if environment["SWIFT_BACKTRACE"] == nil { environment["SWIFT_BACKTRACE"] = "enable=no" }
+        for (key, value) in plan.environment { environment[key] = value }
+
+        let argv = [runnerPath, plan.bundle.identifier]
+        let envp = environment.map { "\($0.key)=\($0.value)" }
+        let startNs = bgtask_monotonic_ns()
+        let startedAt = Date()
+        var pid: pid_t = 0
+        let spawnError = withCStrings(argv) { cArgv in
+            withCStrings(envp) { cEnvp in
+                bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, logFD, logFD, &pid)
+            }
+        }
+        channels.child.close()
+        guard spawnError == 0 else {
+            throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
+        }
+        logger[metadataKey: "child.pid"] = "\(pid)"
+        logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
+
+        var state = LaunchState(plan: plan, startNs: startNs)
+        let assignment = LaunchAssignment(
+            launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
+            bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
+            dataDirectory: plan.dataDirectory.path, permittedIdentifiers: plan.bundle.permittedIdentifiers,
+            tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON)
+        do { try channels.parent.send(ParentMessage.start(assignment)) } catch {
+            state.end(.crashed, error: "could not send the launch to the runner: \(error)")
+        }
+
+        supervise(pid: pid, channel: channels.parent, plan: plan, broker: broker, state: &state, logger: logger)
+
+        var status: Int32 = 0
+        var usage = rusage()
+        _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
+        // Whatever the plugin left in its process group dies with the launch.
+        kill(-pid, SIGKILL)
+        drain(channel: channels.parent, plan: plan, broker: broker, state: &state)
+
+        let endNs = bgtask_monotonic_ns()
+        let record = state.record(
+            status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
+        logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
+        return record
+    }
+
+    // MARK: The loop
+
+    private func supervise(
+        pid: pid_t, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
+        state: inout LaunchState, logger: Logger
+    ) {
+        let pidfd = bgtask_pidfd_open(pid)
+        defer { if pidfd >= 0 { close(pidfd) } }
+        let expireAt = state.startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
+        var killAt: UInt64?
+        var channelOpen = true
+        let sampleNs = UInt64(memorySampleInterval.nanoseconds)
+
+        while true {
+            let now = bgtask_monotonic_ns()
+            if state.expiredAtNs == nil, now >= expireAt {
+                state.expiredAtNs = now
+                try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
+                killAt = now + UInt64(plan.limits.grace.nanoseconds)
+                logger.debug("expiration sent")
+            }
+            if let deadline = killAt, now >= deadline, state.killed == nil {
+                state.killed = .watchdog
+                kill(-pid, SIGKILL)
+                logger.info("watchdog kill: grace period over")
+            }
+            if plan.limits.memoryLimitBytes > 0, state.killed == nil {
+                let rss = Self.residentBytes(of: pid)
+                state.peakRSS = max(state.peakRSS, rss)
+                if rss > plan.limits.memoryLimitBytes {
+                    state.killed = .jetsam
+                    kill(-pid, SIGKILL)
+                    logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
+                }
+            }
+
+            var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
+            if state.killed != nil { next = UInt64.max }
+            if plan.limits.memoryLimitBytes > 0 && state.killed == nil { next = min(next, now + sampleNs) }
+            let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
+
+            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)]
+            if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
+            let ready = poll(&fds, nfds_t(fds.count), pidfd >= 0 ? timeoutMs : min(timeoutMs, 10))
+            if ready < 0 && errno != EINTR { break }
+
+            if channelOpen, fds.count > 1, fds[1].revents != 0 {
+                channelOpen = receive(channel: channel, plan: plan, broker: broker, state: &state)
+                if !channelOpen, state.killed == nil, !state.finished {
+                    // The child hung up on its supervisor but lives on: it cannot be trusted.
+                    state.end(.crashed, error: state.error ?? "the launch closed its channel to the host before its tasks ended")
+                    state.killed = .crashed
+                    kill(-pid, SIGKILL)
+                }
+            }
+            if pidfd >= 0 ? fds[0].revents != 0 : kill(pid, 0) != 0 || Self.isZombie(pid) { break }
+        }
+    }
+
+    /// Reads every packet available. Returns false once the channel is closed or unusable.
+    private func receive(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) -> Bool {
+        while true {
+            let packet: [UInt8]?
+            do {
+                packet = try channel.receivePacket(nonBlocking: true)
+            } catch let error as ChannelError where error.detail == "would block" {
+                return true
+            } catch {
+                state.end(.crashed, error: "launch channel: \(error)")
+                return false
+            }
+            guard let packet else { return false }
+            let message: ChildMessage
+            do {
+                message = try LaunchChannel.decode(ChildMessage.self, from: packet)
+            } catch {
+                state.end(.crashed, error: "the launch wrote garbage to its channel: \(error)")
+                return false
+            }
+            handle(message, channel: channel, plan: plan, broker: broker, state: &state)
+        }
+    }
+
+    private func drain(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) {
+        _ = receive(channel: channel, plan: plan, broker: broker, state: &state)
+    }
+
+    private func handle(_ message: ChildMessage, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) {
+        switch message {
+        case .submit(let seq, let request):
+            let rejection = broker.submit(request, app: plan.bundle)
+            if rejection == nil { state.submitted.append(request) }
+            try? channel.send(ParentMessage.reply(seq: seq, status: rejection?.status.rawValue ?? 0, message: rejection?.message, requests: nil))
+        case .cancel(let seq, let identifier):
+            broker.cancel(identifier: identifier, app: plan.bundle)
+            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: nil))
+        case .pending(let seq):
+            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
+        case .log(let level, let text):
+            state.appendLog(level: level, text, to: plan.logFile)
+        default:
+            state.apply(message)
+        }
+    }
+
+    // MARK: Memory
+
+    /// Resident set size of `pid` from /proc/PID/statm (0 once it is gone).
+    static func residentBytes(of pid: pid_t) -> UInt64 {
+        let fd = open("/proc/\(pid)/statm", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return 0 }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 128)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0 else { return 0 }
+        let fields = buffer[0..<n].split(separator: UInt8(ascii: " "))
+        guard fields.count > 1, let pages = UInt64(String(decoding: fields[1], as: UTF8.self)) else { return 0 }
+        return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
+    }
+
+    static func isZombie(_ pid: pid_t) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return true }
+        return stat[stat.index(close, offsetBy: 2)] == "Z"
+    }
+}
+
+private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {
+    let pointers = strings.map { strdup($0) } + [nil]
+    defer { pointers.forEach { free($0) } }
+    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+}
+
+extension Duration {
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+    var milliseconds: Double { Double(nanoseconds) / 1_000_000 }
+}

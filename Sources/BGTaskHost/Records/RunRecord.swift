@@ -1,0 +1,141 @@
+import BGTaskWire
+import Foundation
+
+/// What happened in one launch (the run record contract of DESIGN.md). Times are milliseconds
+/// from launch start. `--json` prints it as one object with these snake_case keys.
+public struct RunRecord: Codable, Sendable, Equatable {
+    public enum Termination: String, Codable, Sendable {
+        /// All tasks ended and the process left normally.
+        case exited
+        /// Killed after the expiration grace period.
+        case watchdog
+        /// Killed over its memory limit.
+        case jetsam
+        /// Died by a signal or exited abnormally (`signal`, `exit_status`, `error` say how).
+        case crashed
+        /// The bundle, dlopen, entry symbol, ABI or launch entry failed (`error` says which).
+        case launchFailed = "launch-failed"
+        /// The host died during the launch.
+        case hostLost = "host-lost"
+    }
+
+    public enum Outcome: String, Codable, Sendable {
+        /// Completed with success.
+        case succeeded
+        /// Completed without success (or by the system at expiry, having no expiration handler).
+        case failed
+        /// Its expiration handler ran and it completed after.
+        case expired
+        /// Never completed.
+        case unfinished
+        /// No launch handler was registered for it.
+        case notRegistered = "not-registered"
+    }
+
+    public struct TaskRecord: Codable, Sendable, Equatable {
+        public var identifier: String
+        public var type: TaskKind
+        public var outcome: Outcome
+        /// Handler entered.
+        public var startedMs: Double?
+        /// `setTaskCompleted` called (or the system completed it).
+        public var completedMs: Double?
+        /// Expiration delivered.
+        public var expiredMs: Double?
+        /// False when expiry found no expiration handler and the system completed the task.
+        public var expirationHandled: Bool?
+        public var success: Bool?
+
+        enum CodingKeys: String, CodingKey {
+            case identifier, type, outcome, success
+            case startedMs = "started_ms", completedMs = "completed_ms", expiredMs = "expired_ms"
+            case expirationHandled = "expiration_handled"
+        }
+    }
+
+    public var app: String
+    public var launchID: String
+    public var reason: String
+    public var tasks: [TaskRecord]
+    public var termination: Termination
+    public var signal: String?
+    public var exitStatus: Int32?
+    public var error: String?
+    public var wallMs: Double
+    public var cpuMs: Double
+    public var peakRSSBytes: UInt64
+    public var memoryLimitBytes: UInt64
+    public var memoryMechanism: String
+    public var budgetMs: Double
+    public var graceMs: Double
+    /// When expiration was sent to the launch (budget reached or simulated).
+    public var expiredAtMs: Double?
+    public var pid: Int32
+    public var startedAt: Date
+    public var bundlePath: String
+    /// The launch's captured stdout and stderr.
+    public var log: String
+    /// Identifiers whose handlers the launch registered, and those it was refused.
+    public var registered: [String]
+    public var refusedRegistrations: [String]
+    /// Requests the app submitted during the launch.
+    public var submitted: [WireTaskRequest]
+
+    enum CodingKeys: String, CodingKey {
+        case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
+        case launchID = "launch_id", exitStatus = "exit_status", wallMs = "wall_ms", cpuMs = "cpu_ms"
+        case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
+        case memoryMechanism = "memory_mechanism", budgetMs = "budget_ms", graceMs = "grace_ms"
+        case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
+        case refusedRegistrations = "refused_registrations"
+    }
+
+    /// True when every task succeeded and the process ended normally.
+    public var succeeded: Bool {
+        termination == .exited && !tasks.isEmpty && tasks.allSatisfy { $0.outcome == .succeeded }
+    }
+
+    public func jsonData(pretty: Bool = false) throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
+        return try encoder.encode(self)
+    }
+
+    public static func decode(_ data: Data) throws -> RunRecord {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try decoder.decode(RunRecord.self, from: data)
+    }
+}
+
+extension RunRecord: CustomStringConvertible {
+    /// A few lines for people: what ran, how it ended, why.
+    public var description: String {
+        var lines: [String] = []
+        var how = termination.rawValue
+        if let signal { how += " (\(signal))" }
+        if let exitStatus, termination != .exited { how += " (exit status \(exitStatus))" }
+        lines.append("launch \(launchID) of \(app) (\(reason)): \(how) after \(Self.ms(wallMs))")
+        if let error { lines.append("  error: \(error)") }
+        for task in tasks {
+            var times: [String] = []
+            if let t = task.startedMs { times.append("started \(Self.ms(t))") }
+            if let t = task.expiredMs { times.append("expired \(Self.ms(t))\(task.expirationHandled == false ? " (no expiration handler)" : "")") }
+            if let t = task.completedMs { times.append("completed \(Self.ms(t))") }
+            lines.append("  \(task.identifier) [\(task.type.rawValue)] \(task.outcome.rawValue)\(times.isEmpty ? "" : ": " + times.joined(separator: ", "))")
+        }
+        let limit = memoryLimitBytes > 0 ? " of \(Self.mib(memoryLimitBytes)) (\(memoryMechanism))" : ""
+        lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(Self.ms(budgetMs)) + grace \(Self.ms(graceMs)), pid \(pid)")
+        if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
+        for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
+        lines.append("  log: \(log)")
+        return lines.joined(separator: "\n")
+    }
+
+    static func ms(_ value: Double) -> String {
+        value >= 10_000 ? String(format: "%.1f s", value / 1000) : String(format: "%.0f ms", value)
+    }
+
+    static func mib(_ bytes: UInt64) -> String { String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
+}

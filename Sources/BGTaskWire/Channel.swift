@@ -1,0 +1,104 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+
+/// What went wrong on a launch channel. The description names the frame and the problem.
+public struct ChannelError: Error, CustomStringConvertible, Equatable {
+    public enum Code: Equatable, Sendable { case closed, oversized, malformed, system }
+    public var code: Code
+    public var detail: String
+
+    public init(_ code: Code, _ detail: String) {
+        self.code = code
+        self.detail = detail
+    }
+
+    public var description: String { detail }
+}
+
+/// One end of a launch's socketpair (`SOCK_SEQPACKET`): one message per packet, so a reader
+/// never sees half a message, and a packet larger than `maximumMessageBytes` is rejected.
+///
+/// Sends are serialized by the kernel per packet, so any thread may send; one thread receives.
+public struct LaunchChannel: Sendable {
+    public static let maximumMessageBytes = 256 * 1024
+
+    public let fd: Int32
+
+    public init(fd: Int32) { self.fd = fd }
+
+    /// Creates the pair; both ends close on exec (the spawner dups the child's onto fd 3).
+    public static func makePair() throws -> (parent: LaunchChannel, child: LaunchChannel) {
+        var fds: [Int32] = [0, 0]
+        let kind = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, kind, 0, &fds) == 0 else {
+            throw ChannelError(.system, "socketpair: \(String(cString: strerror(errno)))")
+        }
+        return (LaunchChannel(fd: fds[0]), LaunchChannel(fd: fds[1]))
+    }
+
+    public func send<M: Encodable>(_ message: M) throws {
+        let data = try JSONEncoder().encode(message)
+        guard data.count <= Self.maximumMessageBytes else {
+            throw ChannelError(.oversized, "message of \(data.count) bytes exceeds \(Self.maximumMessageBytes)")
+        }
+        let sent = data.withUnsafeBytes { buffer in
+            retryingEINTR { Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) }
+        }
+        if sent < 0 {
+            let e = errno
+            throw ChannelError(e == EPIPE || e == ECONNRESET ? .closed : .system,
+                               "send: \(String(cString: strerror(e)))")
+        }
+    }
+
+    /// Reads one raw packet. Returns nil at end of stream (the peer closed its end).
+    public func receivePacket(nonBlocking: Bool = false) throws -> [UInt8]? {
+        var buffer = [UInt8](repeating: 0, count: Self.maximumMessageBytes + 1)
+        let flags = Int32(MSG_TRUNC) | (nonBlocking ? Int32(MSG_DONTWAIT) : 0)
+        let n = buffer.withUnsafeMutableBytes { raw in
+            retryingEINTR { recv(fd, raw.baseAddress, raw.count, flags) }
+        }
+        if n < 0 {
+            let e = errno
+            if e == EAGAIN || e == EWOULDBLOCK { throw ChannelError(.system, "would block") }
+            if e == ECONNRESET { return nil }
+            throw ChannelError(.system, "recv: \(String(cString: strerror(e)))")
+        }
+        if n == 0 { return nil }
+        guard n <= Self.maximumMessageBytes else {
+            throw ChannelError(.oversized, "frame of \(n) bytes exceeds the limit of \(Self.maximumMessageBytes) bytes")
+        }
+        return Array(buffer[0..<n])
+    }
+
+    /// Decodes a packet, naming the frame in the error when it is not a message of type `M`.
+    public static func decode<M: Decodable>(_ type: M.Type, from packet: [UInt8]) throws -> M {
+        do {
+            return try JSONDecoder().decode(M.self, from: Data(packet))
+        } catch {
+            let preview = String(decoding: packet.prefix(80), as: UTF8.self)
+                .unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7f ? "." : String($0) }.joined()
+            throw ChannelError(.malformed, "malformed frame of \(packet.count) bytes (\"\(preview)\"): not a \(M.self)")
+        }
+    }
+
+    public func receive<M: Decodable>(_ type: M.Type) throws -> M? {
+        guard let packet = try receivePacket() else { return nil }
+        return try Self.decode(type, from: packet)
+    }
+
+    public func close() { _ = Glibc.close(fd) }
+}
+
+@inline(__always)
+func retryingEINTR<T: FixedWidthInteger>(_ body: () -> T) -> T {
+    while true {
+        let r = body()
+        if r == -1 && errno == EINTR { continue }
+        return r
+    }
+}

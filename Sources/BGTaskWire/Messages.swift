@@ -1,0 +1,188 @@
+import Foundation
+
+/// The kinds of background task, with the names run records use.
+public enum TaskKind: String, Codable, Sendable, CaseIterable {
+    case refresh
+    case processing
+    case healthResearch = "health-research"
+    case continuedProcessing = "continued-processing"
+
+    /// The numeric value of `bgtask_task_type` in `bgtask/plugin.h`.
+    public var abiValue: Int32 {
+        switch self {
+        case .refresh: 1
+        case .processing: 2
+        case .healthResearch: 3
+        case .continuedProcessing: 4
+        }
+    }
+
+    public init?(abiValue: Int32) {
+        guard let kind = Self.allCases.first(where: { $0.abiValue == abiValue }) else { return nil }
+        self = kind
+    }
+}
+
+/// Why a process was launched (`bgtask_launch_role`).
+public enum LaunchRole: String, Codable, Sendable {
+    case background, foreground, `extension`
+
+    public var abiValue: Int32 {
+        switch self {
+        case .background: 0
+        case .foreground: 1
+        case .extension: 2
+        }
+    }
+}
+
+/// One task the parent asks the child to run in this launch.
+public struct TaskAssignment: Codable, Sendable, Equatable {
+    public var task: UInt64
+    public var identifier: String
+    public var kind: TaskKind
+
+    public init(task: UInt64, identifier: String, kind: TaskKind) {
+        self.task = task
+        self.identifier = identifier
+        self.kind = kind
+    }
+}
+
+/// A handler a C plugin exports and its Info.plist maps to an identifier (`BGTaskHandlers`):
+/// the runner calls it through libffi with the arguments named here.
+public struct MappedHandler: Codable, Sendable, Equatable {
+    /// The values a mapped handler may take, in any order.
+    public enum Argument: String, Codable, Sendable, CaseIterable {
+        case identifier       // const char *
+        case task             // const bgtask_task_info *
+        case taskID = "task_id" // uint64_t
+        case type             // int32_t (bgtask_task_type)
+        case dataDirectory = "data_directory" // const char *
+        case api              // const bgtask_host_api *
+        case host             // bgtask_host *
+        case complete         // void (*)(bool success): a closure bound to this task
+    }
+
+    /// What the return value means.
+    public enum Result: String, Codable, Sendable, CaseIterable {
+        case void   // the handler completes the task itself (through `complete` or the api)
+        case bool   // the task completes when the call returns: true is success
+        case int    // the task completes when the call returns: 0 is success
+    }
+
+    public var identifier: String
+    public var symbol: String
+    public var arguments: [Argument]
+    public var result: Result
+
+    public init(identifier: String, symbol: String, arguments: [Argument], result: Result) {
+        self.identifier = identifier
+        self.symbol = symbol
+        self.arguments = arguments
+        self.result = result
+    }
+}
+
+/// Everything the child needs to run one launch. Sent by the parent as the first message; the
+/// bundle has been validated by the parent, so the child trusts these values.
+public struct LaunchAssignment: Codable, Sendable {
+    public var launchID: String
+    public var role: LaunchRole
+    public var bundleIdentifier: String
+    public var bundlePath: String
+    public var executablePath: String
+    public var dataDirectory: String
+    public var permittedIdentifiers: [String]
+    public var tasks: [TaskAssignment]
+    public var mappedHandlers: [MappedHandler]
+    public var eventJSON: String?
+    public var supportedResources: UInt32
+
+    public init(
+        launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
+        executablePath: String, dataDirectory: String, permittedIdentifiers: [String],
+        tasks: [TaskAssignment], mappedHandlers: [MappedHandler], eventJSON: String? = nil,
+        supportedResources: UInt32 = 0
+    ) {
+        self.launchID = launchID
+        self.role = role
+        self.bundleIdentifier = bundleIdentifier
+        self.bundlePath = bundlePath
+        self.executablePath = executablePath
+        self.dataDirectory = dataDirectory
+        self.permittedIdentifiers = permittedIdentifiers
+        self.tasks = tasks
+        self.mappedHandlers = mappedHandlers
+        self.eventJSON = eventJSON
+        self.supportedResources = supportedResources
+    }
+}
+
+/// A task request as it crosses process boundaries.
+public struct WireTaskRequest: Codable, Sendable, Equatable {
+    public var kind: TaskKind
+    public var identifier: String
+    /// Seconds since 1970.
+    public var earliestBeginDate: Double?
+    public var requiresNetworkConnectivity: Bool
+    public var requiresExternalPower: Bool
+    public var protectionType: Int32
+    public var title: String?
+    public var subtitle: String?
+    public var strategyFail: Bool
+    public var requiredResources: UInt32
+
+    public init(
+        kind: TaskKind, identifier: String, earliestBeginDate: Double? = nil,
+        requiresNetworkConnectivity: Bool = false, requiresExternalPower: Bool = false,
+        protectionType: Int32 = 0, title: String? = nil, subtitle: String? = nil,
+        strategyFail: Bool = false, requiredResources: UInt32 = 0
+    ) {
+        self.kind = kind
+        self.identifier = identifier
+        self.earliestBeginDate = earliestBeginDate
+        self.requiresNetworkConnectivity = requiresNetworkConnectivity
+        self.requiresExternalPower = requiresExternalPower
+        self.protectionType = protectionType
+        self.title = title
+        self.subtitle = subtitle
+        self.strategyFail = strategyFail
+        self.requiredResources = requiredResources
+    }
+}
+
+/// Messages the child sends to its parent. Times are CLOCK_MONOTONIC nanoseconds, a clock every
+/// process on the machine shares, so the parent can place them on its launch's time line.
+public enum ChildMessage: Codable, Sendable, Equatable {
+    case hello(pid: Int32)
+    /// About to dlopen the bundle's executable: a death from here to `launched` is a load or
+    /// init failure.
+    case loading(path: String, at: UInt64)
+    case registered(identifier: String, at: UInt64)
+    case registerRefused(identifier: String, reason: String)
+    case launched(at: UInt64)
+    case launchFailed(error: String)
+    case taskBegan(task: UInt64, at: UInt64)
+    case taskNotRegistered(task: UInt64)
+    case expirationDelivered(task: UInt64, at: UInt64, toApp: Bool)
+    case taskCompleted(task: UInt64, success: Bool, at: UInt64)
+    case fatal(error: String)
+    case log(level: Int32, message: String)
+    case submit(seq: UInt64, request: WireTaskRequest)
+    case cancel(seq: UInt64, identifier: String?)
+    case pending(seq: UInt64)
+    case progress(task: UInt64, completed: Int64, total: Int64)
+    case title(task: UInt64, title: String, subtitle: String?)
+    case finished(at: UInt64)
+}
+
+/// Messages the parent sends to its child.
+public enum ParentMessage: Codable, Sendable, Equatable {
+    case start(LaunchAssignment)
+    /// Time is up: deliver expiration to every open task (or only `task`).
+    case expire(task: UInt64?, reason: String)
+    case reply(seq: UInt64, status: Int32, message: String?, requests: [WireTaskRequest]?)
+}
+
+extension LaunchAssignment: Equatable {}

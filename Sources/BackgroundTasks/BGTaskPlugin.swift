@@ -1,0 +1,98 @@
+import CBGTaskPluginABI
+import Foundation
+
+/// What the plugin's launch closure learns about its launch.
+public struct BGTaskLaunch: Sendable {
+    public enum Role: String, Sendable {
+        /// The system launched the app to run background tasks.
+        case background
+        /// The user opened the app (`bgtask open`).
+        case foreground
+        /// An app extension, which may submit requests for its app but not register.
+        case `extension`
+    }
+
+    public var role: Role
+    public var bundleIdentifier: String
+    public var bundleURL: URL
+    /// The app's container: persists across launches (also the process's HOME).
+    public var dataDirectory: URL
+    public var launchID: String
+    /// An extension's event, as JSON text.
+    public var eventJSON: String?
+}
+
+/// The bridge between the plugin ABI and Swift. A Swift plugin's whole boilerplate is:
+///
+/// ```swift
+/// @_cdecl("bgtask_plugin_entry")
+/// public func bgtaskPluginEntry() -> UnsafeRawPointer {
+///     BGTaskPlugin.entry(name: "Feed") { launch in FeedApp.shared.didFinishLaunching(launch) }
+/// }
+/// ```
+///
+/// The closure runs once per launch, on the runner's main thread, as
+/// `application(_:didFinishLaunchingWithOptions:)`: register launch handlers there. Throwing
+/// fails the launch, and the run record quotes the error.
+public enum BGTaskPlugin {
+    private final class State: @unchecked Sendable {
+        let lock = NSLock()
+        var didFinishLaunching: ((BGTaskLaunch) throws -> Void)?
+        var descriptor: UnsafeMutablePointer<bgtask_plugin>?
+    }
+    private static let state = State()
+
+    /// Returns the plugin descriptor for the entry symbol to return.
+    public static func entry(
+        name: String,
+        didFinishLaunching: @escaping (BGTaskLaunch) throws -> Void
+    ) -> UnsafeRawPointer {
+        state.lock.withLock {
+            state.didFinishLaunching = didFinishLaunching
+            if let descriptor = state.descriptor { return UnsafeRawPointer(descriptor) }
+            let descriptor = UnsafeMutablePointer<bgtask_plugin>.allocate(capacity: 1)
+            descriptor.initialize(to: bgtask_plugin(
+                magic: BGTASK_PLUGIN_MAGIC,
+                abi_version: BGTASK_ABI_VERSION,
+                size: UInt32(MemoryLayout<bgtask_plugin>.size),
+                name: UnsafePointer(strdup(name)),
+                launch: launchTrampoline))
+            state.descriptor = descriptor
+            return UnsafeRawPointer(descriptor)
+        }
+    }
+
+    private static let launchTrampoline: bgtask_launch_fn = { api, host, info, errorBuffer, errorSize in
+        guard let api, let info else { return 1 }
+        let role: BGTaskLaunch.Role = switch info.pointee.role {
+        case BGTASK_ROLE_FOREGROUND: .foreground
+        case BGTASK_ROLE_EXTENSION: .extension
+        default: .background
+        }
+        HostConnection.current.attach(api: api, host: host, role: info.pointee.role)
+        let launch = BGTaskLaunch(
+            role: role,
+            bundleIdentifier: String(optionalCString: info.pointee.bundle_identifier) ?? "",
+            bundleURL: URL(fileURLWithPath: String(optionalCString: info.pointee.bundle_path) ?? ""),
+            dataDirectory: URL(fileURLWithPath: String(optionalCString: info.pointee.data_directory) ?? ""),
+            launchID: String(optionalCString: info.pointee.launch_id) ?? "",
+            eventJSON: String(optionalCString: info.pointee.event_json))
+        let body = state.lock.withLock { state.didFinishLaunching }
+        do {
+            try body?(launch)
+            return 0
+        } catch {
+            if let errorBuffer, errorSize > 0 {
+                let text = Array("\(error)".utf8CString.prefix(errorSize - 1)) + [0]
+                text.withUnsafeBufferPointer { errorBuffer.update(from: $0.baseAddress!, count: text.count) }
+            }
+            return 1
+        }
+    }
+
+    /// Writes a line to the launch's log (stderr is captured too).
+    public static func log(_ message: String) {
+        guard let (api, host) = HostConnection.current.connection else { return }
+        message.withCString { api.log(host, BGTASK_LOG_INFO, $0) }
+    }
+}

@@ -1,0 +1,192 @@
+/*
+ * bgtask plugin ABI — the single definition of the contract between a plugin library and the
+ * process that loads it (the bgtask runner, a child of the host).
+ *
+ * Rules that keep this ABI stable (the sqlite3_api_routines pattern):
+ *   - A plugin exports exactly one symbol, BGTASK_ENTRY_SYMBOL, returning a static descriptor.
+ *   - A plugin never links against the host. Everything it may call arrives in bgtask_host_api,
+ *     a table that only grows: new functions are appended, nothing is removed or reordered.
+ *     `size` tells a plugin how much of the table this host provides; check it (BGTASK_HAS)
+ *     before calling a function added after the version you were built against.
+ *   - BGTASK_ABI_VERSION changes only for an incompatible change; the runner refuses a plugin
+ *     whose descriptor names another version, before calling any of its code but the entry.
+ *   - Tasks and identifiers cross the boundary as values (ids, C strings), never as host
+ *     addresses the plugin must keep.
+ *
+ * Threads: the launch function runs on the runner's main thread. Launch handlers run on the
+ * runner's handler thread (the Swift SDK hops to the queue the app gave). Expiration handlers run
+ * on a different thread, so a handler that blocks can still be expired. Every host function may
+ * be called from any thread. None is async-signal-safe.
+ */
+#ifndef BGTASK_PLUGIN_H
+#define BGTASK_PLUGIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BGTASK_ABI_VERSION 1u
+#define BGTASK_PLUGIN_MAGIC 0x62677461u /* "bgta" */
+#define BGTASK_ENTRY_SYMBOL "bgtask_plugin_entry"
+
+/* True when the host table `api` is large enough to contain `field`. */
+#define BGTASK_HAS(api, field) \
+    ((api)->size >= offsetof(bgtask_host_api, field) + sizeof((api)->field))
+
+typedef enum bgtask_task_type {
+    BGTASK_TYPE_REFRESH = 1,
+    BGTASK_TYPE_PROCESSING = 2,
+    BGTASK_TYPE_HEALTH_RESEARCH = 3,
+    BGTASK_TYPE_CONTINUED_PROCESSING = 4,
+} bgtask_task_type;
+
+typedef enum bgtask_launch_role {
+    BGTASK_ROLE_BACKGROUND = 0, /* launched by the system to run tasks */
+    BGTASK_ROLE_FOREGROUND = 1, /* opened by the user (`bgtask open`) */
+    BGTASK_ROLE_EXTENSION = 2,  /* an app extension; may submit, cannot register */
+} bgtask_launch_role;
+
+/* Status codes. 1...4 equal BGTaskScheduler.Error.Code. */
+typedef enum bgtask_status {
+    BGTASK_OK = 0,
+    BGTASK_E_UNAVAILABLE = 1,
+    BGTASK_E_TOO_MANY_PENDING = 2,
+    BGTASK_E_NOT_PERMITTED = 3,
+    BGTASK_E_IMMEDIATE_RUN_INELIGIBLE = 4,
+    BGTASK_E_INVALID_ARGUMENT = 100,
+    BGTASK_E_HOST = 101, /* the host could not be reached or failed */
+} bgtask_status;
+
+typedef uint64_t bgtask_task_id;
+typedef struct bgtask_host bgtask_host; /* opaque; owned by the runner */
+
+typedef struct bgtask_task_info {
+    uint32_t size;              /* sizeof(bgtask_task_info) of the runner */
+    bgtask_task_id task;        /* names this task in every host call */
+    const char *identifier;     /* valid until the task completes */
+    bgtask_task_type type;
+} bgtask_task_info;
+
+/* Called once per task on the handler thread. Must return promptly or do the work: the task
+ * stays open until set_task_completed is called for it. */
+typedef void (*bgtask_launch_handler)(void *context, const bgtask_task_info *task);
+
+/* Called on the expiration thread when the launch's time runs out (or the user cancels).
+ * Return true if the app was told (it will complete the task itself), false if it has no
+ * handler, in which case the host completes the task unsuccessfully. */
+typedef bool (*bgtask_expiration_handler)(void *context, bgtask_task_id task);
+
+typedef struct bgtask_launch_info {
+    uint32_t size;
+    bgtask_launch_role role;
+    const char *bundle_identifier;
+    const char *bundle_path;
+    const char *data_directory; /* the app's container; persists across launches */
+    const char *launch_id;
+    const char *event_json;     /* extensions: the event they were started with, or NULL */
+} bgtask_launch_info;
+
+typedef enum bgtask_strategy {
+    BGTASK_STRATEGY_FAIL = 0,  /* values as BGContinuedProcessingTaskRequest.SubmissionStrategy */
+    BGTASK_STRATEGY_QUEUE = 1,
+} bgtask_strategy;
+
+#define BGTASK_RESOURCE_GPU 1u
+
+typedef struct bgtask_request {
+    uint32_t size;
+    bgtask_task_type type;
+    const char *identifier;
+    double earliest_begin_date;   /* seconds since 1970; NaN for none */
+    bool requires_network;        /* processing, health research */
+    bool requires_external_power; /* processing, health research */
+    int32_t protection_type;      /* health research: 0 none, 1 complete, 2 unless open, 3 until first auth */
+    const char *title;            /* continued processing */
+    const char *subtitle;         /* continued processing */
+    bgtask_strategy strategy;     /* continued processing */
+    uint32_t required_resources;  /* continued processing: BGTASK_RESOURCE_* bits */
+} bgtask_request;
+
+typedef void (*bgtask_request_visitor)(void *context, const bgtask_request *request);
+
+#define BGTASK_LOG_DEBUG 0
+#define BGTASK_LOG_INFO 1
+#define BGTASK_LOG_ERROR 2
+
+typedef struct bgtask_host_api {
+    uint32_t abi_version; /* BGTASK_ABI_VERSION of the runner */
+    uint32_t size;        /* sizeof(bgtask_host_api) of the runner */
+
+    /* ---- ABI 1 ---- */
+
+    /* Registers a launch handler. Returns 1 when registered, 0 when the identifier is not in
+     * BGTaskSchedulerPermittedIdentifiers or this process may not register (an extension).
+     * Registering an identifier twice, or after launch (continued processing excepted), ends
+     * the launch as on iOS: the call does not return. */
+    int32_t (*register_handler)(bgtask_host *host, const char *identifier,
+                                bgtask_launch_handler handler, void *context);
+
+    /* Sets or clears (NULL) the expiration callback of a running task. */
+    void (*set_expiration_handler)(bgtask_host *host, bgtask_task_id task,
+                                   bgtask_expiration_handler handler, void *context);
+
+    /* Completes a task. Idempotent: later calls are ignored. */
+    void (*set_task_completed)(bgtask_host *host, bgtask_task_id task, bool success);
+
+    /* Submits a request for this app. On failure returns a bgtask_status and writes a message
+     * into `message` (NUL-terminated, truncated to message_size). */
+    int32_t (*submit)(bgtask_host *host, const bgtask_request *request,
+                      char *message, size_t message_size);
+
+    void (*cancel)(bgtask_host *host, const char *identifier);
+    void (*cancel_all)(bgtask_host *host);
+
+    /* Calls `visitor` once per pending request of this app, then returns. */
+    int32_t (*pending)(bgtask_host *host, bgtask_request_visitor visitor, void *context);
+
+    /* Writes a line to the launch's log. */
+    void (*log)(bgtask_host *host, int32_t level, const char *message);
+
+    /* Continued processing: progress and text shown to the user. */
+    void (*update_progress)(bgtask_host *host, bgtask_task_id task, int64_t completed, int64_t total);
+    void (*update_title)(bgtask_host *host, bgtask_task_id task, const char *title, const char *subtitle);
+
+    /* BGTASK_RESOURCE_* bits this machine supports. */
+    uint32_t (*supported_resources)(bgtask_host *host);
+} bgtask_host_api;
+
+/* Called on the runner's main thread after registration of Info.plist-mapped handlers, as
+ * application(_:didFinishLaunchingWithOptions:). Register handlers here. Return 0 on success;
+ * anything else fails the launch, with the text written to `error` as the reason. */
+typedef int32_t (*bgtask_launch_fn)(const bgtask_host_api *api, bgtask_host *host,
+                                    const bgtask_launch_info *launch,
+                                    char *error, size_t error_size);
+
+typedef struct bgtask_plugin {
+    uint32_t magic;       /* BGTASK_PLUGIN_MAGIC */
+    uint32_t abi_version; /* BGTASK_ABI_VERSION the plugin was built against */
+    uint32_t size;        /* sizeof(bgtask_plugin) */
+    const char *name;     /* informational */
+    bgtask_launch_fn launch;
+} bgtask_plugin;
+
+/* The one exported symbol: returns a descriptor with static storage duration. */
+typedef const bgtask_plugin *(*bgtask_plugin_entry_fn)(void);
+
+/* Declares the entry of a C plugin:  BGTASK_PLUGIN("Counter", counter_launch)  */
+#define BGTASK_PLUGIN(name_, launch_)                                              \
+    __attribute__((visibility("default"))) const bgtask_plugin *bgtask_plugin_entry(void) { \
+        static const bgtask_plugin descriptor = {                                  \
+            BGTASK_PLUGIN_MAGIC, BGTASK_ABI_VERSION, sizeof(bgtask_plugin), name_, launch_}; \
+        return &descriptor;                                                        \
+    }
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BGTASK_PLUGIN_H */

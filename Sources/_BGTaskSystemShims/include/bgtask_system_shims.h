@@ -1,0 +1,36 @@
+/* Linux calls Swift's Glibc module does not expose (they need _GNU_SOURCE or have no libc
+ * wrapper on glibc 2.36). Not API: used by BGTaskHost and the runner only. */
+#ifndef BGTASK_SYSTEM_SHIMS_H
+#define BGTASK_SYSTEM_SHIMS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/resource.h>
+
+/* Spawns `path` as the leader of a new process group with `channel_fd` as fd 3, `stdin_fd`,
+ * `out_fd` and `err_fd` as 0/1/2 and every other descriptor closed; signal mask cleared and
+ * all signals at their default. Returns 0 and sets *pid, or an errno value. */
+int bgtask_spawn(const char *path, char *const argv[], char *const envp[],
+                 int channel_fd, int stdin_fd, int out_fd, int err_fd, pid_t *pid);
+
+/* pidfd_open(2); -1 and errno on failure. */
+int bgtask_pidfd_open(pid_t pid);
+
+/* waitid(P_PIDFD) is not needed: wait4 gives rusage. Returns wait4's result. */
+pid_t bgtask_wait4(pid_t pid, int *status, int options, struct rusage *usage);
+
+/* WIFEXITED & co. are macros Swift cannot call. */
+int bgtask_wifexited(int status);
+int bgtask_wexitstatus(int status);
+int bgtask_wifsignaled(int status);
+int bgtask_wtermsig(int status);
+
+/* Makes the caller a child subreaper (prctl PR_SET_CHILD_SUBREAPER). */
+int bgtask_set_child_subreaper(void);
+/* Asks for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). */
+int bgtask_set_parent_death_signal(int sig);
+
+/* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
+uint64_t bgtask_monotonic_ns(void);
+
+#endif

@@ -1,0 +1,232 @@
+import BGTaskWire
+import CBGTaskPluginABI
+import Foundation
+import Glibc
+import _BGTaskSystemShims
+
+/// The child side of one launch: serves the plugin ABI to the bundle it loads and reports every
+/// step to the parent over the launch channel (fd 3).
+///
+/// Threads: the main thread loads the plugin and calls its launch function; launch handlers run
+/// on `handlerQueue`; expiration is delivered on `expirationQueue`; `ParentReader` receives on
+/// its own thread. All state is behind `lock`.
+final class Runner: @unchecked Sendable {
+    enum Handler {
+        case abi(bgtask_launch_handler, UnsafeMutableRawPointer?)
+        case mapped(MappedHandlerCall)
+    }
+
+    struct OpenTask {
+        var assignment: TaskAssignment
+        var info: UnsafeMutablePointer<bgtask_task_info>
+        var expiration: (bgtask_expiration_handler, UnsafeMutableRawPointer?)?
+        var completed = false
+        var expirationDelivered = false
+    }
+
+    let assignment: LaunchAssignment
+    let channel: LaunchChannel
+    let handlerQueue = DispatchQueue(label: "bgtask.runner.handlers")
+    let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
+    let allTasksEnded = DispatchSemaphore(value: 0)
+
+    private let lock = NSLock()
+    private var handlers: [String: Handler] = [:]
+    private var launchFinished = false
+    private var tasks: [UInt64: OpenTask] = [:]
+    private var tasksStarted = false
+    private var signalledEnd = false
+    private var nextSeq: UInt64 = 1
+    private var waiters: [UInt64: ReplyWaiter] = [:]
+
+    init(assignment: LaunchAssignment, channel: LaunchChannel) {
+        self.assignment = assignment
+        self.channel = channel
+    }
+
+    // MARK: Reporting
+
+    func report(_ message: ChildMessage) {
+        // A failed send means the parent is gone; ParentReader sees the EOF and ends the group.
+        try? channel.send(message)
+    }
+
+    /// Ends the launch as iOS ends an app that breaks the scheduler's rules: the record carries
+    /// `reason`, then the process aborts.
+    func fatal(_ reason: String) -> Never {
+        report(.fatal(error: reason))
+        fflush(stdout)
+        FileHandle.standardError.write(Data("bgtask: fatal: \(reason)\n".utf8))
+        signal(SIGABRT, SIG_DFL)
+        abort()
+    }
+
+    // MARK: Registration
+
+    func isPermitted(_ identifier: String) -> Bool {
+        assignment.permittedIdentifiers.contains { permitted in
+            if permitted.hasSuffix(".*") {
+                return identifier.hasPrefix(String(permitted.dropLast(1))) && identifier.count > permitted.count - 1
+            }
+            return permitted == identifier
+        }
+    }
+
+    /// Continued-processing identifiers are the ones matched by a wildcard entry; only they may
+    /// be registered after launch.
+    func isContinuedProcessing(_ identifier: String) -> Bool {
+        assignment.permittedIdentifiers.contains { $0.hasSuffix(".*") && identifier.hasPrefix(String($0.dropLast(1))) }
+    }
+
+    func register(_ identifier: String, _ handler: Handler) -> Bool {
+        if assignment.role == .extension {
+            report(.registerRefused(identifier: identifier, reason: "extensions cannot register launch handlers; only the containing app can"))
+            return false
+        }
+        guard isPermitted(identifier) else {
+            report(.registerRefused(identifier: identifier, reason: "'\(identifier)' is not in BGTaskSchedulerPermittedIdentifiers of \(assignment.bundleIdentifier)"))
+            return false
+        }
+        enum Verdict { case ok, twice, late }
+        let verdict: Verdict = lock.withLock {
+            if handlers[identifier] != nil { return .twice }
+            if launchFinished && !isContinuedProcessing(identifier) { return .late }
+            handlers[identifier] = handler
+            return .ok
+        }
+        switch verdict {
+        case .twice:
+            fatal("launch handler for '\(identifier)' registered twice (BGTaskScheduler allows one registration per identifier)")
+        case .late:
+            fatal("launch handler for '\(identifier)' registered after the app finished launching (register in the launch entry)")
+        case .ok:
+            report(.registered(identifier: identifier, at: bgtask_monotonic_ns()))
+            return true
+        }
+    }
+
+    // MARK: Tasks
+
+    /// Marks the launch finished and starts every assigned task with a registered handler.
+    func startTasks() {
+        var toStart: [(Handler, UnsafeMutablePointer<bgtask_task_info>)] = []
+        var notRegistered: [UInt64] = []
+        lock.withLock {
+            launchFinished = true
+            for task in assignment.tasks {
+                guard let handler = handlers[task.identifier] else {
+                    notRegistered.append(task.task)
+                    continue
+                }
+                let info = UnsafeMutablePointer<bgtask_task_info>.allocate(capacity: 1)
+                info.initialize(to: bgtask_task_info(
+                    size: UInt32(MemoryLayout<bgtask_task_info>.size),
+                    task: task.task,
+                    identifier: UnsafePointer(strdup(task.identifier)),
+                    type: bgtask_task_type(UInt32(task.kind.abiValue))))
+                tasks[task.task] = OpenTask(assignment: task, info: info)
+                toStart.append((handler, info))
+            }
+            tasksStarted = true
+        }
+        report(.launched(at: bgtask_monotonic_ns()))
+        for task in notRegistered { report(.taskNotRegistered(task: task)) }
+        for (handler, info) in toStart {
+            handlerQueue.async { [self] in
+                report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
+                switch handler {
+                case let .abi(function, context): function(context, info)
+                case let .mapped(call): call.invoke(task: info, runner: self)
+                }
+            }
+        }
+        signalEndIfDone()
+    }
+
+    func setExpirationHandler(_ task: UInt64, _ handler: bgtask_expiration_handler?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock {
+            guard tasks[task] != nil else { return }
+            tasks[task]?.expiration = handler.map { ($0, context) }
+        }
+    }
+
+    func complete(_ task: UInt64, success: Bool) {
+        let first: Bool = lock.withLock {
+            guard let open = tasks[task], !open.completed else { return false }
+            tasks[task]?.completed = true
+            return true
+        }
+        guard first else { return }
+        report(.taskCompleted(task: task, success: success, at: bgtask_monotonic_ns()))
+        signalEndIfDone()
+    }
+
+    private func signalEndIfDone() {
+        let done: Bool = lock.withLock {
+            guard tasksStarted, !signalledEnd, tasks.values.allSatisfy(\.completed) else { return false }
+            signalledEnd = true
+            return true
+        }
+        if done { allTasksEnded.signal() }
+    }
+
+    /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with
+    /// no expiration handler is completed unsuccessfully, as on iOS.
+    func expire(only: UInt64?) {
+        let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
+            var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
+            for (id, task) in tasks.sorted(by: { $0.key < $1.key })
+            where !task.completed && !task.expirationDelivered && (only == nil || only == id) {
+                tasks[id]?.expirationDelivered = true
+                targets.append((id, task.expiration))
+            }
+            return targets
+        }
+        for (id, expiration) in targets {
+            let at = bgtask_monotonic_ns()
+            let told = expiration.map { $0.0($0.1, id) } ?? false
+            report(.expirationDelivered(task: id, at: at, toApp: told))
+            if !told { complete(id, success: false) }
+        }
+    }
+
+    // MARK: Requests to the parent
+
+    /// Sends a request and waits for the parent's reply.
+    func ask(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, requests: [WireTaskRequest]) {
+        let waiter = ReplyWaiter()
+        let seq: UInt64 = lock.withLock {
+            defer { nextSeq += 1 }
+            waiters[nextSeq] = waiter
+            return nextSeq
+        }
+        report(make(seq))
+        guard waiter.semaphore.wait(timeout: .now() + 30) == .success else {
+            _ = lock.withLock { waiters.removeValue(forKey: seq) }
+            return (Int32(BGTASK_E_HOST.rawValue), "the host did not answer within 30 s", [])
+        }
+        return (waiter.status, waiter.message, waiter.requests)
+    }
+
+    func resolve(seq: UInt64, status: Int32, message: String?, requests: [WireTaskRequest]?) {
+        guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
+        waiter.status = status
+        waiter.message = message
+        waiter.requests = requests ?? []
+        waiter.semaphore.signal()
+    }
+
+    /// The parent hung up: nobody supervises this launch any more, so end it and every
+    /// process it started.
+    func parentLost() -> Never {
+        kill(0, SIGKILL)
+        _exit(70)
+    }
+}
+
+final class ReplyWaiter: @unchecked Sendable {
+    let semaphore = DispatchSemaphore(value: 0)
+    var status: Int32 = 0
+    var message: String?
+    var requests: [WireTaskRequest] = []
+}

@@ -1,0 +1,132 @@
+import BGTaskWire
+import CBGTaskPluginABI
+import Foundation
+import Glibc
+import _BGTaskSystemShims
+
+// bgtask-runner: started by the host (or `bgtask run`) with its launch channel on fd 3.
+// It is not meant to be run by hand.
+
+nonisolated(unsafe) var hostTable: UnsafeMutablePointer<bgtask_host_api>!
+
+/// A plugin crash must not write a core file into someone's working directory.
+var noCore = rlimit(rlim_cur: 0, rlim_max: 0)
+setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &noCore)
+signal(SIGPIPE, SIG_IGN)
+// stdout goes to the launch log, a file: line-buffer it so nothing printed is lost when the
+// launch ends abruptly (fatal registration errors, _exit on failure).
+setvbuf(stdout, nil, _IOLBF, 0)
+
+let channel = LaunchChannel(fd: 3)
+try? channel.send(ChildMessage.hello(pid: getpid()))
+
+let assignment: LaunchAssignment
+do {
+    guard let first = try channel.receive(ParentMessage.self) else { _exit(70) }
+    guard case let .start(received) = first else {
+        try? channel.send(ChildMessage.launchFailed(error: "protocol: first message was not start"))
+        _exit(70)
+    }
+    assignment = received
+} catch {
+    try? channel.send(ChildMessage.launchFailed(error: "protocol: \(error)"))
+    _exit(70)
+}
+
+runner = Runner(assignment: assignment, channel: channel)
+hostTable = makeHostTable()
+
+// Parent messages arrive on their own thread so that expiration reaches a launch whose main
+// and handler threads are blocked.
+let reader = Thread {
+    while true {
+        let message: ParentMessage?
+        do {
+            message = try channel.receive(ParentMessage.self)
+        } catch {
+            runner.report(.log(level: BGTASK_LOG_ERROR, message: "runner: ignoring parent frame: \(error)"))
+            continue
+        }
+        guard let message else { runner.parentLost() }
+        switch message {
+        case .start: continue
+        case let .expire(task, _):
+            runner.expirationQueue.async { runner.expire(only: task) }
+        case let .reply(seq, status, text, requests):
+            runner.resolve(seq: seq, status: status, message: text, requests: requests)
+        }
+    }
+}
+reader.start()
+
+func launchFailed(_ error: String) -> Never {
+    runner.report(.launchFailed(error: error))
+    fflush(stdout)
+    _exit(71)
+}
+
+let library = URL(fileURLWithPath: assignment.executablePath).lastPathComponent
+runner.report(.loading(path: assignment.executablePath, at: bgtask_monotonic_ns()))
+guard let handle = dlopen(assignment.executablePath, RTLD_NOW | RTLD_LOCAL) else {
+    launchFailed("dlopen \(assignment.executablePath): \(dlerror().map { String(cString: $0) } ?? "unknown error")")
+}
+guard let entrySymbol = dlsym(handle, BGTASK_ENTRY_SYMBOL) else {
+    launchFailed("\(library) does not export the entry symbol '\(BGTASK_ENTRY_SYMBOL)' (see bgtask/plugin.h, or the Swift boilerplate in the README)")
+}
+let entry = unsafeBitCast(entrySymbol, to: bgtask_plugin_entry_fn.self)
+guard let descriptor = entry() else {
+    launchFailed("\(library): \(BGTASK_ENTRY_SYMBOL)() returned NULL instead of a plugin descriptor")
+}
+guard descriptor.pointee.magic == BGTASK_PLUGIN_MAGIC else {
+    launchFailed("\(library): \(BGTASK_ENTRY_SYMBOL)() returned a descriptor with magic 0x\(String(descriptor.pointee.magic, radix: 16)), expected 0x\(String(BGTASK_PLUGIN_MAGIC, radix: 16))")
+}
+guard descriptor.pointee.abi_version == BGTASK_ABI_VERSION else {
+    launchFailed("ABI version mismatch: \(library) was built for bgtask ABI \(descriptor.pointee.abi_version), this runner provides ABI \(BGTASK_ABI_VERSION)")
+}
+guard let launch = descriptor.pointee.launch else {
+    launchFailed("\(library): the plugin descriptor has no launch function")
+}
+
+for mapping in assignment.mappedHandlers {
+    guard let function = dlsym(handle, mapping.symbol) else {
+        launchFailed("Info.plist BGTaskHandlers maps '\(mapping.identifier)' to '\(mapping.symbol)', which \(library) does not export")
+    }
+    do {
+        let call = try MappedHandlerCall(mapping: mapping, function: function)
+        _ = runner.register(mapping.identifier, .mapped(call))
+    } catch {
+        launchFailed("Info.plist BGTaskHandlers '\(mapping.identifier)': \(error)")
+    }
+}
+
+var errorBuffer = [CChar](repeating: 0, count: 1024)
+let status: Int32 = assignment.bundleIdentifier.withCString { bundleIdentifier in
+    assignment.bundlePath.withCString { bundlePath in
+        assignment.dataDirectory.withCString { dataDirectory in
+            assignment.launchID.withCString { launchID in
+                (assignment.eventJSON ?? "").withCString { event in
+                    var info = bgtask_launch_info(
+                        size: UInt32(MemoryLayout<bgtask_launch_info>.size),
+                        role: bgtask_launch_role(UInt32(assignment.role.abiValue)),
+                        bundle_identifier: bundleIdentifier,
+                        bundle_path: bundlePath,
+                        data_directory: dataDirectory,
+                        launch_id: launchID,
+                        event_json: assignment.eventJSON == nil ? nil : event)
+                    return launch(hostTable, nil, &info, &errorBuffer, errorBuffer.count)
+                }
+            }
+        }
+    }
+}
+guard status == 0 else {
+    let text = String(decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    launchFailed("the launch entry of \(library) returned \(status)\(text.isEmpty ? "" : ": \(text)")")
+}
+
+runner.startTasks()
+runner.allTasksEnded.wait()
+runner.report(.finished(at: bgtask_monotonic_ns()))
+fflush(stdout)
+fflush(stderr)
+exit(0)

@@ -1,0 +1,58 @@
+import ArgumentParser
+import BGTaskHost
+import Foundation
+import Logging
+
+@main
+struct BGTaskCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bgtask",
+        abstract: "Apple's BackgroundTasks on Linux: run, inspect and drive background task plugins.",
+        discussion: """
+            Plugins are shared libraries in bundles (Name.app with an Info.plist). Every launch \
+            runs in its own supervised child process and ends in a run record.
+            """,
+        subcommands: [Run.self, Bundle.self, Validate.self]
+    )
+}
+
+/// Options every verb that touches state shares.
+struct StateOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp(
+        "The state directory (app containers, logs, the database).",
+        discussion: "Default: $BGTASK_STATE, else $XDG_STATE_HOME/bgtask, else ~/.local/state/bgtask.",
+        valueName: "dir"))
+    var state: String?
+
+    @Flag(name: .shortAndLong, help: "Log what the host does to stderr.")
+    var verbose = false
+
+    var stateDirectory: URL {
+        if let state { return URL(fileURLWithPath: state) }
+        let environment = ProcessInfo.processInfo.environment
+        if let path = environment["BGTASK_STATE"], !path.isEmpty { return URL(fileURLWithPath: path) }
+        if let xdg = environment["XDG_STATE_HOME"], !xdg.isEmpty {
+            return URL(fileURLWithPath: xdg).appendingPathComponent("bgtask")
+        }
+        return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".local/state/bgtask")
+    }
+
+    func makeLogger() -> Logger {
+        var logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
+        let level = ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:))
+        logger.logLevel = verbose ? .debug : level ?? .warning
+        return logger
+    }
+}
+
+/// Exit statuses of the CLI (documented in the README).
+enum Status {
+    /// A bundle or Info.plist is invalid (EX_DATAERR).
+    static let invalidBundle = ExitCode(65)
+    /// The launch could not be started (EX_UNAVAILABLE).
+    static let cannotLaunch = ExitCode(69)
+}
+
+func printError(_ text: String) {
+    FileHandle.standardError.write(Data("bgtask: \(text)\n".utf8))
+}

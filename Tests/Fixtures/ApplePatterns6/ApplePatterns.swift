@@ -1,0 +1,1 @@
+../ApplePatterns5/ApplePatterns.swift

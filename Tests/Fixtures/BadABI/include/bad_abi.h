@@ -1,0 +1,1 @@
+/* Fixture: BadABI has no public interface. */

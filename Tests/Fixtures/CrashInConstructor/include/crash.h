@@ -1,0 +1,1 @@
+/* Fixture: CrashInConstructor has no public interface. */

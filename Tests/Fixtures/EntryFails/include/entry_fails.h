@@ -1,0 +1,1 @@
+/* Fixture: EntryFails has no public interface. */

@@ -1,0 +1,1 @@
+int not_a_plugin(void);
