@@ -61,3 +61,10 @@ uint64_t bgtask_monotonic_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int bgtask_has_exited(pid_t pid) {
+    siginfo_t info;
+    info.si_pid = 0;
+    if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == ECHILD;
+    return info.si_pid == pid;
+}

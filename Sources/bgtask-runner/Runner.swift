@@ -131,7 +131,9 @@ final class Runner: @unchecked Sendable {
         }
         report(.launched(at: bgtask_monotonic_ns()))
         for task in notRegistered { report(.taskNotRegistered(task: task)) }
-        for (handler, info) in toStart {
+        for (handler, pointer) in toStart {
+            // Owned by the runner until the process ends; only read from here on.
+            nonisolated(unsafe) let info = pointer
             handlerQueue.async { [self] in
                 report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
                 switch handler {
@@ -151,13 +153,15 @@ final class Runner: @unchecked Sendable {
     }
 
     func complete(_ task: UInt64, success: Bool) {
+        // Reported under the lock, so that the last completion's `finished` can never overtake
+        // (and, with the process exiting, lose) another task's completion.
         let first: Bool = lock.withLock {
             guard let open = tasks[task], !open.completed else { return false }
             tasks[task]?.completed = true
+            report(.taskCompleted(task: task, success: success, at: bgtask_monotonic_ns()))
             return true
         }
         guard first else { return }
-        report(.taskCompleted(task: task, success: success, at: bgtask_monotonic_ns()))
         signalEndIfDone()
     }
 
@@ -184,9 +188,14 @@ final class Runner: @unchecked Sendable {
         }
         for (id, expiration) in targets {
             let at = bgtask_monotonic_ns()
-            let told = expiration.map { $0.0($0.1, id) } ?? false
-            report(.expirationDelivered(task: id, at: at, toApp: told))
-            if !told { complete(id, success: false) }
+            // Reported before the call: an expiration handler that completes the last task
+            // ends the launch, and the record must still say the task expired.
+            if let (handler, context) = expiration {
+                report(.expirationDelivered(task: id, at: at, toApp: true))
+                if handler(context, id) { continue }
+            }
+            report(.expirationDelivered(task: id, at: at, toApp: false))
+            complete(id, success: false)
         }
     }
 

@@ -13,6 +13,9 @@ nonisolated(unsafe) var hostTable: UnsafeMutablePointer<bgtask_host_api>!
 var noCore = rlimit(rlim_cur: 0, rlim_max: 0)
 setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &noCore)
 signal(SIGPIPE, SIG_IGN)
+// Orphaned descendants of the plugin (even ones that call setsid) are re-parented to the runner,
+// so the supervisor finds every one of them under the runner's pid.
+_ = bgtask_set_child_subreaper()
 // stdout goes to the launch log, a file: line-buffer it so nothing printed is lost when the
 // launch ends abruptly (fatal registration errors, _exit on failure).
 setvbuf(stdout, nil, _IOLBF, 0)
@@ -129,4 +132,7 @@ runner.allTasksEnded.wait()
 runner.report(.finished(at: bgtask_monotonic_ns()))
 fflush(stdout)
 fflush(stderr)
-exit(0)
+// Not exit(): handler threads may still be running app code, and tearing down globals under
+// them could crash a launch that has, in fact, ended well. iOS does not run exit handlers of a
+// background app either.
+_exit(0)

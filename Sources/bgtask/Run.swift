@@ -59,6 +59,10 @@ extension BGTaskCommand {
             }
             var assignments: [TaskAssignment] = []
             for (index, requested) in task.enumerated() {
+                guard app.permits(requested.identifier) else {
+                    printError("\(app.infoPlistURL.path): key BGTaskSchedulerPermittedIdentifiers: '\(requested.identifier)' is not permitted (permitted: \(app.permittedIdentifiers.joined(separator: ", ")))")
+                    throw ExitCode.validationFailure
+                }
                 let kind: TaskKind
                 if let explicit = requested.kind ?? type {
                     kind = explicit

@@ -65,6 +65,9 @@ public struct LaunchSupervisor: Sendable {
         if environment["SWIFT_BACKTRACE"] == nil { environment["SWIFT_BACKTRACE"] = "enable=no" }
         for (key, value) in plan.environment { environment[key] = value }
 
+        // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
+        // process instead of init, so they can be found and killed.
+        _ = bgtask_set_child_subreaper()
         let argv = [runnerPath, plan.bundle.identifier]
         let envp = environment.map { "\($0.key)=\($0.value)" }
         let startNs = bgtask_monotonic_ns()
@@ -79,6 +82,7 @@ public struct LaunchSupervisor: Sendable {
         guard spawnError == 0 else {
             throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
         }
+        Self.activeRunners.insert(pid)
         logger[metadataKey: "child.pid"] = "\(pid)"
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
@@ -97,8 +101,11 @@ public struct LaunchSupervisor: Sendable {
         var status: Int32 = 0
         var usage = rusage()
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
-        // Whatever the plugin left in its process group dies with the launch.
+        Self.activeRunners.remove(pid)
+        // Whatever the plugin left behind dies with the launch: its process group, and every
+        // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
+        Self.reapOrphans()
         drain(channel: channels.parent, plan: plan, broker: broker, state: &state)
 
         let endNs = bgtask_monotonic_ns()
@@ -119,6 +126,7 @@ public struct LaunchSupervisor: Sendable {
         let expireAt = state.startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
         var killAt: UInt64?
         var channelOpen = true
+        var channelClosedAt: UInt64?
         let sampleNs = UInt64(memorySampleInterval.nanoseconds)
 
         while true {
@@ -131,15 +139,15 @@ public struct LaunchSupervisor: Sendable {
             }
             if let deadline = killAt, now >= deadline, state.killed == nil {
                 state.killed = .watchdog
-                kill(-pid, SIGKILL)
+                Self.terminate(pid)
                 logger.info("watchdog kill: grace period over")
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil {
-                let rss = Self.residentBytes(of: pid)
+                let rss = ProcessTree.residentBytes(of: pid)
                 state.peakRSS = max(state.peakRSS, rss)
                 if rss > plan.limits.memoryLimitBytes {
                     state.killed = .jetsam
-                    kill(-pid, SIGKILL)
+                    Self.terminate(pid)
                     logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
                 }
             }
@@ -147,6 +155,7 @@ public struct LaunchSupervisor: Sendable {
             var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
             if state.killed != nil { next = UInt64.max }
             if plan.limits.memoryLimitBytes > 0 && state.killed == nil { next = min(next, now + sampleNs) }
+            if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
 
             var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)]
@@ -155,16 +164,35 @@ public struct LaunchSupervisor: Sendable {
             if ready < 0 && errno != EINTR { break }
 
             if channelOpen, fds.count > 1, fds[1].revents != 0 {
+                let wasFinished = state.finished
                 channelOpen = receive(channel: channel, plan: plan, broker: broker, state: &state)
-                if !channelOpen, state.killed == nil, !state.finished {
-                    // The child hung up on its supervisor but lives on: it cannot be trusted.
-                    state.end(.crashed, error: state.error ?? "the launch closed its channel to the host before its tasks ended")
-                    state.killed = .crashed
-                    kill(-pid, SIGKILL)
+                if state.finished && !wasFinished {
+                    // All tasks ended: nothing the launch started may outlive it.
+                    for descendant in ProcessTree.descendants(of: pid) { kill(descendant, SIGKILL) }
                 }
+                if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
             }
-            if pidfd >= 0 ? fds[0].revents != 0 : kill(pid, 0) != 0 || Self.isZombie(pid) { break }
+            if let closedAt = channelClosedAt, state.killed == nil, !state.finished, state.forcedTermination != nil
+                || bgtask_monotonic_ns() >= closedAt + Self.exitAfterHangUp {
+                // Garbage on the channel, or a child that hung up on its supervisor and did not
+                // exit (a dying process closes its channel a moment before it can be reaped):
+                // it can no longer be trusted.
+                state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
+                state.killed = .crashed
+                Self.terminate(pid)
+            }
+            if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
+    }
+
+    /// How long a child that closed its channel has to exit before it counts as hung up.
+    static let exitAfterHangUp: UInt64 = 250_000_000
+
+    /// Kills the launch: every descendant first (while the runner, their subreaper, still
+    /// holds them), then the runner and its process group.
+    static func terminate(_ pid: pid_t) {
+        ProcessTree.killTree(pid)
+        kill(-pid, SIGKILL)
     }
 
     /// Reads every packet available. Returns false once the channel is closed or unusable.
@@ -213,26 +241,29 @@ public struct LaunchSupervisor: Sendable {
         }
     }
 
-    // MARK: Memory
+    // MARK: Processes
 
-    /// Resident set size of `pid` from /proc/PID/statm (0 once it is gone).
-    static func residentBytes(of pid: pid_t) -> UInt64 {
-        let fd = open("/proc/\(pid)/statm", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return 0 }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 128)
-        let n = read(fd, &buffer, buffer.count)
-        guard n > 0 else { return 0 }
-        let fields = buffer[0..<n].split(separator: UInt8(ascii: " "))
-        guard fields.count > 1, let pages = UInt64(String(decoding: fields[1], as: UTF8.self)) else { return 0 }
-        return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
-    }
+    /// Runner pids of launches this process is supervising, so that orphan reaping never
+    /// touches another launch's runner.
+    private static let activeRunners = ActiveRunners()
 
-    static func isZombie(_ pid: pid_t) -> Bool {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { return true }
-        return stat[stat.index(close, offsetBy: 2)] == "Z"
+    /// Kills and reaps processes re-parented to this process (it is a child subreaper) that
+    /// are not the runner of a running launch: descendants of launches whose runner died.
+    static func reapOrphans() {
+        for orphan in ProcessTree.children(of: getpid()) where !activeRunners.contains(orphan) {
+            ProcessTree.killTree(orphan)
+            var status: Int32 = 0
+            _ = bgtask_wait4(orphan, &status, 0, nil)
+        }
     }
+}
+
+private final class ActiveRunners: @unchecked Sendable {
+    private let lock = NSLock()
+    private var pids = Set<pid_t>()
+    func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
+    func remove(_ pid: pid_t) { _ = lock.withLock { pids.remove(pid) } }
+    func contains(_ pid: pid_t) -> Bool { lock.withLock { pids.contains(pid) } }
 }
 
 private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {

@@ -19,6 +19,10 @@ int bgtask_pidfd_open(pid_t pid);
 /* waitid(P_PIDFD) is not needed: wait4 gives rusage. Returns wait4's result. */
 pid_t bgtask_wait4(pid_t pid, int *status, int options, struct rusage *usage);
 
+/* True once `pid` (a child) has exited and can be reaped; does not reap it. For kernels
+ * without pidfd. */
+int bgtask_has_exited(pid_t pid);
+
 /* WIFEXITED & co. are macros Swift cannot call. */
 int bgtask_wifexited(int status);
 int bgtask_wexitstatus(int status);

@@ -7,6 +7,9 @@
 //   register-unpermitted  registers com.example.not.permitted (prints what register returned),
 //                         then com.example.misbehaving.ok
 import BackgroundTasks
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @_cdecl("bgtask_plugin_entry")
 public func bgtaskPluginEntry() -> UnsafeRawPointer {
@@ -95,6 +98,100 @@ enum Misbehaving {
             ) { late in late.setTaskCompleted(success: true) }
             print("misbehaving: late-register: register returned \(registered) (the launch should have ended)")
             task.setTaskCompleted(success: true)
+        }
+    
+        // The zoo of issue 3: each breaks the launch in one way the host must survive and name.
+
+        // Sets an expiration handler that ignores expiry, and keeps the CPU busy: watchdog.
+        register("spin") { task in
+            print("misbehaving: spin ignores expiration and spins")
+            task.expirationHandler = { print("misbehaving: spin was told to expire and ignores it") }
+            var x: UInt64 = 0
+            while true { x &+= 1; if x == 0 { print(x) } }
+        }
+
+        // Blocks forever in a C call (pause), expiration handler or not: watchdog.
+        register("block") { task in
+            print("misbehaving: block blocks in pause()")
+            task.expirationHandler = { print("misbehaving: block expired, still blocked") }
+            while true { pause() }
+        }
+
+        register("segfault") { _ in
+            print("misbehaving: segfault dereferences a bad pointer")
+            raise(SIGSEGV)
+        }
+
+        register("abort") { _ in
+            print("misbehaving: abort calls abort()")
+            abort()
+        }
+
+        register("trap") { _ in
+            let values: [Int] = []
+            print("misbehaving: trap reads past the end of an array: \(values[values.count])")
+        }
+
+        register("exit3") { _ in
+            print("misbehaving: exit3 calls exit(3)")
+            exit(3)
+        }
+
+        // Leaves with its task open: not a normal exit.
+        register("exit-early") { _ in
+            print("misbehaving: exit-early calls exit(0) with its task open")
+            exit(0)
+        }
+
+        // Touches memory until the host kills it (jetsam).
+        register("alloc") { _ in
+            print("misbehaving: alloc touches memory until killed")
+            var blocks: [UnsafeMutableRawPointer] = []
+            while true {
+                let block = malloc(1 << 20)!
+                memset(block, 1, 1 << 20)
+                blocks.append(block)
+            }
+        }
+
+        // A forked grandchild allocates; the child waits for it: jetsam must count both.
+        register("alloc-grandchild") { _ in
+            print("misbehaving: alloc-grandchild forks a child that touches memory")
+            let pid = fork()
+            if pid == 0 {
+                while true { memset(malloc(1 << 20)!, 1, 1 << 20) }
+            }
+            var status: Int32 = 0
+            waitpid(pid, &status, 0)
+        }
+
+        // A grandchild escapes the process group and ignores SIGTERM; it must still die.
+        register("fork-setsid") { task in
+            let pid = fork()
+            if pid == 0 {
+                setsid()
+                signal(SIGTERM, SIG_IGN)
+                while true { pause() }
+            }
+            let path = (ProcessInfo.processInfo.environment["HOME"] ?? "/tmp") + "/grandchild.pid"
+            try? "\(pid)".write(toFile: path, atomically: true, encoding: .utf8)
+            print("misbehaving: fork-setsid started grandchild \(pid)")
+            task.setTaskCompleted(success: true)
+        }
+
+        // Closes its channel to the host, then waits.
+        register("close-channel") { _ in
+            print("misbehaving: close-channel closes fd 3")
+            close(3)
+            while true { pause() }
+        }
+
+        // Writes garbage to its channel, then waits.
+        register("garbage") { _ in
+            print("misbehaving: garbage writes junk to fd 3")
+            let junk: [UInt8] = [0xde, 0xad, 0xbe, 0xef, 0x00, 0x7b, 0x22]
+            _ = junk.withUnsafeBytes { send(3, $0.baseAddress, $0.count, 0) }
+            while true { pause() }
         }
     }
 }

@@ -1,0 +1,80 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A launch's processes: the runner and every descendant, found through
+/// `/proc/PID/task/TID/children`. The runner is a child subreaper, so a grandchild whose
+/// parent died (or that called `setsid`) is re-parented to the runner and stays in this tree;
+/// process groups and sessions cannot hide it.
+///
+/// Linux only. Called from the supervising thread; not async-signal-safe.
+enum ProcessTree {
+    /// Every descendant of `root` (not `root` itself), parents before children.
+    static func descendants(of root: pid_t) -> [pid_t] {
+        var result: [pid_t] = []
+        var queue = children(of: root)
+        var seen = Set<pid_t>()
+        while let pid = queue.first {
+            queue.removeFirst()
+            guard seen.insert(pid).inserted else { continue }
+            result.append(pid)
+            queue.append(contentsOf: children(of: pid))
+        }
+        return result
+    }
+
+    /// Direct children of `pid`, over all of its threads.
+    static func children(of pid: pid_t) -> [pid_t] {
+        guard let tasks = opendir("/proc/\(pid)/task") else { return [] }
+        defer { closedir(tasks) }
+        var result: [pid_t] = []
+        while let entry = readdir(tasks) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            guard let tid = Int32(name) else { continue }
+            result.append(contentsOf: readPIDs("/proc/\(pid)/task/\(tid)/children"))
+        }
+        return result
+    }
+
+    /// Resident bytes of `root` and all its descendants (pages shared after fork count once
+    /// per process: an upper bound, which is the safe side for a memory limit).
+    static func residentBytes(of root: pid_t) -> UInt64 {
+        ([root] + descendants(of: root)).reduce(0) { $0 + residentBytes(ofProcess: $1) }
+    }
+
+    static func residentBytes(ofProcess pid: pid_t) -> UInt64 {
+        let fields = readFile("/proc/\(pid)/statm").split(separator: UInt8(ascii: " "))
+        guard fields.count > 1, let pages = UInt64(String(decoding: fields[1], as: UTF8.self)) else { return 0 }
+        return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
+    }
+
+    /// SIGKILLs every descendant of `root`, repeating until none is left (a process being
+    /// killed may have forked a moment before), then `root` itself. Does not reap.
+    static func killTree(_ root: pid_t) {
+        for _ in 0..<64 {
+            let pids = descendants(of: root)
+            if pids.isEmpty { break }
+            for pid in pids { kill(pid, SIGKILL) }
+        }
+        kill(root, SIGKILL)
+    }
+
+    private static func readPIDs(_ path: String) -> [pid_t] {
+        readFile(path).split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") })
+            .compactMap { pid_t(String(decoding: $0, as: UTF8.self)) }
+    }
+
+    private static func readFile(_ path: String) -> [UInt8] {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return [] }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        var total = 0
+        while total < buffer.count {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + total, $0.count - total) }
+            if n <= 0 { break }
+            total += n
+        }
+        return Array(buffer[0..<total])
+    }
+}
