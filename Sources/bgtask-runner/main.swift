@@ -129,6 +129,9 @@ guard status == 0 else {
 
 runner.startTasks()
 runner.allTasksEnded.wait()
+// Nothing the app started outlives its launch. The runner is their subreaper, so even those
+// that called setsid are still in its tree.
+killDescendants()
 runner.report(.finished(at: bgtask_monotonic_ns()))
 fflush(stdout)
 fflush(stderr)

@@ -118,6 +118,7 @@ private struct BRFixture {
 
     /// A complete, valid app bundle `relative` with `plist` as its Info.plist and the real
     /// library as `libApp.so`.
+    @discardableResult
     func app(_ relative: String = "App.app", plist: BRPlist = BRFixture.validApp) throws -> URL {
         let bundle = try directory(relative)
         try writeInfo(plist, in: bundle)
@@ -443,29 +444,23 @@ private func infoPath(_ bundle: URL) -> String {
         expectInvalidBundle(bundle, file: infoPath(bundle), key: "Entitlements.\(name)", mentions: ["must be a boolean", "a number"])
     }
 
-    /// `<integer>1</integer>` / `<integer>0</integer>` / `<real>1.0</real>` are not booleans. Foundation
-    /// parses them as NSNumber, and `NSNumber as? Bool` succeeds for 0 and 1, so
-    /// BundleReader.swift:79 accepts them as true/false (silently granting an entitlement).
+    /// `<integer>1</integer>` / `<integer>0</integer>` / `<real>1.0</real>` are not booleans, though
+    /// Foundation's NSNumber casts to Bool for 0 and 1: they must not grant an entitlement.
     @Test(arguments: [BRPlist.integer(1), .integer(0), .real(1.0)])
     fileprivate func entitlementValueZeroOrOneNumberIsNotABoolean(_ value: BRPlist) throws {
         let fixture = try BRFixture()
         defer { fixture.remove() }
         let name = PluginBundle.healthResearchEntitlement
         let bundle = try fixture.app(plist: BRFixture.validApp.setting("Entitlements", [name: value]))
-        withKnownIssue("BundleReader accepts a 0/1 number as an entitlement boolean (NSNumber bridges to Bool)") {
-            expectInvalidBundle(bundle, file: infoPath(bundle), key: "Entitlements.\(name)", mentions: ["must be a boolean", "a number"])
-        }
+        expectInvalidBundle(bundle, file: infoPath(bundle), key: "Entitlements.\(name)", mentions: ["must be a boolean", "a number"])
     }
 
-    /// The type named in "found ..." for a number 0 or 1 says "a boolean" (typeName,
-    /// BundleReader.swift:185, tests `is Bool` before NSNumber, and NSNumber(1) is Bool).
+    /// The type named in "found ..." for a number 0 or 1 is "a number", not "a boolean".
     @Test func wrongTypeMessageNamesANumberAsANumber() throws {
         let fixture = try BRFixture()
         defer { fixture.remove() }
         let bundle = try fixture.app(plist: BRFixture.validApp.setting("CFBundleIdentifier", 1))
-        withKnownIssue("typeName reports an integer 0/1 as 'a boolean'") {
-            expectInvalidBundle(bundle, file: infoPath(bundle), key: "CFBundleIdentifier", mentions: ["must be a string", "found a number"])
-        }
+        expectInvalidBundle(bundle, file: infoPath(bundle), key: "CFBundleIdentifier", mentions: ["must be a string", "found a number"])
     }
 
     // MARK: BGTaskHandlers

@@ -127,12 +127,9 @@ private func expectParseError(
         expectParseError(text, mentions: ["'\(text)'", "returns void", "complete"])
     }
 
-    /// An empty argument (a stray comma) is a typo in C: `split(separator:)` drops empty parts,
-    /// so HandlerSignature.swift:27 accepts it silently.
+    /// An empty argument (a stray comma) is a typo in C, not an argument to drop.
     @Test(arguments: ["f(identifier,) -> bool", "f(, identifier) -> bool", "f(identifier,, task) -> bool", "f(,) -> bool"])
     func emptyArgumentIsRejected(_ text: String) {
-        withKnownIssue("HandlerSignature.parse skips empty arguments between commas") {
-            expectParseError(text, mentions: ["'\(text)'"])
-        }
+        expectParseError(text, mentions: ["'\(text)'", "empty argument"])
     }
 }

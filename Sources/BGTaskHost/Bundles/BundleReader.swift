@@ -76,7 +76,7 @@ public enum BundleReader {
                 throw BGTaskError(.invalidBundle, file: plist, key: "Entitlements", "must be a dictionary, found \(typeName(raw))")
             }
             for (name, value) in dictionary {
-                guard let flag = value as? Bool else {
+                guard isBoolean(value), let flag = value as? Bool else {
                     throw BGTaskError(.invalidBundle, file: plist, key: "Entitlements.\(name)", "must be a boolean, found \(typeName(value))")
                 }
                 entitlements[name] = flag
@@ -179,10 +179,17 @@ public enum BundleReader {
     }
 }
 
+/// True only for <true/> and <false/>. Foundation reads <integer>1</integer> as an NSNumber,
+/// which also casts to Bool: it must not grant an entitlement. (Linux's Foundation gives a
+/// plist boolean the dynamic type Bool.)
+func isBoolean(_ value: Any) -> Bool {
+    type(of: value) == Bool.self
+}
+
 func typeName(_ value: Any) -> String {
     switch value {
     case is String: "a string"
-    case is Bool: "a boolean"
+    case _ where isBoolean(value): "a boolean"
     case is NSNumber, is Int, is Double: "a number"
     case is [Any]: "an array"
     case is [String: Any]: "a dictionary"

@@ -11,7 +11,7 @@ public enum HandlerSignature {
     }
 
     public static func parse(_ text: String, identifier: String) throws(ParseError) -> MappedHandler {
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard let open = trimmed.firstIndex(of: "("), let close = trimmed.lastIndex(of: ")"), open < close else {
             throw ParseError(description: "'\(text)' is not a signature like \"feed_refresh(identifier, data_directory) -> bool\"")
         }
@@ -21,11 +21,14 @@ public enum HandlerSignature {
         else {
             throw ParseError(description: "'\(symbol)' is not a C symbol name")
         }
-        let inside = trimmed[trimmed.index(after: open)..<close].trimmingCharacters(in: .whitespaces)
+        let inside = trimmed[trimmed.index(after: open)..<close].trimmingCharacters(in: .whitespacesAndNewlines)
         var arguments: [MappedHandler.Argument] = []
         if !inside.isEmpty && inside != "void" {
-            for part in inside.split(separator: ",") {
-                let name = part.trimmingCharacters(in: .whitespaces)
+            for part in inside.split(separator: ",", omittingEmptySubsequences: false) {
+                let name = part.trimmingCharacters(in: .whitespacesAndNewlines)
+                guard !name.isEmpty else {
+                    throw ParseError(description: "empty argument in '\(text)' (a stray comma?)")
+                }
                 guard let argument = MappedHandler.Argument(rawValue: name) else {
                     let known = MappedHandler.Argument.allCases.map(\.rawValue).joined(separator: ", ")
                     throw ParseError(description: "unknown argument '\(name)' in '\(text)' (known: \(known))")
@@ -33,13 +36,13 @@ public enum HandlerSignature {
                 arguments.append(argument)
             }
         }
-        let rest = trimmed[trimmed.index(after: close)...].trimmingCharacters(in: .whitespaces)
+        let rest = trimmed[trimmed.index(after: close)...].trimmingCharacters(in: .whitespacesAndNewlines)
         var result = MappedHandler.Result.void
         if !rest.isEmpty {
             guard rest.hasPrefix("->") else {
                 throw ParseError(description: "expected '-> void|bool|int' after the arguments in '\(text)'")
             }
-            let name = rest.dropFirst(2).trimmingCharacters(in: .whitespaces)
+            let name = rest.dropFirst(2).trimmingCharacters(in: .whitespacesAndNewlines)
             guard let parsed = MappedHandler.Result(rawValue: name) else {
                 throw ParseError(description: "unknown result type '\(name)' in '\(text)' (known: void, bool, int)")
             }

@@ -248,9 +248,12 @@ public struct LaunchSupervisor: Sendable {
     private static let activeRunners = ActiveRunners()
 
     /// Kills and reaps processes re-parented to this process (it is a child subreaper) that
-    /// are not the runner of a running launch: descendants of launches whose runner died.
+    /// are descendants of launches whose runner died: children that are not the runner of a
+    /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment. Other
+    /// children of an embedding process are left alone.
     static func reapOrphans() {
-        for orphan in ProcessTree.children(of: getpid()) where !activeRunners.contains(orphan) {
+        for orphan in ProcessTree.children(of: getpid())
+        where !activeRunners.contains(orphan) && ProcessTree.isLaunchProcess(orphan) {
             ProcessTree.killTree(orphan)
             var status: Int32 = 0
             _ = bgtask_wait4(orphan, &status, 0, nil)

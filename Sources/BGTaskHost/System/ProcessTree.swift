@@ -59,16 +59,25 @@ enum ProcessTree {
         kill(root, SIGKILL)
     }
 
+    /// True when `pid` runs with a launch's environment (`BGTASK_LAUNCH_ID`), i.e. it is a
+    /// runner or something a plugin started. A plugin that clears its environment before
+    /// forking and then kills its own runner can hide an orphan from this test; the runner
+    /// kills its descendants itself on every normal exit.
+    static func isLaunchProcess(_ pid: pid_t) -> Bool {
+        let environment = readFile("/proc/\(pid)/environ", limit: 1 << 20)
+        return environment.split(separator: 0).contains { $0.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) }
+    }
+
     private static func readPIDs(_ path: String) -> [pid_t] {
         readFile(path).split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") })
             .compactMap { pid_t(String(decoding: $0, as: UTF8.self)) }
     }
 
-    private static func readFile(_ path: String) -> [UInt8] {
+    private static func readFile(_ path: String, limit: Int = 4096) -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return [] }
         defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 4096)
+        var buffer = [UInt8](repeating: 0, count: limit)
         var total = 0
         while total < buffer.count {
             let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + total, $0.count - total) }

@@ -193,5 +193,15 @@ enum Misbehaving {
             _ = junk.withUnsafeBytes { send(3, $0.baseAddress, $0.count, 0) }
             while true { pause() }
         }
+
+        // Lists its open descriptors and where they point, for the inheritance test.
+        register("fds") { task in
+            let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+            for entry in entries.sorted() {
+                let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)")) ?? "?"
+                print("fd \(entry) -> \(target)")
+            }
+            task.setTaskCompleted(success: true)
+        }
     }
 }

@@ -1,0 +1,75 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import Logging
+import Testing
+
+/// The supervisor used in-process, as the host daemon will use it: the test process is the
+/// parent, so it can check what a launch leaves behind in it.
+@Suite(.serialized) struct SupervisorTests {
+    func plan(_ bundle: PluginBundle, _ identifier: String, kind: TaskKind, scratch: Scratch,
+              limits: LaunchLimits? = nil) -> LaunchPlan {
+        let id = LaunchPlan.newLaunchID()
+        return LaunchPlan(
+            bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: identifier, kind: kind)],
+            reason: "simulated", limits: limits ?? .defaults(for: [kind]), launchID: id,
+            dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+            logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+    }
+
+    /// This process's descriptors of the kinds a supervisor opens (sockets, pidfds, /dev/null,
+    /// files under `directory`), as "fd -> target". Other suites run in parallel in this
+    /// process and open pipes and files of their own; those are not counted.
+    func supervisorDescriptors(under directory: URL) -> Set<String> {
+        let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+        return Set(fds.compactMap { fd in
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)") else { return nil }
+            let ours = target.hasPrefix("socket:") || target.contains("pidfd") || target == "/dev/null" || target.hasPrefix(directory.path)
+            return ours ? "\(fd) -> \(target)" : nil
+        })
+    }
+
+    @Test func aLaunchLeaksNoDescriptorAndNoChildAndInheritsNothing() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+
+        // A descriptor the parent leaves inheritable by mistake must not reach the plugin.
+        let marker = scratch.url.appendingPathComponent("parent-secret")
+        FileManager.default.createFile(atPath: marker.path, contents: Data("x".utf8))
+        let leaked = open(marker.path, O_RDONLY)
+        defer { close(leaked) }
+
+        let before = supervisorDescriptors(under: scratch.url)
+        let record = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(record.termination == .exited)
+        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        #expect(!log.contains(marker.path), "the child inherited the parent's descriptor: \(log)")
+        #expect(log.contains("fd 3 -> socket:"), "the channel is fd 3: \(log)")
+        #expect(log.contains("fd 1 -> \(record.log)"), "stdout goes to the launch log: \(log)")
+
+        for crash in ["segfault", "spin", "garbage"] {
+            var limits = LaunchLimits.defaults(for: [.processing])
+            limits.budget = .milliseconds(200)
+            limits.grace = .milliseconds(100)
+            _ = try supervisor.run(plan(bundle, "com.example.misbehaving.\(crash)", kind: .processing, scratch: scratch, limits: limits),
+                                   broker: InMemoryRequestBroker())
+        }
+        #expect(supervisorDescriptors(under: scratch.url).subtracting(before).isEmpty, "descriptors leaked by the supervisor")
+        let leftovers = ProcessTree.children(of: getpid()).filter(ProcessTree.isLaunchProcess)
+        #expect(leftovers.isEmpty, "launch processes left as children of the supervisor: \(leftovers)")
+    }
+
+    @Test func aMissingRunnerIsAClearError() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Feed", info: "Plugins/Feed/Info.plist", name: "Feed.app"))
+        let supervisor = LaunchSupervisor(runnerPath: "/nonexistent/bgtask-runner", logger: Logger(label: "test"))
+        #expect {
+            try supervisor.run(plan(bundle, "com.example.feed.refresh", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
+        } throws: { error in
+            (error as? BGTaskError)?.description.contains("/nonexistent/bgtask-runner") == true
+        }
+    }
+}
