@@ -186,3 +186,14 @@ public enum ParentMessage: Codable, Sendable, Equatable {
 }
 
 extension LaunchAssignment: Equatable {}
+
+/// Exit statuses the runner uses for its own failures, so the supervisor can name them when no
+/// message could explain them.
+public enum RunnerExitStatus {
+    /// The first message from the parent was missing or not a `start`.
+    public static let protocolError: Int32 = 70
+    /// The launch failed before the plugin's entry returned (a `launchFailed` message says why).
+    public static let launchFailed: Int32 = 71
+    /// Plugin code closed or broke the launch channel; the runner ended the launch.
+    public static let channelLost: Int32 = 75
+}

@@ -47,8 +47,22 @@ final class Runner: @unchecked Sendable {
     // MARK: Reporting
 
     func report(_ message: ChildMessage) {
-        // A failed send means the parent is gone; ParentReader sees the EOF and ends the group.
-        try? channel.send(message)
+        do {
+            try channel.send(message)
+        } catch let error as ChannelError where error.code == .oversized {
+            FileHandle.standardError.write(Data("bgtask-runner: dropped a message: \(error)\n".utf8))
+        } catch {
+            channelLost("send: \(error)")
+        }
+    }
+
+    /// The channel is unusable: plugin code closed fd 3 (EBADF) or the parent hung up (EPIPE).
+    /// Either way nobody can hear this launch any more, so it ends here; the supervisor reads
+    /// the exit status.
+    func channelLost(_ why: String) -> Never {
+        fflush(stdout)
+        FileHandle.standardError.write(Data("bgtask-runner: launch channel lost (\(why)); ending the launch\n".utf8))
+        _exit(RunnerExitStatus.channelLost)
     }
 
     /// Ends the launch as iOS ends an app that breaks the scheduler's rules: the record carries
@@ -229,7 +243,7 @@ final class Runner: @unchecked Sendable {
     /// process it started.
     func parentLost() -> Never {
         kill(0, SIGKILL)
-        _exit(70)
+        _exit(RunnerExitStatus.channelLost)
     }
 }
 

@@ -25,15 +25,15 @@ try? channel.send(ChildMessage.hello(pid: getpid()))
 
 let assignment: LaunchAssignment
 do {
-    guard let first = try channel.receive(ParentMessage.self) else { _exit(70) }
+    guard let first = try channel.receive(ParentMessage.self) else { _exit(RunnerExitStatus.protocolError) }
     guard case let .start(received) = first else {
         try? channel.send(ChildMessage.launchFailed(error: "protocol: first message was not start"))
-        _exit(70)
+        _exit(RunnerExitStatus.protocolError)
     }
     assignment = received
 } catch {
     try? channel.send(ChildMessage.launchFailed(error: "protocol: \(error)"))
-    _exit(70)
+    _exit(RunnerExitStatus.protocolError)
 }
 
 runner = Runner(assignment: assignment, channel: channel)
@@ -46,9 +46,11 @@ let reader = Thread {
         let message: ParentMessage?
         do {
             message = try channel.receive(ParentMessage.self)
-        } catch {
+        } catch let error as ChannelError where error.code == .malformed || error.code == .oversized {
             runner.report(.log(level: BGTASK_LOG_ERROR, message: "runner: ignoring parent frame: \(error)"))
             continue
+        } catch {
+            runner.channelLost("receive: \(error)")
         }
         guard let message else { runner.parentLost() }
         switch message {
@@ -65,7 +67,7 @@ reader.start()
 func launchFailed(_ error: String) -> Never {
     runner.report(.launchFailed(error: error))
     fflush(stdout)
-    _exit(71)
+    _exit(RunnerExitStatus.launchFailed)
 }
 
 let library = URL(fileURLWithPath: assignment.executablePath).lastPathComponent

@@ -245,6 +245,12 @@ import Testing
             #expect(record.task("com.example.misbehaving.\(id)")?.outcome == .unfinished, "\(id)")
             #expect(!processExists(record.pid), "\(id): the child is gone")
         }
+        let (closed, _) = try scratch.run(app, ["--task", "com.example.misbehaving.close-channel:processing", "--budget", "300ms"])
+        #expect(closed.termination == .crashed)
+        #expect(closed.exitStatus == 75)
+        #expect(closed.error?.contains("closed or broke its launch channel") == true, "\(closed.error ?? "")")
+        #expect(closed.task("com.example.misbehaving.close-channel")?.outcome == .unfinished)
+
         let (garbage, _) = try scratch.run(app, ["--task", "com.example.misbehaving.garbage:processing"])
         #expect(garbage.error?.contains("malformed frame of 7 bytes") == true, "\(garbage.error ?? "")")
     }

@@ -118,6 +118,9 @@ struct LaunchState {
                 : "the runner \(how) before loading the plugin"
         } else if signaled {
             termination = .crashed
+        } else if exitStatus == RunnerExitStatus.channelLost {
+            termination = .crashed
+            error = "the app closed or broke its launch channel (fd 3), so the runner ended the launch"
         } else if exitStatus != 0 {
             termination = .crashed
             error = "exited with status \(exitStatus ?? -1)"
