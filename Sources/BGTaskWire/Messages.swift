@@ -98,12 +98,15 @@ public struct LaunchAssignment: Codable, Sendable {
     public var mappedHandlers: [MappedHandler]
     public var eventJSON: String?
     public var supportedResources: UInt32
+    /// RLIMIT_DATA for the runner: a backstop for the sampled memory limit, far above it, that
+    /// stops an allocation burst faster than the sampler can see it.
+    public var memoryBackstopBytes: UInt64?
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
         executablePath: String, dataDirectory: String, permittedIdentifiers: [String],
         tasks: [TaskAssignment], mappedHandlers: [MappedHandler], eventJSON: String? = nil,
-        supportedResources: UInt32 = 0
+        supportedResources: UInt32 = 0, memoryBackstopBytes: UInt64? = nil
     ) {
         self.launchID = launchID
         self.role = role
@@ -116,6 +119,7 @@ public struct LaunchAssignment: Codable, Sendable {
         self.mappedHandlers = mappedHandlers
         self.eventJSON = eventJSON
         self.supportedResources = supportedResources
+        self.memoryBackstopBytes = memoryBackstopBytes
     }
 }
 

@@ -36,6 +36,11 @@ do {
     _exit(RunnerExitStatus.protocolError)
 }
 
+if let backstop = assignment.memoryBackstopBytes {
+    var limit = rlimit(rlim_cur: rlim_t(backstop), rlim_max: rlim_t(backstop))
+    setrlimit(__rlimit_resource_t(RLIMIT_DATA.rawValue), &limit)
+}
+
 runner = Runner(assignment: assignment, channel: channel)
 hostTable = makeHostTable()
 

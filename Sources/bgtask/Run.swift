@@ -38,6 +38,9 @@ extension BGTaskCommand {
         @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill the launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
         var memoryLimit: ByteCountArgument?
 
+        @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory: enforce the memory limit with memory.max in a child cgroup per launch instead of sampling.", valueName: "dir"))
+        var cgroup: String?
+
         @Option(name: .long, help: "The reason recorded for the launch.")
         var reason = "simulated"
 
@@ -86,7 +89,15 @@ extension BGTaskCommand {
                 expireAfter: expireAfter?.duration, launchID: launchID,
                 dataDirectory: state.appendingPathComponent("containers").appendingPathComponent(app.identifier),
                 logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))
-            let supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
+            var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
+            if let cgroup {
+                let root = URL(fileURLWithPath: cgroup)
+                do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
+                    printError("--cgroup: \(error)")
+                    throw ExitCode.validationFailure
+                }
+                supervisor.cgroupRoot = root
+            }
             let record: RunRecord
             do { record = try supervisor.run(plan, broker: InMemoryRequestBroker()) } catch {
                 printError(error.description)

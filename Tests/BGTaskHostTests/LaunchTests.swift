@@ -280,6 +280,34 @@ import Testing
         }
     }
 
+    /// The kernel-enforced mechanism needs a delegated cgroup v2 directory with the memory
+    /// controller; CI machines without one skip this test (and say so), and bgtask never
+    /// writes to the machine's own hierarchy. Set BGTASK_TEST_CGROUP to such a directory.
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["BGTASK_TEST_CGROUP"] != nil,
+                   "skipped: no delegated cgroup v2 directory (set BGTASK_TEST_CGROUP to test the cgroup mechanism)"))
+    func memoryOverTheLimitIsJetsamWithACgroup() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let root = ProcessInfo.processInfo.environment["BGTASK_TEST_CGROUP"]!
+        let app = try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app")
+        for id in ["alloc", "alloc-grandchild"] {
+            let (record, _) = try scratch.run(app, ["--task", "com.example.misbehaving.\(id):processing", "--memory-limit", "96MB", "--cgroup", root])
+            #expect(record.termination == .jetsam, "\(id)")
+            #expect(record.memoryMechanism == "cgroup")
+        }
+        let left = try FileManager.default.contentsOfDirectory(atPath: root).filter { $0.hasPrefix("bgtask-") }
+        #expect(left.isEmpty, "launch cgroups left behind: \(left)")
+    }
+
+    @Test func aCgroupThatIsNotDelegatedIsRefused() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try scratch.bundle("Feed", info: "Plugins/Feed/Info.plist", name: "Feed.app")
+        let result = try runCLI(["run", app.path, "--task", "com.example.feed.refresh:refresh", "--cgroup", scratch.url.path, "--state", scratch.state.path])
+        #expect(result.status == 64)
+        #expect(result.stderr.contains("not a cgroup v2 directory"), "\(result.stderr)")
+    }
+
     @Test func badCommandLinesAndBundlesAreRefusedClearly() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -33,6 +33,7 @@ struct LaunchState {
     var killed: RunRecord.Termination?
     var expiredAtNs: UInt64?
     var peakRSS: UInt64 = 0
+    var cgroup: CgroupV2.LaunchGroup?
 
     init(plan: LaunchPlan, startNs: UInt64) {
         self.plan = plan
@@ -156,7 +157,7 @@ struct LaunchState {
             termination: termination, signal: signal, exitStatus: exitStatus, error: error,
             wallMs: (Double(wallNs) / 1_000).rounded() / 1000, cpuMs: (cpuMs * 1000).rounded() / 1000,
             peakRSSBytes: max(peakRSS, UInt64(max(usage.ru_maxrss, 0)) * 1024),
-            memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: "sampler",
+            memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: cgroup == nil ? "sampler" : "cgroup",
             budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
             log: plan.logFile.path, registered: registered, refusedRegistrations: refused, submitted: submitted)

@@ -15,12 +15,20 @@ import _BGTaskSystemShims
 public struct LaunchSupervisor: Sendable {
     public var runnerPath: String
     public var logger: Logger
-    /// How often resident memory is sampled when a memory limit is set.
+    /// How often resident memory is sampled when a memory limit is set (sampler mechanism).
     public var memorySampleInterval: Duration = .milliseconds(5)
+    /// A delegated cgroup v2 directory: when set, memory limits are kernel-enforced with one
+    /// child cgroup per launch (`memory.max`) instead of sampled.
+    public var cgroupRoot: URL?
 
     public init(runnerPath: String, logger: Logger) {
         self.runnerPath = runnerPath
         self.logger = logger
+    }
+
+    /// Checks that `directory` is a delegated cgroup v2 directory usable as `cgroupRoot`.
+    public static func validateCgroupRoot(_ directory: URL) throws(BGTaskError) {
+        try CgroupV2.LaunchGroup.validate(root: directory)
     }
 
     /// The runner next to the running executable, or `$BGTASK_RUNNER`.
@@ -84,14 +92,35 @@ public struct LaunchSupervisor: Sendable {
         }
         Self.activeRunners.insert(pid)
         logger[metadataKey: "child.pid"] = "\(pid)"
+        // The runner waits for its launch before loading anything, so every plugin process
+        // starts inside the launch's cgroup.
+        var cgroup: CgroupV2.LaunchGroup?
+        if let root = cgroupRoot, plan.limits.memoryLimitBytes > 0 {
+            do {
+                let group = try CgroupV2.LaunchGroup.create(under: root, launchID: plan.launchID, memoryMax: plan.limits.memoryLimitBytes)
+                do {
+                    try group.add(pid)
+                    cgroup = group
+                } catch {
+                    group.remove()
+                    throw error
+                }
+            } catch {
+                logger.warning("cgroup memory limit unavailable, sampling instead", metadata: ["error": "\(error)"])
+            }
+        }
+        defer { cgroup?.remove() }
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
         var state = LaunchState(plan: plan, startNs: startNs)
+        state.cgroup = cgroup
         let assignment = LaunchAssignment(
             launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
             bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
             dataDirectory: plan.dataDirectory.path, permittedIdentifiers: plan.bundle.permittedIdentifiers,
-            tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON)
+            tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON,
+            memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
+                ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
         do { try channels.parent.send(ParentMessage.start(assignment)) } catch {
             state.end(.crashed, error: "could not send the launch to the runner: \(error)")
         }
@@ -102,6 +131,11 @@ public struct LaunchSupervisor: Sendable {
         var usage = rusage()
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
         Self.activeRunners.remove(pid)
+        if let cgroup {
+            if cgroup.oomKills > 0, state.killed == nil { state.killed = .jetsam }
+            state.peakRSS = max(state.peakRSS, cgroup.peakBytes ?? 0)
+            cgroup.killAll()
+        }
         // Whatever the plugin left behind dies with the launch: its process group, and every
         // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
@@ -139,22 +173,22 @@ public struct LaunchSupervisor: Sendable {
             }
             if let deadline = killAt, now >= deadline, state.killed == nil {
                 state.killed = .watchdog
-                Self.terminate(pid)
+                Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: grace period over")
             }
-            if plan.limits.memoryLimitBytes > 0, state.killed == nil {
+            if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil {
                 let rss = ProcessTree.residentBytes(of: pid)
                 state.peakRSS = max(state.peakRSS, rss)
                 if rss > plan.limits.memoryLimitBytes {
                     state.killed = .jetsam
-                    Self.terminate(pid)
+                    Self.terminate(pid, cgroup: nil)
                     logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
                 }
             }
 
             var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
             if state.killed != nil { next = UInt64.max }
-            if plan.limits.memoryLimitBytes > 0 && state.killed == nil { next = min(next, now + sampleNs) }
+            if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, now + sampleNs) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
 
@@ -179,7 +213,7 @@ public struct LaunchSupervisor: Sendable {
                 // it can no longer be trusted.
                 state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
                 state.killed = .crashed
-                Self.terminate(pid)
+                Self.terminate(pid, cgroup: state.cgroup)
             }
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
@@ -190,7 +224,8 @@ public struct LaunchSupervisor: Sendable {
 
     /// Kills the launch: every descendant first (while the runner, their subreaper, still
     /// holds them), then the runner and its process group.
-    static func terminate(_ pid: pid_t) {
+    static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?) {
+        cgroup?.killAll()
         ProcessTree.killTree(pid)
         kill(-pid, SIGKILL)
     }
