@@ -162,6 +162,10 @@ public struct LaunchSupervisor: Sendable {
         var channelOpen = true
         var channelClosedAt: UInt64?
         let sampleNs = UInt64(memorySampleInterval.nanoseconds)
+        // Adaptive sampling: the next sample comes before the launch, growing as fast as it
+        // last did, could cross half of its remaining headroom (never sooner than 0.5 ms).
+        var nextSampleNs: UInt64 = 0
+        var lastSample: (at: UInt64, rss: UInt64)?
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -176,9 +180,17 @@ public struct LaunchSupervisor: Sendable {
                 Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: grace period over")
             }
-            if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil {
+            if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
                 let rss = ProcessTree.residentBytes(of: pid)
                 state.peakRSS = max(state.peakRSS, rss)
+                var interval = sampleNs
+                if let last = lastSample, rss > last.rss, now > last.at, rss < plan.limits.memoryLimitBytes {
+                    let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
+                    let untilHalfHeadroom = Double(plan.limits.memoryLimitBytes - rss) / 2 / bytesPerNs
+                    interval = UInt64(min(Double(sampleNs), max(500_000, untilHalfHeadroom)))
+                }
+                lastSample = (now, rss)
+                nextSampleNs = now + interval
                 if rss > plan.limits.memoryLimitBytes {
                     state.killed = .jetsam
                     Self.terminate(pid, cgroup: nil)
@@ -188,7 +200,7 @@ public struct LaunchSupervisor: Sendable {
 
             var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
             if state.killed != nil { next = UInt64.max }
-            if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, now + sampleNs) }
+            if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, max(nextSampleNs, now)) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
 
