@@ -94,8 +94,7 @@ let package = Package(
         // MARK: Tests
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskWire"],
-            exclude: []
+            dependencies: ["BGTaskHost", "BGTaskWire", "_BGTaskSystemShims"]
         ),
     ]
 )

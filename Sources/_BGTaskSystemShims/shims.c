@@ -2,6 +2,7 @@
 #include "bgtask_system_shims.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -68,3 +69,5 @@ int bgtask_has_exited(pid_t pid) {
     if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == ECHILD;
     return info.si_pid == pid;
 }
+
+int bgtask_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }

@@ -1,6 +1,7 @@
 import BGTaskHost
 import Foundation
 import Testing
+import _BGTaskSystemShims
 
 /// The package's build products (the CLI, the runner, the plugin libraries) sit next to the
 /// test executable.
@@ -50,30 +51,60 @@ struct Scratch {
     }
 }
 
-/// Runs the real CLI binary and waits for it (reaping it).
-func runCLI(_ arguments: [String], environment: [String: String] = [:]) throws -> CLIResult {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: Products.cli)
-    process.arguments = arguments
+/// Runs the real CLI binary in its own process group and waits for it (reaping it). A CLI
+/// still running after `timeout` has its whole group killed. posix_spawn rather than
+/// Foundation's Process, which opens descriptors of its own that the supervisor's leak test
+/// (running in parallel in this process) would see.
+func runCLI(_ arguments: [String], environment: [String: String] = [:], timeout: Duration = .seconds(120)) throws -> CLIResult {
     var env = ProcessInfo.processInfo.environment
     for (key, value) in environment { env[key] = value }
-    process.environment = env
-    let out = Pipe(), err = Pipe()
-    process.standardOutput = out
-    process.standardError = err
-    try process.run()
-    // Read both pipes to the end before waiting, so a chatty child never blocks on a full pipe.
-    let group = DispatchGroup()
-    nonisolated(unsafe) var errData = Data()
-    group.enter()
-    DispatchQueue.global().async {
-        errData = err.fileHandleForReading.readDataToEndOfFile()
-        group.leave()
+    var outPipe: [Int32] = [0, 0], errPipe: [Int32] = [0, 0]
+    guard bgtask_pipe_cloexec(&outPipe) == 0, bgtask_pipe_cloexec(&errPipe) == 0 else {
+        throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
     }
-    let outData = out.fileHandleForReading.readDataToEndOfFile()
-    group.wait()
-    process.waitUntilExit()
-    return CLIResult(status: process.terminationStatus,
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
+    posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
+    posix_spawnattr_setpgroup(&attributes, 0)
+
+    let argv = ([Products.cli] + arguments).map { strdup($0) } + [nil]
+    let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { (argv + envp).forEach { free($0) } }
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, Products.cli, &actions, &attributes, argv, envp)
+    close(outPipe[1])
+    close(errPipe[1])
+    guard rc == 0 else {
+        close(outPipe[0])
+        close(errPipe[0])
+        throw POSIXError(POSIXErrorCode(rawValue: rc) ?? .EIO)
+    }
+
+    let group = DispatchGroup()
+    nonisolated(unsafe) var outData = Data(), errData = Data()
+    for (fd, isOut) in [(outPipe[0], true), (errPipe[0], false)] {
+        group.enter()
+        DispatchQueue.global().async {
+            let data = FileHandle(fileDescriptor: fd, closeOnDealloc: true).readDataToEndOfFile()
+            if isOut { outData = data } else { errData = data }
+            group.leave()
+        }
+    }
+    if group.wait(timeout: .now() + .nanoseconds(Int(timeout.components.seconds) * 1_000_000_000)) == .timedOut {
+        kill(-pid, SIGKILL)
+        group.wait()
+    }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+    kill(-pid, SIGKILL) // anything the CLI left in its group
+    let exited = status & 0x7f == 0
+    return CLIResult(status: exited ? (status >> 8) & 0xff : 128 + (status & 0x7f),
                      stdout: String(decoding: outData, as: UTF8.self),
                      stderr: String(decoding: errData, as: UTF8.self))
 }

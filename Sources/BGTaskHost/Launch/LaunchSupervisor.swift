@@ -58,6 +58,8 @@ public struct LaunchSupervisor: Sendable {
             throw BGTaskError(.system, "\(error)")
         }
         defer { channels.parent.close() }
+        var childEndOpen = true
+        defer { if childEndOpen { channels.child.close() } }
         let logFD = try syscall("open \(plan.logFile.path)") {
             open(plan.logFile.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
         }
@@ -87,6 +89,7 @@ public struct LaunchSupervisor: Sendable {
             }
         }
         channels.child.close()
+        childEndOpen = false
         guard spawnError == 0 else {
             throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
         }

@@ -34,6 +34,9 @@ int bgtask_set_child_subreaper(void);
 /* Asks for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). */
 int bgtask_set_parent_death_signal(int sig);
 
+/* pipe2(fds, O_CLOEXEC). */
+int bgtask_pipe_cloexec(int fds[2]);
+
 /* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
 uint64_t bgtask_monotonic_ns(void);
 
