@@ -12,7 +12,8 @@ struct BGTaskCommand: ParsableCommand {
             Plugins are shared libraries in bundles (Name.app with an Info.plist). Every launch \
             runs in its own supervised child process and ends in a run record.
             """,
-        subcommands: [Run.self, Bundle.self, Validate.self]
+        subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
+                      CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self]
     )
 }
 

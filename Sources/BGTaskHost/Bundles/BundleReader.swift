@@ -40,7 +40,7 @@ public enum BundleReader {
         guard let info = root as? [String: Any] else {
             throw BGTaskError(.invalidBundle, file: plist, "the top-level object must be a dictionary, found \(typeName(root))")
         }
-        var fields = Fields(info: info, file: plist)
+        let fields = Fields(info: info, file: plist)
 
         let identifier = try fields.string("CFBundleIdentifier")
         guard isReverseDNS(identifier) else {

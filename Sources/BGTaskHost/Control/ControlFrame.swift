@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Foundation
 
 /// Frames on the control socket: an 8-byte header — magic "BG" (0x42 0x47), version (1 byte,
@@ -15,16 +18,165 @@ public enum ControlFrame {
     }
 
     /// Header + payload.
-    public static func encode(_ payload: Data) throws(FrameError) -> Data { fatalError("unimplemented") }
+    public static func encode(_ payload: Data) throws(FrameError) -> Data {
+        guard payload.count <= maximumPayload else {
+            throw FrameError(code: .oversized, description:
+                "frame payload of \(payload.count) bytes is over the limit of \(maximumPayload) bytes")
+        }
+        var frame = Data(capacity: headerSize + payload.count)
+        frame.append(contentsOf: header(length: payload.count))
+        frame.append(payload)
+        return frame
+    }
+
+    /// "BG" as a big-endian 16-bit number.
+    static let magic: UInt16 = 0x4247
+
+    /// The header of a frame whose payload is `length` bytes (≤ `maximumPayload`).
+    static func header(length: Int) -> [UInt8] {
+        let n = UInt32(length)
+        return [UInt8(magic >> 8), UInt8(magic & 0xff), version, 0,
+                UInt8(n >> 24), UInt8((n >> 16) & 0xff), UInt8((n >> 8) & 0xff), UInt8(n & 0xff)]
+    }
 
     /// Validates a header; returns the payload length.
-    public static func payloadLength(header: [UInt8]) throws(FrameError) -> Int { fatalError("unimplemented") }
+    public static func payloadLength(header: [UInt8]) throws(FrameError) -> Int {
+        guard header.count >= headerSize else {
+            throw FrameError(code: .truncated, description:
+                "frame header is \(header.count) bytes, expected \(headerSize)")
+        }
+        let found = UInt16(header[0]) << 8 | UInt16(header[1])
+        guard found == magic else {
+            throw FrameError(code: .badMagic, description:
+                "frame header has magic \(hex(found, digits: 4)), expected \(hex(magic, digits: 4)) (\"BG\")")
+        }
+        guard header[2] == version else {
+            throw FrameError(code: .unsupportedVersion, description:
+                "frame header has version \(header[2]), expected version \(version) (the only one this host speaks)")
+        }
+        // No flags are defined in version 1: a set flag means the peer speaks something else.
+        guard header[3] == 0 else {
+            throw FrameError(code: .unsupportedVersion, description:
+                "frame header has flags \(hex(header[3], digits: 2)), expected 0x00 (version \(version) defines no flags)")
+        }
+        let length = Int(header[4]) << 24 | Int(header[5]) << 16 | Int(header[6]) << 8 | Int(header[7])
+        guard length <= maximumPayload else {
+            throw FrameError(code: .oversized, description:
+                "frame header declares a payload of \(length) bytes, over the limit of \(maximumPayload) bytes")
+        }
+        return length
+    }
+
+    static func hex<T: BinaryInteger>(_ value: T, digits: Int) -> String {
+        let text = String(value, radix: 16)
+        return "0x" + String(repeating: "0", count: max(0, digits - text.count)) + text
+    }
 
     /// Writes one frame to a blocking socket (all bytes, retrying EINTR and short writes).
-    public static func write(_ payload: Data, to fd: Int32) throws(FrameError) { fatalError("unimplemented") }
+    public static func write(_ payload: Data, to fd: Int32) throws(FrameError) {
+        let frame = try encode(payload)
+        var failure: FrameError?
+        frame.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
+            var offset = 0
+            while offset < buffer.count {
+                // MSG_NOSIGNAL: a closed peer is EPIPE, not a SIGPIPE that kills the process.
+                let sent = send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
+                if sent >= 0 {
+                    offset += sent
+                    continue
+                }
+                let error = errno
+                switch error {
+                case EINTR:
+                    continue
+                case EAGAIN, EWOULDBLOCK:
+                    // SO_SNDTIMEO expired (or a non-blocking descriptor): the peer stopped reading.
+                    failure = FrameError(code: .closed, description:
+                        "peer stopped reading the control socket: send timed out after \(offset) of \(buffer.count) bytes of a frame (\(payload.count)-byte payload)")
+                case EPIPE, ECONNRESET:
+                    failure = FrameError(code: .closed, description:
+                        "peer closed the control socket after \(offset) of \(buffer.count) bytes of a frame (\(payload.count)-byte payload) were written: \(describe(error))")
+                default:
+                    failure = FrameError(code: .closed, description:
+                        "cannot write a frame (\(payload.count)-byte payload) to descriptor \(fd) after \(offset) of \(buffer.count) bytes: send: \(describe(error))")
+                }
+                return
+            }
+        }
+        if let failure { throw failure }
+    }
+
+    static func describe(_ error: Int32) -> String { String(cString: strerror(error)) }
+
+    /// Outcome of filling a buffer from a descriptor.
+    enum Fill {
+        case complete
+        /// End of stream after this many bytes.
+        case ended(Int)
+        /// A read error (errno) after this many bytes.
+        case failed(Int, Int32)
+    }
+
+    /// Reads exactly `buffer.count` bytes (fewer only at end of stream or on an error).
+    static func fill(_ buffer: UnsafeMutableRawBufferPointer, from fd: Int32) -> Fill {
+        var offset = 0
+        while offset < buffer.count {
+            let count = Glibc.read(fd, buffer.baseAddress! + offset, buffer.count - offset)
+            if count > 0 {
+                offset += count
+            } else if count == 0 {
+                return .ended(offset)
+            } else {
+                let error = errno
+                if error == EINTR { continue }
+                // EAGAIN included: SO_RCVTIMEO expired (the owner's bound on an idle or stalled
+                // peer), which must not be waited out here.
+                return .failed(offset, error)
+            }
+        }
+        return .complete
+    }
 
     /// Reads one frame from a blocking socket. nil at a clean end of stream before a header;
     /// `truncated` when the stream ends inside a frame; other codes as named. Never reads past
     /// the frame, never allocates more than `maximumPayload`.
-    public static func read(from fd: Int32) throws(FrameError) -> Data? { fatalError("unimplemented") }
+    public static func read(from fd: Int32) throws(FrameError) -> Data? {
+        var header = [UInt8](repeating: 0, count: headerSize)
+        switch header.withUnsafeMutableBytes({ fill($0, from: fd) }) {
+        case .complete:
+            break
+        case .ended(0):
+            return nil
+        case .ended(let count):
+            throw FrameError(code: .truncated, description:
+                "stream ended inside a frame header: \(count) of \(headerSize) bytes (\(hex(header.prefix(count))))")
+        case .failed(let count, let error):
+            throw readFailure(error, "after \(count) of \(headerSize) bytes of a frame header")
+        }
+        let length = try payloadLength(header: header)
+        guard length > 0 else { return Data() }
+        var payload = Data(count: length)
+        switch payload.withUnsafeMutableBytes({ fill($0, from: fd) }) {
+        case .complete:
+            return payload
+        case .ended(let count):
+            throw FrameError(code: .truncated, description:
+                "stream ended inside a frame payload: \(count) of \(length) bytes")
+        case .failed(let count, let error):
+            throw readFailure(error, "after \(count) of \(length) bytes of a frame payload")
+        }
+    }
+
+    static func readFailure(_ error: Int32, _ position: String) -> FrameError {
+        let detail = switch error {
+        case ECONNRESET: "peer reset the control socket \(position)"
+        case EAGAIN, EWOULDBLOCK: "control socket receive timed out \(position)"
+        default: "cannot read the control socket \(position): read: \(describe(error))"
+        }
+        return FrameError(code: .closed, description: detail)
+    }
+
+    static func hex(_ bytes: ArraySlice<UInt8>) -> String {
+        bytes.map { hex($0, digits: 2) }.joined(separator: " ")
+    }
 }

@@ -38,7 +38,7 @@ public struct LaunchSupervisor: Sendable {
         return executable.deletingLastPathComponent().appendingPathComponent("bgtask-runner").path
     }
 
-    public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker) throws(BGTaskError) -> RunRecord {
+    public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil) throws(BGTaskError) -> RunRecord {
         var logger = logger
         logger[metadataKey: "launch.id"] = "\(plan.launchID)"
         logger[metadataKey: "bundle.id"] = "\(plan.bundle.identifier)"
@@ -128,7 +128,8 @@ public struct LaunchSupervisor: Sendable {
             state.end(.crashed, error: "could not send the launch to the runner: \(error)")
         }
 
-        supervise(pid: pid, channel: channels.parent, plan: plan, broker: broker, state: &state, logger: logger)
+        control?.onStart?(pid)
+        supervise(pid: pid, channel: channels.parent, plan: plan, broker: broker, control: control, state: &state, logger: logger)
 
         var status: Int32 = 0
         var usage = rusage()
@@ -156,7 +157,7 @@ public struct LaunchSupervisor: Sendable {
 
     private func supervise(
         pid: pid_t, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
-        state: inout LaunchState, logger: Logger
+        control: LaunchControl?, state: inout LaunchState, logger: Logger
     ) {
         let pidfd = bgtask_pidfd_open(pid)
         defer { if pidfd >= 0 { close(pidfd) } }
@@ -207,12 +208,33 @@ public struct LaunchSupervisor: Sendable {
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
 
-            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)]
+            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0)]
             if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
             let ready = poll(&fds, nfds_t(fds.count), pidfd >= 0 ? timeoutMs : min(timeoutMs, 10))
             if ready < 0 && errno != EINTR { break }
 
-            if channelOpen, fds.count > 1, fds[1].revents != 0 {
+            if let control, fds[1].revents != 0 {
+                for command in control.take() {
+                    switch command {
+                    case let .expire(task, reason):
+                        if state.expiredAtNs == nil && task == nil {
+                            // Expiring the whole launch early starts its grace, as the budget would.
+                            let now = bgtask_monotonic_ns()
+                            state.expiredAtNs = now
+                            killAt = min(killAt ?? UInt64.max, now + UInt64(plan.limits.grace.nanoseconds))
+                        }
+                        try? channel.send(ParentMessage.expire(task: task, reason: reason))
+                        logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
+                    case let .shutdown(reason):
+                        let now = bgtask_monotonic_ns()
+                        if state.expiredAtNs == nil { state.expiredAtNs = now }
+                        try? channel.send(ParentMessage.expire(task: nil, reason: reason))
+                        killAt = min(killAt ?? UInt64.max, now + UInt64(plan.limits.grace.nanoseconds))
+                    }
+                }
+            }
+            if channelOpen, fds.count > 2, fds[2].revents != 0 {
                 let wasFinished = state.finished
                 channelOpen = receive(channel: channel, plan: plan, broker: broker, state: &state)
                 if state.finished && !wasFinished {

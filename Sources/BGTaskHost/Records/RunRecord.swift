@@ -139,3 +139,29 @@ extension RunRecord: CustomStringConvertible {
 
     static func mib(_ bytes: UInt64) -> String { String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
 }
+
+extension RunRecord {
+    /// The record of a launch whose runner could not be started at all.
+    public static func notStarted(_ plan: LaunchPlan, error: BGTaskError) -> RunRecord {
+        RunRecord(
+            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason,
+            tasks: plan.tasks.map { TaskRecord(identifier: $0.identifier, type: $0.kind, outcome: .notRegistered) },
+            termination: .launchFailed, signal: nil, exitStatus: nil, error: error.description,
+            wallMs: 0, cpuMs: 0, peakRSSBytes: 0, memoryLimitBytes: plan.limits.memoryLimitBytes,
+            memoryMechanism: "sampler", budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
+            expiredAtMs: nil, pid: 0, startedAt: Date(), bundlePath: plan.bundle.url.path, log: plan.logFile.path,
+            registered: [], refusedRegistrations: [], submitted: [])
+    }
+
+    /// The record of a launch that was running when its host died: its tasks never reported
+    /// an end, so they are unfinished (and their requests pending again).
+    public static func hostLost(_ launch: InterruptedLaunch, bundlePath: String, log: String, detail: String) -> RunRecord {
+        RunRecord(
+            app: launch.app, launchID: launch.launchID, reason: launch.reason,
+            tasks: launch.tasks.map { TaskRecord(identifier: $0.identifier, type: $0.kind, outcome: .unfinished) },
+            termination: .hostLost, signal: nil, exitStatus: nil, error: detail,
+            wallMs: 0, cpuMs: 0, peakRSSBytes: 0, memoryLimitBytes: 0, memoryMechanism: "sampler",
+            budgetMs: 0, graceMs: 0, expiredAtMs: nil, pid: launch.pid ?? 0, startedAt: launch.startedAt,
+            bundlePath: bundlePath, log: log, registered: [], refusedRegistrations: [], submitted: [])
+    }
+}

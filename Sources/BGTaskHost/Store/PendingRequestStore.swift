@@ -1,5 +1,12 @@
 import BGTaskWire
 import Foundation
+import GRDB
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// A request as the host keeps it.
 public struct StoredRequest: Sendable, Equatable, Codable {
@@ -56,10 +63,42 @@ public struct InterruptedLaunch: Sendable, Equatable {
 public final class PendingRequestStore: @unchecked Sendable {
     public let databaseURL: URL
 
+    /// The connections: one writer (synchronous = FULL), concurrent readers (WAL snapshots).
+    let pool: DatabasePool
+
+    /// How long a statement waits for a lock another connection or process holds.
+    static let busyTimeout: TimeInterval = 5
+
     /// Opens (creating and migrating) the database in `directory`. A file that is not a
     /// database, or a directory that cannot be written, is a `BGTaskError` naming the file.
     public init(directory: URL) throws(BGTaskError) {
-        fatalError("unimplemented")
+        databaseURL = directory.appendingPathComponent("bgtask.sqlite")
+        let path = databaseURL.path
+        try Self.prepare(directory: directory, databasePath: path)
+
+        var configuration = Configuration()
+        configuration.label = "bgtask.store"
+        configuration.foreignKeysEnabled = true
+        configuration.busyMode = .timeout(Self.busyTimeout)
+        do {
+            // DatabasePool puts the database in WAL mode.
+            let pool = try DatabasePool(path: path, configuration: configuration)
+            // GRDB sets its writer to synchronous = NORMAL when it enables WAL, and NORMAL may
+            // lose the last commits on power loss. FULL syncs the WAL at every commit: a write
+            // call returns only once the transaction is on disk.
+            try pool.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA synchronous = FULL")
+            }
+            let migrator = StoreSchema.migrator
+            let superseded = try pool.read { db in try migrator.hasBeenSuperseded(db) }
+            if superseded {
+                throw BGTaskError(.system, file: path, "the database was created by a newer version of bgtask (it has migrations this version does not know)")
+            }
+            try migrator.migrate(pool)
+            self.pool = pool
+        } catch {
+            throw StoreErrors.wrap(error, file: path, operation: "open the database")
+        }
     }
 
     // MARK: Requests
@@ -72,32 +111,92 @@ public final class PendingRequestStore: @unchecked Sendable {
         app: String, request: WireTaskRequest, at date: Date,
         check: ([WireTaskRequest]) -> SubmissionRules.Rejection?
     ) throws(BGTaskError) -> SubmissionRules.Rejection? {
-        fatalError("unimplemented")
+        try write("submit \(request.identifier) for \(app)") { db in
+            let current = try Self.fetchRequests(db, where: "app = ?", [app])
+            if let rejection = check(current.map(\.request)) { return rejection }
+            try db.execute(
+                sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL",
+                arguments: [app, request.identifier])
+            try Self.insert(db, app: app, request: request, submittedAt: date)
+            return nil
+        }
     }
 
     /// Cancels the pending request `identifier` of `app` (all of them for nil). Returns how
     /// many were removed.
     @discardableResult
-    public func cancel(app: String, identifier: String?) throws(BGTaskError) -> Int { fatalError("unimplemented") }
+    public func cancel(app: String, identifier: String?) throws(BGTaskError) -> Int {
+        try write("cancel \(identifier ?? "every request") of \(app)") { db in
+            if let identifier {
+                try db.execute(
+                    sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL",
+                    arguments: [app, identifier])
+            } else {
+                try db.execute(sql: "DELETE FROM request WHERE app = ? AND running_launch IS NULL", arguments: [app])
+            }
+            return db.changesCount
+        }
+    }
 
     /// Requests not running, of `app` or of every app, oldest submission first.
-    public func pending(app: String?) throws(BGTaskError) -> [StoredRequest] { fatalError("unimplemented") }
+    public func pending(app: String?) throws(BGTaskError) -> [StoredRequest] {
+        try read("list the pending requests") { db in
+            if let app {
+                return try Self.fetchRequests(db, where: "app = ? AND running_launch IS NULL", [app])
+            }
+            return try Self.fetchRequests(db, where: "running_launch IS NULL", [])
+        }
+    }
 
     /// The pending request with this identifier (identifiers are unique per app; for an
     /// identifier two apps share, the first by app name).
-    public func pendingRequest(identifier: String) throws(BGTaskError) -> StoredRequest? { fatalError("unimplemented") }
+    public func pendingRequest(identifier: String) throws(BGTaskError) -> StoredRequest? {
+        try read("find the pending request \(identifier)") { db in
+            try Self.fetchRequests(
+                db, where: "identifier = ? AND running_launch IS NULL", [identifier],
+                order: "app LIMIT 1"
+            ).first
+        }
+    }
+
+    /// The statement behind `dueApps`: each half is a search of `request_pending_due` (NULL,
+    /// then the range up to now), never a scan. (One `earliest IS NULL OR earliest <= ?` makes
+    /// SQLite scan every pending row.)
+    static let dueAppsSQL = """
+        SELECT app FROM request WHERE running_launch IS NULL AND earliest IS NULL
+        UNION
+        SELECT app FROM request WHERE running_launch IS NULL AND earliest <= ?
+        """
+
+    /// The statement behind `nextDueDate`: a search of `request_pending_due`.
+    static let nextDueDateSQL = "SELECT MIN(earliest) FROM request WHERE running_launch IS NULL AND earliest > ?"
 
     /// Apps that have a pending request due at `now` (earliest begin date nil or <= now).
     /// Indexed: never a scan of all requests.
-    public func dueApps(at now: Date) throws(BGTaskError) -> [String] { fatalError("unimplemented") }
+    public func dueApps(at now: Date) throws(BGTaskError) -> [String] {
+        try read("find the apps with requests due") { db in
+            // Sorted here rather than in SQL: an ORDER BY tempts SQLite into scanning by app.
+            try String.fetchAll(db, sql: Self.dueAppsSQL, arguments: [now.timeIntervalSince1970]).sorted()
+        }
+    }
 
     /// The earliest begin date after `now` among pending requests (the next time the scheduler
     /// must look), or nil. Indexed.
-    public func nextDueDate(after now: Date) throws(BGTaskError) -> Date? { fatalError("unimplemented") }
+    public func nextDueDate(after now: Date) throws(BGTaskError) -> Date? {
+        try read("find the next due date") { db in
+            try Double.fetchOne(db, sql: Self.nextDueDateSQL, arguments: [now.timeIntervalSince1970])
+                .map(Date.init(timeIntervalSince1970:))
+        }
+    }
 
     /// Drops every pending request of `app` (its bundle was removed). Returns how many.
     @discardableResult
-    public func removeApp(_ app: String) throws(BGTaskError) -> Int { fatalError("unimplemented") }
+    public func removeApp(_ app: String) throws(BGTaskError) -> Int {
+        try write("remove the requests of \(app)") { db in
+            try db.execute(sql: "DELETE FROM request WHERE app = ? AND running_launch IS NULL", arguments: [app])
+            return db.changesCount
+        }
+    }
 
     // MARK: Launches
 
@@ -105,31 +204,325 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// `tasks` as running in it. Durable before the child is started.
     public func beginLaunch(
         id: String, app: String, reason: String, tasks: [TaskAssignment], at date: Date
-    ) throws(BGTaskError) { fatalError("unimplemented") }
+    ) throws(BGTaskError) {
+        let path = databaseURL.path
+        try write("begin launch \(id) of \(app)") { db in
+            if try Bool.fetchOne(db, sql: "SELECT 1 FROM launch WHERE id = ?", arguments: [id]) != nil {
+                throw BGTaskError(.invalidRequest, file: path, "begin launch \(id) of \(app): a launch with this id is already recorded")
+            }
+            try db.execute(
+                sql: """
+                    INSERT INTO launch (id, app, reason, pid, started_at, state, tasks)
+                    VALUES (?, ?, ?, NULL, ?, 'running', ?)
+                    """,
+                arguments: [id, app, reason, date.timeIntervalSince1970, try Self.json(tasks)])
+            for identifier in Set(tasks.map(\.identifier)) {
+                try db.execute(
+                    sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL",
+                    arguments: [id, app, identifier])
+            }
+        }
+    }
 
     /// Remembers the runner's pid of a running launch (for cleanup after a host crash).
-    public func setLaunchPID(id: String, pid: Int32) throws(BGTaskError) { fatalError("unimplemented") }
+    public func setLaunchPID(id: String, pid: Int32) throws(BGTaskError) {
+        let path = databaseURL.path
+        try write("set the pid of launch \(id)") { db in
+            try db.execute(sql: "UPDATE launch SET pid = ? WHERE id = ?", arguments: [pid, id])
+            if db.changesCount == 0 {
+                throw BGTaskError(.invalidRequest, file: path, "set the pid of launch \(id): no such launch is recorded")
+            }
+        }
+    }
 
     /// Ends a launch: stores its record, deletes the requests it ran (those still marked with
     /// its id; resubmissions made during the launch are new pending rows and stay).
-    public func finishLaunch(_ record: RunRecord) throws(BGTaskError) { fatalError("unimplemented") }
+    public func finishLaunch(_ record: RunRecord) throws(BGTaskError) {
+        let path = databaseURL.path
+        try write("finish launch \(record.launchID) of \(record.app)") { db in
+            try Self.end(db, record, file: path)
+            try db.execute(sql: "DELETE FROM request WHERE running_launch = ?", arguments: [record.launchID])
+        }
+    }
 
     /// Launches recorded as running: the host died during them.
-    public func interruptedLaunches() throws(BGTaskError) -> [InterruptedLaunch] { fatalError("unimplemented") }
+    public func interruptedLaunches() throws(BGTaskError) -> [InterruptedLaunch] {
+        try read("list the interrupted launches") { db in
+            try Row.fetchAll(
+                db,
+                sql: "SELECT id, app, pid, reason, started_at, tasks FROM launch WHERE state = 'running' ORDER BY started_at, id"
+            ).map { row in
+                let tasks = try row.decode(String.self, forColumn: "tasks")
+                return InterruptedLaunch(
+                    launchID: try row.decode(String.self, forColumn: "id"),
+                    app: try row.decode(String.self, forColumn: "app"),
+                    pid: try row.decode(Int32?.self, forColumn: "pid"),
+                    reason: try row.decode(String.self, forColumn: "reason"),
+                    startedAt: Date(timeIntervalSince1970: try row.decode(Double.self, forColumn: "started_at")),
+                    tasks: try JSONDecoder().decode([TaskAssignment].self, from: Data(tasks.utf8)))
+            }
+        }
+    }
 
     /// Ends an interrupted launch with its `host-lost` record and makes its requests pending again.
-    public func recoverInterruptedLaunch(_ record: RunRecord) throws(BGTaskError) { fatalError("unimplemented") }
+    public func recoverInterruptedLaunch(_ record: RunRecord) throws(BGTaskError) {
+        let path = databaseURL.path
+        try write("recover interrupted launch \(record.launchID) of \(record.app)") { db in
+            try Self.end(db, record, file: path)
+            // A request resubmitted during the launch is a pending row with the same
+            // (app, identifier): of the two, the later submission (higher seq) wins.
+            let running = try Row.fetchAll(
+                db, sql: "SELECT seq, app, identifier FROM request WHERE running_launch = ?",
+                arguments: [record.launchID])
+            for row in running {
+                let seq = try row.decode(Int64.self, forColumn: "seq")
+                let pendingSeq = try Int64.fetchOne(
+                    db, sql: "SELECT seq FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL",
+                    arguments: [try row.decode(String.self, forColumn: "app"), try row.decode(String.self, forColumn: "identifier")])
+                guard let pendingSeq else { continue }
+                try db.execute(sql: "DELETE FROM request WHERE seq = ?", arguments: [pendingSeq > seq ? seq : pendingSeq])
+            }
+            try db.execute(sql: "UPDATE request SET running_launch = NULL WHERE running_launch = ?", arguments: [record.launchID])
+        }
+    }
 
     /// Run records, newest first, of `app` or of every app.
-    public func history(app: String?, limit: Int) throws(BGTaskError) -> [RunRecord] { fatalError("unimplemented") }
+    public func history(app: String?, limit: Int) throws(BGTaskError) -> [RunRecord] {
+        try read("read the launch history") { db in
+            let limit = max(0, limit)
+            let texts: [String]
+            if let app {
+                texts = try String.fetchAll(
+                    db, sql: "SELECT record FROM launch WHERE app = ? AND state = 'ended' ORDER BY started_at DESC, id DESC LIMIT ?",
+                    arguments: [app, limit])
+            } else {
+                texts = try String.fetchAll(
+                    db, sql: "SELECT record FROM launch WHERE state = 'ended' ORDER BY started_at DESC, id DESC LIMIT ?",
+                    arguments: [limit])
+            }
+            return try texts.map { try RunRecord.decode(Data($0.utf8)) }
+        }
+    }
 
     // MARK: App state and settings
 
     /// The app's state (a default one for an app never seen).
-    public func appState(_ app: String) throws(BGTaskError) -> AppState { fatalError("unimplemented") }
-    public func saveAppState(_ state: AppState) throws(BGTaskError) { fatalError("unimplemented") }
+    public func appState(_ app: String) throws(BGTaskError) -> AppState {
+        try read("read the state of \(app)") { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM app_state WHERE app = ?", arguments: [app]) else {
+                return AppState(app: app)
+            }
+            var state = AppState(app: app)
+            state.refreshEnabled = try row.decode(Bool.self, forColumn: "refresh_enabled")
+            state.penaltyLevel = try row.decode(Int.self, forColumn: "penalty_level")
+            state.penaltyUntil = try row.decode(Double?.self, forColumn: "penalty_until").map(Date.init(timeIntervalSince1970:))
+            state.lastLaunchAt = try row.decode(Double?.self, forColumn: "last_launch_at").map(Date.init(timeIntervalSince1970:))
+            state.lastLaunchID = try row.decode(String?.self, forColumn: "last_launch_id")
+            state.lastRegistered = try row.decode(String?.self, forColumn: "last_registered").map {
+                try JSONDecoder().decode([String].self, from: Data($0.utf8))
+            }
+            return state
+        }
+    }
+
+    public func saveAppState(_ state: AppState) throws(BGTaskError) {
+        try write("save the state of \(state.app)") { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO app_state (app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(app) DO UPDATE SET
+                        refresh_enabled = excluded.refresh_enabled, penalty_level = excluded.penalty_level,
+                        penalty_until = excluded.penalty_until, last_launch_at = excluded.last_launch_at,
+                        last_launch_id = excluded.last_launch_id, last_registered = excluded.last_registered
+                    """,
+                arguments: [
+                    state.app, state.refreshEnabled, state.penaltyLevel,
+                    state.penaltyUntil?.timeIntervalSince1970, state.lastLaunchAt?.timeIntervalSince1970,
+                    state.lastLaunchID, try state.lastRegistered.map { try Self.json($0) },
+                ])
+        }
+    }
 
     /// Small named settings: device overrides, the virtual clock. nil deletes.
-    public func setting(_ key: String) throws(BGTaskError) -> String? { fatalError("unimplemented") }
-    public func setSetting(_ key: String, _ value: String?) throws(BGTaskError) { fatalError("unimplemented") }
+    public func setting(_ key: String) throws(BGTaskError) -> String? {
+        try read("read the setting \(key)") { db in
+            try String.fetchOne(db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [key])
+        }
+    }
+
+    public func setSetting(_ key: String, _ value: String?) throws(BGTaskError) {
+        try write("set the setting \(key)") { db in
+            if let value {
+                try db.execute(
+                    sql: "INSERT INTO setting (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    arguments: [key, value])
+            } else {
+                try db.execute(sql: "DELETE FROM setting WHERE key = ?", arguments: [key])
+            }
+        }
+    }
+}
+
+// MARK: - Internals
+
+extension PendingRequestStore {
+    /// One write transaction (BEGIN IMMEDIATE ... COMMIT); every error becomes a `BGTaskError`
+    /// naming the file and `operation`.
+    func write<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
+        do {
+            return try pool.write(body)
+        } catch {
+            throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
+        }
+    }
+
+    /// One read of a consistent snapshot.
+    func read<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
+        do {
+            return try pool.read(body)
+        } catch {
+            throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
+        }
+    }
+
+    static let requestColumns = """
+        seq, app, identifier, kind, earliest, requires_network, requires_power, protection_type, \
+        title, subtitle, strategy_fail, required_resources, submitted_at, running_launch
+        """
+
+    static func fetchRequests(
+        _ db: Database, where condition: String, _ arguments: StatementArguments, order: String = "seq"
+    ) throws -> [StoredRequest] {
+        try Row.fetchAll(
+            db, sql: "SELECT \(requestColumns) FROM request WHERE \(condition) ORDER BY \(order)", arguments: arguments
+        ).map(storedRequest)
+    }
+
+    static func storedRequest(_ row: Row) throws -> StoredRequest {
+        let seq = try row.decode(Int64.self, forColumn: "seq")
+        let kindName = try row.decode(String.self, forColumn: "kind")
+        guard let kind = TaskKind(rawValue: kindName) else {
+            throw StoreCorruption("request \(seq) has the unknown task kind '\(kindName)'")
+        }
+        let request = WireTaskRequest(
+            kind: kind,
+            identifier: try row.decode(String.self, forColumn: "identifier"),
+            earliestBeginDate: try row.decode(Double?.self, forColumn: "earliest"),
+            requiresNetworkConnectivity: try row.decode(Bool.self, forColumn: "requires_network"),
+            requiresExternalPower: try row.decode(Bool.self, forColumn: "requires_power"),
+            protectionType: try row.decode(Int32.self, forColumn: "protection_type"),
+            title: try row.decode(String?.self, forColumn: "title"),
+            subtitle: try row.decode(String?.self, forColumn: "subtitle"),
+            strategyFail: try row.decode(Bool.self, forColumn: "strategy_fail"),
+            requiredResources: try row.decode(UInt32.self, forColumn: "required_resources"))
+        return StoredRequest(
+            app: try row.decode(String.self, forColumn: "app"),
+            request: request,
+            submittedAt: Date(timeIntervalSince1970: try row.decode(Double.self, forColumn: "submitted_at")),
+            runningLaunch: try row.decode(String?.self, forColumn: "running_launch"))
+    }
+
+    static func insert(_ db: Database, app: String, request: WireTaskRequest, submittedAt: Date) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO request (app, identifier, kind, earliest, requires_network, requires_power,
+                    protection_type, title, subtitle, strategy_fail, required_resources, submitted_at)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                app, request.identifier, request.kind.rawValue, request.earliestBeginDate,
+                request.requiresNetworkConnectivity, request.requiresExternalPower, request.protectionType,
+                request.title, request.subtitle, request.strategyFail, Int64(request.requiredResources),
+                submittedAt.timeIntervalSince1970,
+            ])
+    }
+
+    /// Marks a launch ended with its record, inserting the launch when it was never begun.
+    static func end(_ db: Database, _ record: RunRecord, file: String) throws {
+        let text = String(decoding: try record.jsonData(), as: UTF8.self)
+        let endedAt = record.startedAt.timeIntervalSince1970 + record.wallMs / 1000
+        if let app = try String.fetchOne(db, sql: "SELECT app FROM launch WHERE id = ?", arguments: [record.launchID]) {
+            guard app == record.app else {
+                throw BGTaskError(.invalidRequest, file: file, "end launch \(record.launchID): it is a launch of \(app), the record is of \(record.app)")
+            }
+            try db.execute(
+                sql: "UPDATE launch SET state = 'ended', record = ?, ended_at = ?, pid = coalesce(pid, nullif(?, 0)) WHERE id = ?",
+                arguments: [text, endedAt, record.pid, record.launchID])
+        } else {
+            let tasks = record.tasks.enumerated().map { index, task in
+                TaskAssignment(task: UInt64(index + 1), identifier: task.identifier, kind: task.type)
+            }
+            try db.execute(
+                sql: """
+                    INSERT INTO launch (id, app, reason, pid, started_at, state, tasks, record, ended_at)
+                    VALUES (?, ?, ?, nullif(?, 0), ?, 'ended', ?, ?, ?)
+                    """,
+                arguments: [
+                    record.launchID, record.app, record.reason, record.pid, record.startedAt.timeIntervalSince1970,
+                    try json(tasks), text, endedAt,
+                ])
+        }
+    }
+
+    static func json(_ value: some Encodable) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return String(decoding: try encoder.encode(value), as: UTF8.self)
+    }
+
+    /// Creates the directory when missing (syncing its parent, so the new entry survives power
+    /// loss) and checks that the directory and an existing file can be written: SQLite would
+    /// otherwise open read-only and fail later, less clearly.
+    static func prepare(directory: URL, databasePath: String) throws(BGTaskError) {
+        let directoryPath = directory.path
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directoryPath, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else {
+                throw BGTaskError(.system, file: databasePath, "cannot open the database: \(directoryPath) is not a directory")
+            }
+        } else if let (failed, code) = makeDirectories(directoryPath) {
+            throw BGTaskError(.system, file: databasePath, errno: code, "cannot create the state directory \(failed)")
+        }
+        if access(directoryPath, W_OK | X_OK) != 0 {
+            let code = errno
+            throw BGTaskError(.system, file: databasePath, errno: code, "the state directory \(directoryPath) is not writable (SQLite creates the database and its -wal and -shm files there)")
+        }
+        if FileManager.default.fileExists(atPath: databasePath), access(databasePath, R_OK | W_OK) != 0 {
+            let code = errno
+            throw BGTaskError(.system, file: databasePath, errno: code, "the database file is not readable and writable by this user")
+        }
+    }
+
+    /// `mkdir -p`, syncing each parent whose entries changed. Returns the path that could not
+    /// be created and the errno, or nil.
+    static func makeDirectories(_ path: String) -> (String, Int32)? {
+        if mkdir(path, 0o755) == 0 {
+            syncDirectory((path as NSString).deletingLastPathComponent)
+            return nil
+        }
+        let code = errno
+        switch code {
+        case EEXIST:
+            return nil
+        case ENOENT:
+            let parent = (path as NSString).deletingLastPathComponent
+            guard !parent.isEmpty, parent != path else { return (path, code) }
+            if let failure = makeDirectories(parent) { return failure }
+            if mkdir(path, 0o755) == 0 || errno == EEXIST {
+                syncDirectory(parent)
+                return nil
+            }
+            return (path, errno)
+        default:
+            return (path, code)
+        }
+    }
+
+    static func syncDirectory(_ path: String) {
+        let fd = open(path.isEmpty ? "." : path, O_RDONLY | O_DIRECTORY)
+        guard fd >= 0 else { return }
+        _ = fsync(fd)
+        _ = close(fd)
+    }
 }

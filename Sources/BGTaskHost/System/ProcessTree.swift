@@ -1,3 +1,4 @@
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -85,5 +86,17 @@ enum ProcessTree {
             total += n
         }
         return Array(buffer[0..<total])
+    }
+}
+
+extension ProcessTree {
+    /// The `BGTASK_LAUNCH_ID` in `pid`'s environment, or nil (not a launch process, or gone).
+    static func launchID(of pid: pid_t) -> String? {
+        let path = "/proc/\(pid)/environ"
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        for entry in data.split(separator: 0) where entry.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) {
+            return String(decoding: entry.dropFirst("BGTASK_LAUNCH_ID=".count), as: UTF8.self)
+        }
+        return nil
     }
 }

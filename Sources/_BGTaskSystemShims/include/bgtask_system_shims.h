@@ -34,6 +34,12 @@ int bgtask_set_child_subreaper(void);
 /* Asks for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). */
 int bgtask_set_parent_death_signal(int sig);
 
+/* SO_PEERCRED of a connected Unix socket. 0, or -1 and errno. */
+int bgtask_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+
+/* accept4(fd, NULL, NULL, SOCK_CLOEXEC). */
+int bgtask_accept_cloexec(int fd);
+
 /* pipe2(fds, O_CLOEXEC). */
 int bgtask_pipe_cloexec(int fds[2]);
 

@@ -1,0 +1,123 @@
+import BGTaskWire
+import Foundation
+
+/// A request on the control socket. Flat, with optional fields, so that adding a field or a
+/// verb never breaks an older peer; the host rejects an unknown verb by name.
+public struct ControlRequest: Codable, Sendable, Equatable {
+    public var verb: String
+    public var app: String?
+    public var identifier: String?
+    public var request: WireTaskRequest?
+    public var force: Bool?
+    public var wait: Bool?
+    /// `device`: overrides to set ("power" → "on"/"off"/"auto"), and the app a per-app switch is for.
+    public var device: [String: String]?
+    /// `clock`: seconds to advance.
+    public var advance: Double?
+    public var limit: Int?
+    public var event: String?
+
+    public init(verb: String, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
+                force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
+                limit: Int? = nil, event: String? = nil) {
+        self.verb = verb
+        self.app = app
+        self.identifier = identifier
+        self.request = request
+        self.force = force
+        self.wait = wait
+        self.device = device
+        self.advance = advance
+        self.limit = limit
+        self.event = event
+    }
+
+    public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",
+                               "simulate-expire", "history", "why", "device", "clock", "status"]
+}
+
+/// One app of the catalog, as `bgtask apps` shows it.
+public struct AppSummary: Codable, Sendable, Equatable {
+    public var identifier: String
+    public var path: String
+    public var permittedIdentifiers: [String]
+    public var backgroundModes: [String]
+    public var extensions: [String]
+    public var running: String?
+    public var refreshEnabled: Bool
+    public var penaltyLevel: Int
+    public var penaltyUntil: Date?
+    public var pending: Int
+}
+
+/// A bundle that failed validation.
+public struct InvalidBundle: Codable, Sendable, Equatable {
+    public var path: String
+    public var error: String
+}
+
+/// `why ID`: the request and everything holding it back.
+public struct WhyReport: Codable, Sendable, Equatable {
+    public var app: String
+    public var identifier: String
+    public var state: String // "pending", "running", "not-submitted"
+    public var runningLaunch: String?
+    public var request: WireTaskRequest?
+    public var blockers: [Blocker]
+    public var now: Date
+
+    /// The report in words.
+    public var text: String {
+        var lines: [String] = []
+        switch state {
+        case "running": lines.append("\(identifier) (\(app)) is running now in launch \(runningLaunch ?? "?").")
+        case "not-submitted": lines.append("\(identifier) has no pending request\(app.isEmpty ? "" : " for \(app)"): nothing to run (submit it, or use simulate-launch --force).")
+        default:
+            let holding = blockers.filter(\.blocking)
+            lines.append(holding.isEmpty ? "\(identifier) (\(app)) is eligible: it runs in the next launch of \(app)."
+                                         : "\(identifier) (\(app)) is waiting:")
+        }
+        for blocker in blockers {
+            lines.append("  - \(blocker.blocking ? "" : "note: ")\(blocker.message) [\(blocker.code)]")
+        }
+        return lines.joined(separator: "\n")
+    }
+}
+
+/// The host's clock.
+public struct ClockReport: Codable, Sendable, Equatable {
+    public var mode: HostClock.Mode
+    public var now: Date
+    public var nextDue: Date?
+}
+
+/// The host's answer. `ok` false carries `error`; otherwise the field for the verb is set.
+public struct ControlResponse: Codable, Sendable {
+    public struct ErrorBody: Codable, Sendable, Equatable {
+        /// Stable: "unknown-verb", "bad-request", "not-found", "unavailable",
+        /// "tooManyPendingTaskRequests", "notPermitted", "immediateRunIneligible", "internal".
+        public var code: String
+        public var message: String
+    }
+
+    public var ok: Bool
+    public var error: ErrorBody?
+    public var apps: [AppSummary]?
+    public var invalid: [InvalidBundle]?
+    public var pending: [StoredRequest]?
+    public var record: RunRecord?
+    public var records: [RunRecord]?
+    public var launchID: String?
+    public var why: WhyReport?
+    public var device: DeviceConditions?
+    public var clock: ClockReport?
+    public var removed: Int?
+
+    public init(ok: Bool = true) { self.ok = ok }
+
+    public static func failure(_ code: String, _ message: String) -> ControlResponse {
+        var response = ControlResponse(ok: false)
+        response.error = ErrorBody(code: code, message: message)
+        return response
+    }
+}

@@ -1,0 +1,222 @@
+import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
+
+/// Who is on the other end of a control connection (SO_PEERCRED).
+public struct PeerCredentials: Sendable, Equatable {
+    public var pid: pid_t
+    public var uid: uid_t
+    public var gid: gid_t
+}
+
+/// The host's control socket: a Unix stream socket in the state directory with owner-only
+/// permissions. Each connection is served on its own thread; a peer whose credentials
+/// (SO_PEERCRED) are not this process's user gets one error frame and is dropped. A bad frame
+/// ends only its own connection.
+public final class ControlServer: @unchecked Sendable {
+    public typealias Handler = @Sendable (ControlRequest, _ peer: PeerCredentials) -> ControlResponse
+
+    public let path: String
+    private let listenFD: Int32
+    private let handler: Handler
+    private let logger: Logger
+    private let lock = NSLock()
+    private var stopped = false
+    private var acceptThread: Thread?
+    private let acceptDone = DispatchSemaphore(value: 0)
+
+    /// The uid allowed to connect (default: this process's effective uid).
+    public var allowedUID: uid_t = geteuid()
+
+    public init(path: String, logger: Logger, handler: @escaping Handler) throws(BGTaskError) {
+        self.path = path
+        self.handler = handler
+        self.logger = logger
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket (\(bytes.count) bytes, at most 107): use a shorter --state directory")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        // A socket file left by a host that died is stale: nobody listens on it any more.
+        unlink(path)
+        let oldMask = umask(0o177)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        umask(oldMask)
+        guard bound == 0 else {
+            let error = errno
+            close(fd)
+            throw BGTaskError(.system, file: path, errno: error, "cannot bind the control socket")
+        }
+        chmod(path, 0o600)
+        guard listen(fd, 64) == 0 else {
+            let error = errno
+            close(fd)
+            throw BGTaskError(.system, file: path, errno: error, "cannot listen on the control socket")
+        }
+        listenFD = fd
+    }
+
+    public func start() {
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "bgtask.control"
+        acceptThread = thread
+        thread.start()
+    }
+
+    /// Stops accepting; connections in progress finish their current request.
+    public func stop() {
+        let first = lock.withLock {
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        shutdown(listenFD, Int32(SHUT_RDWR))
+        if acceptThread != nil { acceptDone.wait() }
+        close(listenFD)
+        unlink(path)
+    }
+
+    private func acceptLoop() {
+        defer { acceptDone.signal() }
+        while true {
+            let client = bgtask_accept_cloexec(listenFD)
+            if client < 0 {
+                if errno == EINTR || errno == ECONNABORTED { continue }
+                if lock.withLock({ stopped }) { return }
+                if errno == EMFILE || errno == ENFILE {
+                    logger.error("control socket: out of descriptors; refusing connections for a moment")
+                    usleep(50_000)
+                    continue
+                }
+                return
+            }
+            let thread = Thread { [self] in serve(client) }
+            thread.name = "bgtask.control.connection"
+            thread.start()
+        }
+    }
+
+    private func serve(_ fd: Int32) {
+        defer { close(fd) }
+        var credentials = PeerCredentials(pid: 0, uid: 0, gid: 0)
+        guard bgtask_peer_credentials(fd, &credentials.pid, &credentials.uid, &credentials.gid) == 0 else { return }
+        // A 30 s receive timeout: an idle or stalled peer does not hold a thread forever.
+        var timeout = timeval(tv_sec: 30, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        if credentials.uid != allowedUID && credentials.uid != 0 {
+            logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(credentials.uid)", "peer.pid": "\(credentials.pid)"])
+            reply(.failure("permission-denied", "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
+            return
+        }
+        while true {
+            let payload: Data?
+            do {
+                payload = try ControlFrame.read(from: fd)
+            } catch {
+                if error.code != .closed {
+                    reply(.failure("bad-frame", "\(error)"), to: fd)
+                }
+                return
+            }
+            guard let payload else { return }
+            let request: ControlRequest
+            do {
+                request = try JSONDecoder.control.decode(ControlRequest.self, from: payload)
+            } catch {
+                reply(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"), to: fd)
+                return
+            }
+            guard ControlRequest.verbs.contains(request.verb) else {
+                reply(.failure("unknown-verb", "unknown verb '\(request.verb)' (known: \(ControlRequest.verbs.joined(separator: ", ")))"), to: fd)
+                continue
+            }
+            guard reply(handler(request, credentials), to: fd) else { return }
+        }
+    }
+
+    @discardableResult
+    private func reply(_ response: ControlResponse, to fd: Int32) -> Bool {
+        guard let data = try? JSONEncoder.control.encode(response) else { return false }
+        do { try ControlFrame.write(data, to: fd) } catch { return false }
+        return true
+    }
+
+    static func describe(_ error: Error) -> String {
+        switch error {
+        case let DecodingError.keyNotFound(key, _): "missing key '\(key.stringValue)'"
+        case let DecodingError.typeMismatch(_, context), let DecodingError.valueNotFound(_, context):
+            "wrong type at '\(context.codingPath.map(\.stringValue).joined(separator: "."))'"
+        case let DecodingError.dataCorrupted(context): context.debugDescription
+        default: "\(error)"
+        }
+    }
+}
+
+/// Talks to a host over its control socket: one request, one response.
+public struct ControlClient: Sendable {
+    public var path: String
+
+    public init(stateDirectory: URL) {
+        path = stateDirectory.appendingPathComponent("control.sock").path
+    }
+
+    public func send(_ request: ControlRequest) throws(BGTaskError) -> ControlResponse {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        defer { close(fd) }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard connected == 0 else {
+            let error = errno
+            throw BGTaskError(.system, file: path, errno: error,
+                              "no bgtask host is listening (start one with `bgtask host --state \(URL(fileURLWithPath: path).deletingLastPathComponent().path)`)")
+        }
+        do {
+            try ControlFrame.write(try JSONEncoder.control.encode(request), to: fd)
+            guard let payload = try ControlFrame.read(from: fd) else {
+                throw BGTaskError(.system, file: path, "the host closed the connection without answering")
+            }
+            return try JSONDecoder.control.decode(ControlResponse.self, from: payload)
+        } catch let error as BGTaskError {
+            throw error
+        } catch {
+            throw BGTaskError(.system, file: path, "control socket: \(error)")
+        }
+    }
+}
+
+extension JSONEncoder {
+    static var control: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        return encoder
+    }
+}
+
+extension JSONDecoder {
+    static var control: JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
+}

@@ -1,0 +1,663 @@
+import BGTaskWire
+import Dispatch
+import Foundation
+import Glibc
+import Logging
+
+/// The host daemon: watches the plugin directory, keeps every request durable, decides when to
+/// launch each app, supervises launches, and answers the control socket. It never loads plugin
+/// code.
+///
+/// All mutable state is owned by `queue` (a serial queue); control connections and launch
+/// threads hop onto it. The store is thread-safe on its own.
+public final class TaskHost: @unchecked Sendable {
+    public struct Configuration: Sendable {
+        public var pluginsDirectory: URL
+        public var stateDirectory: URL
+        public var policy: SchedulingPolicy = .immediate
+        public var clock: HostClock.Mode = .real
+        public var maximumConcurrentLaunches = 2
+        /// Overrides of the per-type defaults, for every launch.
+        public var budget: Duration?
+        public var grace: Duration?
+        public var memoryLimitBytes: UInt64?
+        public var cgroupRoot: URL?
+        public var runnerPath: String = LaunchSupervisor.defaultRunnerPath()
+        /// How often device conditions are re-read while something depends on them.
+        public var conditionsInterval: Duration = .seconds(1)
+
+        public init(pluginsDirectory: URL, stateDirectory: URL) {
+            self.pluginsDirectory = pluginsDirectory
+            self.stateDirectory = stateDirectory
+        }
+    }
+
+    struct RunningLaunch {
+        var id: String
+        var app: String
+        var reason: String
+        var tasks: [TaskAssignment]
+        var requests: [String: WireTaskRequest]
+        var control: LaunchControl
+        var expiredTasks: Set<UInt64> = []
+        var waiters: [DispatchSemaphore] = []
+    }
+
+    public let configuration: Configuration
+    let store: PendingRequestStore
+    let clock: HostClock
+    let logger: Logger
+    private var supervisor: LaunchSupervisor
+    private let queue = DispatchQueue(label: "bgtask.host")
+    private var catalog = PluginCatalog()
+    private var running: [String: RunningLaunch] = [:]
+    private var finishedRecords: [String: RunRecord] = [:]
+    private var shuttingDown = false
+    private var dueTimer: DispatchSourceTimer?
+    private var conditionsTimer: DispatchSourceTimer?
+    private var lastConditions: DeviceConditions?
+    private var unlockedSinceBoot = true
+    private var server: ControlServer?
+    private var watcher: PluginDirectoryWatcher?
+    private var signalSources: [DispatchSourceSignal] = []
+    private let stopped = DispatchSemaphore(value: 0)
+    private let machine = MachineConditionsReader()
+
+    public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
+        self.configuration = configuration
+        self.logger = logger
+        do {
+            try FileManager.default.createDirectory(at: configuration.stateDirectory, withIntermediateDirectories: true)
+        } catch {
+            throw BGTaskError(.system, file: configuration.stateDirectory.path, "cannot create the state directory: \(error.localizedDescription)")
+        }
+        store = try PendingRequestStore(directory: configuration.stateDirectory)
+        clock = try HostClock(mode: configuration.clock, store: store)
+        supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
+        supervisor.cgroupRoot = configuration.cgroupRoot
+        unlockedSinceBoot = (try? store.setting("device.locked")) != "on"
+    }
+
+    // MARK: Life cycle
+
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully: running launches are expired,
+    /// killed after their grace if need be, and recorded.
+    public func run() throws(BGTaskError) {
+        try start()
+        for signalNumber in [SIGINT, SIGTERM] {
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: queue)
+            source.setEventHandler { [self] in
+                logger.info("signal received: shutting down", metadata: ["signal": "\(signalNumber)"])
+                beginShutdown()
+            }
+            source.resume()
+            signalSources.append(source)
+        }
+        stopped.wait()
+    }
+
+    /// Starts serving without blocking (tests drive a host this way too).
+    public func start() throws(BGTaskError) {
+        try recoverInterruptedLaunches()
+        catalog = PluginCatalog.scan(configuration.pluginsDirectory)
+        logCatalog()
+        let server = try ControlServer(
+            path: configuration.stateDirectory.appendingPathComponent("control.sock").path, logger: logger
+        ) { [weak self] request, peer in
+            guard let self else { return .failure("unavailable", "the host is stopping") }
+            return self.handle(request, peer: peer)
+        }
+        self.server = server
+        server.start()
+        if FileManager.default.fileExists(atPath: configuration.pluginsDirectory.path) {
+            watcher = try PluginDirectoryWatcher(directory: configuration.pluginsDirectory) { [weak self] in
+                guard let self else { return }
+                self.queue.async { self.rescanPlugins() }
+            }
+        } else {
+            logger.warning("the plugin directory does not exist; not watching it", metadata: ["path": "\(configuration.pluginsDirectory.path)"])
+        }
+        logger.info("host started", metadata: [
+            "plugins": "\(configuration.pluginsDirectory.path)", "state": "\(configuration.stateDirectory.path)",
+            "policy": "\(configuration.policy.rawValue)", "clock": "\(configuration.clock.rawValue)",
+        ])
+        queue.async { self.evaluate() }
+    }
+
+    /// Begins a graceful shutdown; `run()` returns when it is complete.
+    public func beginShutdown() {
+        queue.async { [self] in
+            guard !shuttingDown else { return }
+            shuttingDown = true
+            dueTimer?.cancel()
+            conditionsTimer?.cancel()
+            for launch in running.values { launch.control.shutdown(reason: "the host is shutting down") }
+            finishShutdownIfIdle()
+        }
+    }
+
+    private func finishShutdownIfIdle() {
+        guard shuttingDown, running.isEmpty else { return }
+        watcher?.stop()
+        server?.stop()
+        logger.info("host stopped")
+        stopped.signal()
+    }
+
+    /// Blocks until a `start()`ed host has shut down.
+    public func waitUntilStopped() { stopped.wait() }
+
+    // MARK: Recovery
+
+    /// Launches the store says were running belong to a host that died: kill what is left of
+    /// them, record them as `host-lost`, and make their requests pending again.
+    private func recoverInterruptedLaunches() throws(BGTaskError) {
+        for launch in try store.interruptedLaunches() {
+            var detail = "the host stopped during the launch"
+            if let pid = launch.pid, ProcessTree.launchID(of: pid) == launch.launchID {
+                ProcessTree.killTree(pid)
+                detail += "; its runner (pid \(pid)) was still running and has been killed"
+            }
+            let log = configuration.stateDirectory.appendingPathComponent("logs/\(launch.launchID).log").path
+            let bundlePath = configuration.pluginsDirectory.appendingPathComponent("?").path
+            try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail))
+            logger.warning("recovered a launch interrupted by a host crash", metadata: ["launch.id": "\(launch.launchID)", "bundle.id": "\(launch.app)"])
+        }
+    }
+
+    // MARK: Catalog
+
+    private func rescanPlugins() {
+        let old = catalog
+        catalog = PluginCatalog.scan(configuration.pluginsDirectory)
+        for (identifier, _) in old.apps where catalog.apps[identifier] == nil {
+            let dropped = (try? store.removeApp(identifier)) ?? 0
+            logger.info("bundle removed; its pending requests are dropped", metadata: ["bundle.id": "\(identifier)", "dropped": "\(dropped)"])
+        }
+        for (identifier, bundle) in catalog.apps where old.apps[identifier] != bundle {
+            logger.info("bundle loaded", metadata: ["bundle.id": "\(identifier)", "path": "\(bundle.url.path)"])
+        }
+        for (path, error) in catalog.invalid where old.invalid[path] != error {
+            logger.error("invalid bundle skipped", metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+        evaluate()
+    }
+
+    private func logCatalog() {
+        for (identifier, bundle) in catalog.apps.sorted(by: { $0.key < $1.key }) {
+            logger.info("bundle loaded", metadata: ["bundle.id": "\(identifier)", "path": "\(bundle.url.path)"])
+        }
+        for (path, error) in catalog.invalid.sorted(by: { $0.key < $1.key }) {
+            logger.error("invalid bundle skipped", metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+    }
+
+    // MARK: Conditions
+
+    func conditions() -> DeviceConditions {
+        var overrides: [String: String] = [:]
+        for key in DeviceOverrides.keys {
+            if let value = try? store.setting("device.\(key)") { overrides[key] = value }
+        }
+        return DeviceOverrides.resolve(overrides: overrides, machine: machine, unlockedSinceBoot: unlockedSinceBoot)
+    }
+
+    /// Expires running tasks whose conditions no longer hold: processing tasks that require
+    /// power when power goes away, and processing tasks when the device stops being idle.
+    private func enforceConditions(_ conditions: DeviceConditions) {
+        for (id, launch) in running {
+            for task in launch.tasks where !launch.expiredTasks.contains(task.task) {
+                guard let request = launch.requests[task.identifier] else { continue }
+                var reason: String?
+                if task.kind == .processing || task.kind == .healthResearch {
+                    if !conditions.idle { reason = "the device is no longer idle" }
+                    if request.requiresExternalPower && !conditions.externalPower { reason = "external power was lost" }
+                    if request.requiresNetworkConnectivity && !conditions.network { reason = "network connectivity was lost" }
+                }
+                if let reason {
+                    running[id]?.expiredTasks.insert(task.task)
+                    launch.control.expire(task: task.task, reason: reason)
+                    logger.info("expiring a task: \(reason)", metadata: ["launch.id": "\(id)", "task.id": "\(task.identifier)"])
+                }
+            }
+        }
+    }
+
+    // MARK: Scheduling
+
+    private func eligibility(_ conditions: DeviceConditions) -> Eligibility {
+        Eligibility(policy: configuration.policy, now: clock.now, conditions: conditions,
+                    runningLaunches: running.count, maximumConcurrentLaunches: configuration.maximumConcurrentLaunches)
+    }
+
+    /// Starts every launch that may start now, then arms the timers for the next decision.
+    /// On `queue`.
+    private func evaluate() {
+        guard !shuttingDown else { return }
+        let conditions = self.conditions()
+        if conditions.locked == false { unlockedSinceBoot = true }
+        enforceConditions(conditions)
+        lastConditions = conditions
+        let now = clock.now
+        var wakeAt: Date?
+        var watchConditions = running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } }
+        do {
+            for app in try store.dueApps(at: now) {
+                guard running.count < configuration.maximumConcurrentLaunches else { break }
+                guard !running.values.contains(where: { $0.app == app }), let bundle = catalog.apps[app] else { continue }
+                let state = try store.appState(app)
+                var eligible: [StoredRequest] = []
+                for stored in try store.pending(app: app) {
+                    let blockers = eligibility(conditions).blockers(for: stored, app: bundle, state: state, appRunning: false)
+                        .filter(\.blocking)
+                    if blockers.isEmpty {
+                        eligible.append(stored)
+                    } else {
+                        for until in blockers.compactMap(\.until) where until > now { wakeAt = min(wakeAt ?? until, until) }
+                        if blockers.contains(where: { ["no-external-power", "no-network"].contains($0.code) }) { watchConditions = true }
+                    }
+                }
+                if !eligible.isEmpty { startLaunch(bundle, requests: eligible, reason: "scheduled") }
+            }
+            if let next = try store.nextDueDate(after: now) { wakeAt = min(wakeAt ?? next, next) }
+        } catch {
+            logger.error("scheduling failed", metadata: ["error": "\(error)"])
+        }
+        armDueTimer(wakeAt)
+        armConditionsTimer(watchConditions)
+    }
+
+    private func armDueTimer(_ date: Date?) {
+        dueTimer?.cancel()
+        dueTimer = nil
+        // The virtual clock moves only when told to; nothing to wait for in real time.
+        guard let date, clock.mode == .real else { return }
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(wallDeadline: .now() + max(0, date.timeIntervalSinceNow) + 0.001)
+        timer.setEventHandler { [weak self] in self?.evaluate() }
+        timer.resume()
+        dueTimer = timer
+    }
+
+    /// Device conditions have no change notification we can rely on everywhere, so they are
+    /// re-read periodically, but only while something depends on them.
+    private func armConditionsTimer(_ needed: Bool) {
+        guard needed else {
+            conditionsTimer?.cancel()
+            conditionsTimer = nil
+            return
+        }
+        guard conditionsTimer == nil else { return }
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        let interval = configuration.conditionsInterval.components.seconds * 1000 + configuration.conditionsInterval.components.attoseconds / 1_000_000_000_000_000
+        timer.schedule(deadline: .now() + .milliseconds(Int(interval)), repeating: .milliseconds(Int(interval)))
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            if self.conditions() != self.lastConditions { self.evaluate() }
+        }
+        timer.resume()
+        conditionsTimer = timer
+    }
+
+    // MARK: Launches
+
+    /// Starts one launch of `bundle` running `requests` (or `forced` tasks). On `queue`.
+    @discardableResult
+    private func startLaunch(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: String) -> String {
+        let tasks = forced.isEmpty
+            ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
+            : forced
+        var limits = LaunchLimits.defaults(for: tasks.map(\.kind))
+        if let budget = configuration.budget { limits.budget = budget }
+        if let grace = configuration.grace { limits.grace = grace }
+        if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
+        let launchID = LaunchPlan.newLaunchID()
+        let plan = LaunchPlan(
+            bundle: bundle, tasks: tasks, reason: reason, limits: limits, launchID: launchID,
+            dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
+            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"))
+        let control = LaunchControl()
+        let store = self.store
+        control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
+        do {
+            // Records carry real time (the virtual clock only steers scheduling decisions).
+            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason, tasks: tasks, at: Date())
+        } catch {
+            logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
+            return launchID
+        }
+        running[launchID] = RunningLaunch(
+            id: launchID, app: bundle.identifier, reason: reason, tasks: tasks,
+            requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
+            control: control)
+        logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
+                                          "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
+        let supervisor = self.supervisor
+        let broker = HostRequestBroker(host: self)
+        let thread = Thread { [weak self] in
+            let record: RunRecord
+            do {
+                record = try supervisor.run(plan, broker: broker, control: control)
+            } catch let error as BGTaskError {
+                record = .notStarted(plan, error: error)
+            } catch {
+                record = .notStarted(plan, error: BGTaskError(.launch, "\(error)"))
+            }
+            guard let self else { return }
+            self.queue.async { self.launchEnded(record) }
+        }
+        thread.name = "bgtask.launch.\(launchID)"
+        thread.start()
+        return launchID
+    }
+
+    private func launchEnded(_ record: RunRecord) {
+        do {
+            try store.finishLaunch(record)
+            var state = try store.appState(record.app)
+            state.lastLaunchAt = clock.now
+            state.lastLaunchID = record.launchID
+            state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered : record.registered
+            if SchedulingPolicy.isBad(record) {
+                state.penaltyLevel += 1
+                state.penaltyUntil = clock.now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
+            } else if record.termination == .exited {
+                state.penaltyLevel = 0
+                state.penaltyUntil = nil
+            }
+            try store.saveAppState(state)
+        } catch {
+            logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+        }
+        logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
+        let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+        finishedRecords[record.launchID] = record
+        for waiter in waiters { waiter.signal() }
+        if shuttingDown { finishShutdownIfIdle() } else { evaluate() }
+    }
+
+    // MARK: Submissions
+
+    /// Host-level admission: the switches and Low Power Mode make scheduling unavailable.
+    func admissionRejection(_ request: WireTaskRequest, app: String) -> SubmissionRules.Rejection? {
+        let conditions = self.conditions()
+        let state = (try? store.appState(app)) ?? AppState(app: app)
+        if request.kind != .continuedProcessing {
+            if !conditions.backgroundRefresh {
+                return .init(status: .unavailable, message: "Background App Refresh is off for the device")
+            }
+            if !state.refreshEnabled {
+                return .init(status: .unavailable, message: "Background App Refresh is off for \(app)")
+            }
+        }
+        if request.kind == .refresh && conditions.lowPowerMode {
+            return .init(status: .unavailable, message: "Low Power Mode is on: refresh requests are unavailable")
+        }
+        return nil
+    }
+
+    func submit(_ request: WireTaskRequest, app bundle: PluginBundle) -> SubmissionRules.Rejection? {
+        if let rejection = admissionRejection(request, app: bundle.identifier) { return rejection }
+        let supported = conditions().supportedResources
+        do {
+            let rejection = try store.submit(app: bundle.identifier, request: request, at: clock.now) { existing in
+                SubmissionRules.check(request, app: bundle, pending: existing, supportedResources: supported)
+            }
+            if rejection == nil { queue.async { self.evaluate() } }
+            return rejection
+        } catch {
+            return .init(status: .unavailable, message: "the host could not store the request: \(error)")
+        }
+    }
+
+    // MARK: Control
+
+    func handle(_ request: ControlRequest, peer: PeerCredentials) -> ControlResponse {
+        switch request.verb {
+        case "status": return ControlResponse()
+        case "apps": return apps()
+        case "submit": return controlSubmit(request)
+        case "pending":
+            return respond { var r = ControlResponse(); r.pending = try store.pending(app: request.app); return r }
+        case "cancel", "cancel-all":
+            guard let app = request.app else { return .failure("bad-request", "\(request.verb) needs an app") }
+            if request.verb == "cancel" && request.identifier == nil { return .failure("bad-request", "cancel needs a task identifier") }
+            return respond {
+                var r = ControlResponse()
+                r.removed = try store.cancel(app: app, identifier: request.verb == "cancel" ? request.identifier : nil)
+                return r
+            }
+        case "history":
+            return respond { var r = ControlResponse(); r.records = try store.history(app: request.app, limit: request.limit ?? 50); return r }
+        case "why": return why(request)
+        case "device": return device(request)
+        case "clock": return clockVerb(request)
+        case "simulate-launch": return simulateLaunch(request)
+        case "simulate-expire": return simulateExpire(request)
+        default: return .failure("unknown-verb", "unknown verb '\(request.verb)'")
+        }
+    }
+
+    private func respond(_ body: () throws -> ControlResponse) -> ControlResponse {
+        do { return try body() } catch { return .failure("internal", "\(error)") }
+    }
+
+    private func apps() -> ControlResponse {
+        queue.sync {
+            var response = ControlResponse()
+            let pendingCounts = Dictionary(grouping: (try? store.pending(app: nil)) ?? [], by: \.app).mapValues(\.count)
+            response.apps = catalog.apps.values.sorted { $0.identifier < $1.identifier }.map { bundle in
+                let state = (try? store.appState(bundle.identifier)) ?? AppState(app: bundle.identifier)
+                return AppSummary(
+                    identifier: bundle.identifier, path: bundle.url.path, permittedIdentifiers: bundle.permittedIdentifiers,
+                    backgroundModes: bundle.backgroundModes.sorted(), extensions: bundle.extensions.map(\.identifier),
+                    running: running.values.first { $0.app == bundle.identifier }?.id,
+                    refreshEnabled: state.refreshEnabled, penaltyLevel: state.penaltyLevel, penaltyUntil: state.penaltyUntil,
+                    pending: pendingCounts[bundle.identifier] ?? 0)
+            }
+            response.invalid = catalog.invalid.sorted { $0.key < $1.key }.map { InvalidBundle(path: $0.key, error: $0.value.description) }
+            return response
+        }
+    }
+
+    private func controlSubmit(_ request: ControlRequest) -> ControlResponse {
+        guard let app = request.app, let task = request.request else {
+            return .failure("bad-request", "submit needs an app and a request")
+        }
+        guard let bundle = queue.sync(execute: { catalog.apps[app] }) else {
+            return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+        }
+        if let rejection = submit(task, app: bundle) {
+            return .failure(Self.code(rejection.status), rejection.message)
+        }
+        return ControlResponse()
+    }
+
+    static func code(_ status: SubmissionRules.Status) -> String {
+        switch status {
+        case .unavailable: "unavailable"
+        case .tooManyPendingTaskRequests: "tooManyPendingTaskRequests"
+        case .notPermitted: "notPermitted"
+        case .immediateRunIneligible: "immediateRunIneligible"
+        }
+    }
+
+    private func why(_ request: ControlRequest) -> ControlResponse {
+        guard let identifier = request.identifier else { return .failure("bad-request", "why needs a task identifier") }
+        return queue.sync {
+            let now = clock.now
+            if let launch = running.values.first(where: { $0.tasks.contains { $0.identifier == identifier } && (request.app == nil || $0.app == request.app) }) {
+                var response = ControlResponse()
+                response.why = WhyReport(app: launch.app, identifier: identifier, state: "running", runningLaunch: launch.id,
+                                         request: launch.requests[identifier], blockers: [], now: now)
+                return response
+            }
+            let stored: StoredRequest?
+            if let app = request.app {
+                stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier }
+            } else {
+                stored = try? store.pendingRequest(identifier: identifier)
+            }
+            guard let stored else {
+                var response = ControlResponse()
+                response.why = WhyReport(app: request.app ?? catalog.app(permitting: identifier)?.identifier ?? "", identifier: identifier,
+                                         state: "not-submitted", runningLaunch: nil, request: nil, blockers: [], now: now)
+                return response
+            }
+            let state = (try? store.appState(stored.app)) ?? AppState(app: stored.app)
+            let appRunning = running.values.contains { $0.app == stored.app }
+            var blockers = eligibility(conditions()).blockers(for: stored, app: catalog.apps[stored.app], state: state, appRunning: appRunning)
+            if configuration.clock == .virtual, let until = blockers.first(where: { $0.code == "not-due" })?.until {
+                blockers[blockers.firstIndex { $0.code == "not-due" }!].message += " (virtual clock: bgtask clock advance \(Eligibility.format(until.timeIntervalSince(now))))"
+            }
+            var response = ControlResponse()
+            response.why = WhyReport(app: stored.app, identifier: identifier, state: "pending", runningLaunch: nil,
+                                     request: stored.request, blockers: blockers, now: now)
+            return response
+        }
+    }
+
+    private func device(_ request: ControlRequest) -> ControlResponse {
+        if var changes = request.device {
+            if let app = changes.removeValue(forKey: "app") {
+                guard let value = changes.removeValue(forKey: "refresh") else {
+                    return .failure("bad-request", "--app goes with --refresh on|off")
+                }
+                do {
+                    var state = try store.appState(app)
+                    state.refreshEnabled = value == "on"
+                    try store.saveAppState(state)
+                } catch {
+                    return .failure("internal", "\(error)")
+                }
+            }
+            for (key, value) in changes {
+                guard DeviceOverrides.keys.contains(key) else {
+                    return .failure("bad-request", "unknown device condition '\(key)' (known: \(DeviceOverrides.keys.joined(separator: ", ")))")
+                }
+                guard ["on", "off", "auto"].contains(value) else {
+                    return .failure("bad-request", "device \(key): expected on, off or auto, got '\(value)'")
+                }
+                do { try store.setSetting("device.\(key)", value == "auto" ? nil : value) } catch {
+                    return .failure("internal", "\(error)")
+                }
+            }
+        }
+        return queue.sync {
+            let conditions = self.conditions()
+            if !conditions.locked { unlockedSinceBoot = true }
+            if request.device != nil { evaluate() }
+            var response = ControlResponse()
+            response.device = self.conditions()
+            return response
+        }
+    }
+
+    private func clockVerb(_ request: ControlRequest) -> ControlResponse {
+        queue.sync {
+            if let seconds = request.advance {
+                do { _ = try clock.advance(by: seconds) } catch { return .failure("bad-request", (error as? BGTaskError)?.description ?? "\(error)") }
+                evaluate()
+            }
+            var response = ControlResponse()
+            response.clock = ClockReport(mode: clock.mode, now: clock.now, nextDue: try? store.nextDueDate(after: clock.now))
+            return response
+        }
+    }
+
+    private func simulateLaunch(_ request: ControlRequest) -> ControlResponse {
+        guard let identifier = request.identifier else { return .failure("bad-request", "simulate-launch needs a task identifier") }
+        enum Started { case failure(ControlResponse), success((String, DispatchSemaphore)) }
+        let started = queue.sync { () -> Started in
+            guard !shuttingDown else { return .failure(.failure("unavailable", "the host is shutting down")) }
+            var stored = (try? store.pendingRequest(identifier: identifier)) ?? nil
+            if let app = request.app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
+            let bundle: PluginBundle
+            var forced: [TaskAssignment] = []
+            if let stored {
+                guard let found = catalog.apps[stored.app] else { return .failure(.failure("not-found", "the app \(stored.app) is not in the plugin directory")) }
+                bundle = found
+            } else {
+                guard request.force == true else {
+                    return .failure(.failure("not-found", "no pending request for \(identifier): as on iOS, simulating a launch needs one (submit it, or pass --force)"))
+                }
+                guard let found = request.app.flatMap({ catalog.apps[$0] }) ?? catalog.app(permitting: identifier) else {
+                    return .failure(.failure("not-found", "no app in the plugin directory permits \(identifier)"))
+                }
+                bundle = found
+                let kind: TaskKind
+                if let given = request.request?.kind { kind = given } else {
+                    do { kind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure("bad-request", (error as? BGTaskError)?.description ?? "\(error)")) }
+                }
+                forced = [TaskAssignment(task: 1, identifier: identifier, kind: kind)]
+            }
+            if let busy = running.values.first(where: { $0.app == bundle.identifier }) {
+                return .failure(.failure("unavailable", "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
+            }
+            let id = startLaunch(bundle, requests: stored.map { [$0] } ?? [], forced: forced, reason: "simulated")
+            let semaphore = DispatchSemaphore(value: 0)
+            running[id]?.waiters.append(semaphore)
+            if running[id] == nil { semaphore.signal() }
+            return .success((id, semaphore))
+        }
+        switch started {
+        case .failure(let response): return response
+        case .success(let (id, semaphore)):
+            var response = ControlResponse()
+            response.launchID = id
+            guard request.wait != false else { return response }
+            semaphore.wait()
+            response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
+            return response
+        }
+    }
+
+    private func simulateExpire(_ request: ControlRequest) -> ControlResponse {
+        guard let identifier = request.identifier else { return .failure("bad-request", "simulate-expire needs a task identifier") }
+        return queue.sync {
+            for (id, launch) in running {
+                guard let task = launch.tasks.first(where: { $0.identifier == identifier }) else { continue }
+                running[id]?.expiredTasks.insert(task.task)
+                launch.control.expire(task: task.task, reason: "simulated")
+                var response = ControlResponse()
+                response.launchID = id
+                return response
+            }
+            return .failure("not-found", "\(identifier) is not running in any launch")
+        }
+    }
+}
+
+
+/// Requests from inside launches go to the host's store.
+///
+/// Apps compute dates from the real clock (`Date()`). Under a virtual clock their dates are
+/// moved onto it: an `earliestBeginDate` 15 minutes after the app's now is 15 minutes after the
+/// host's now, and `pendingTaskRequests` moves them back.
+struct HostRequestBroker: LaunchRequestBroker {
+    let host: TaskHost
+
+    private var offset: TimeInterval {
+        host.clock.mode == .virtual ? host.clock.now.timeIntervalSince(Date()) : 0
+    }
+
+    func submit(_ request: WireTaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
+        var shifted = request
+        shifted.earliestBeginDate = request.earliestBeginDate.map { $0 + offset }
+        return host.submit(shifted, app: app)
+    }
+
+    func cancel(identifier: String?, app: PluginBundle) {
+        _ = try? host.store.cancel(app: app.identifier, identifier: identifier)
+    }
+
+    func pending(app: PluginBundle) -> [WireTaskRequest] {
+        let offset = self.offset
+        return ((try? host.store.pending(app: app.identifier)) ?? []).map {
+            var request = $0.request
+            request.earliestBeginDate = request.earliestBeginDate.map { $0 - offset }
+            return request
+        }
+    }
+}

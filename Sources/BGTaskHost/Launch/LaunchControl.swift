@@ -1,0 +1,55 @@
+import Foundation
+import Glibc
+
+/// Commands for a running launch from outside its supervising thread: deliver expiration
+/// (`bgtask simulate-expire`, power lost, device no longer idle) or shut it down gracefully
+/// (expire now, kill after the grace). Wakes the supervisor's poll loop through a pipe.
+///
+/// Any thread may call its methods. `onStart` is called on the supervising thread once the
+/// runner's pid is known.
+public final class LaunchControl: @unchecked Sendable {
+    public enum Command: Sendable, Equatable {
+        case expire(task: UInt64?, reason: String)
+        case shutdown(reason: String)
+    }
+
+    private let lock = NSLock()
+    private var commands: [Command] = []
+    private var pipeFDs: [Int32] = [-1, -1]
+    public var onStart: (@Sendable (Int32) -> Void)?
+
+    public init() {
+        if pipe(&pipeFDs) == 0 {
+            for fd in pipeFDs {
+                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            }
+        }
+    }
+
+    deinit {
+        for fd in pipeFDs where fd >= 0 { close(fd) }
+    }
+
+    public func expire(task: UInt64?, reason: String) { post(.expire(task: task, reason: reason)) }
+    public func shutdown(reason: String) { post(.shutdown(reason: reason)) }
+
+    private func post(_ command: Command) {
+        lock.withLock { commands.append(command) }
+        var byte: UInt8 = 1
+        _ = write(pipeFDs[1], &byte, 1)
+    }
+
+    /// The descriptor the supervisor polls.
+    var wakeFD: Int32 { pipeFDs[0] }
+
+    /// Empties the pipe and returns pending commands.
+    func take() -> [Command] {
+        var buffer = [UInt8](repeating: 0, count: 64)
+        while read(pipeFDs[0], &buffer, buffer.count) > 0 {}
+        return lock.withLock {
+            defer { commands.removeAll() }
+            return commands
+        }
+    }
+}

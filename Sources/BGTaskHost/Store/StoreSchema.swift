@@ -1,0 +1,78 @@
+import GRDB
+
+/// The schema of `bgtask.sqlite`. Migrations are append-only: never edit a registered one, add
+/// the next (`v2`, ...) instead. Dates are REAL seconds since 1970; JSON columns hold the
+/// Codable values named in their comments.
+enum StoreSchema {
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: v1)
+        }
+        return migrator
+    }
+
+    static let v1 = """
+        -- One row per launch, from beginLaunch (state 'running') to finishLaunch or recovery
+        -- (state 'ended', with its run record).
+        CREATE TABLE launch (
+            id TEXT PRIMARY KEY NOT NULL,
+            app TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            pid INTEGER,
+            started_at REAL NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('running', 'ended')),
+            tasks TEXT NOT NULL,            -- JSON [TaskAssignment]
+            record TEXT,                    -- JSON RunRecord (RunRecord.jsonData), once ended
+            ended_at REAL,
+            CHECK ((state = 'ended') = (record IS NOT NULL))
+        );
+        CREATE INDEX launch_app_started ON launch(app, started_at, id);
+        CREATE INDEX launch_started ON launch(started_at, id);
+        CREATE INDEX launch_state ON launch(state);
+
+        -- Task requests: pending (running_launch NULL) or taken by a running launch. seq is the
+        -- submission order (AUTOINCREMENT: never reused, so it only grows).
+        CREATE TABLE request (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            app TEXT NOT NULL,
+            identifier TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            earliest REAL,                  -- earliestBeginDate; NULL: due at once
+            requires_network INTEGER NOT NULL,
+            requires_power INTEGER NOT NULL,
+            protection_type INTEGER NOT NULL,
+            title TEXT,
+            subtitle TEXT,
+            strategy_fail INTEGER NOT NULL,
+            required_resources INTEGER NOT NULL,
+            submitted_at REAL NOT NULL,
+            running_launch TEXT REFERENCES launch(id)
+        );
+        -- At most one pending request per (app, identifier); a running one may coexist.
+        CREATE UNIQUE INDEX request_pending_unique ON request(app, identifier) WHERE running_launch IS NULL;
+        -- dueApps and nextDueDate: a range of this index, never a scan of the table.
+        CREATE INDEX request_pending_due ON request(earliest, app) WHERE running_launch IS NULL;
+        -- pendingRequest(identifier:)
+        CREATE INDEX request_pending_identifier ON request(identifier, app) WHERE running_launch IS NULL;
+        -- submit's view of an app (pending and running), in submission order
+        CREATE INDEX request_app ON request(app, seq);
+        -- finishLaunch / recovery, and the foreign key
+        CREATE INDEX request_running ON request(running_launch);
+
+        CREATE TABLE app_state (
+            app TEXT PRIMARY KEY NOT NULL,
+            refresh_enabled INTEGER NOT NULL,
+            penalty_level INTEGER NOT NULL,
+            penalty_until REAL,
+            last_launch_at REAL,
+            last_launch_id TEXT,
+            last_registered TEXT            -- JSON [String]; NULL before any launch
+        );
+
+        CREATE TABLE setting (
+            key TEXT PRIMARY KEY NOT NULL,
+            value TEXT NOT NULL
+        );
+        """
+}

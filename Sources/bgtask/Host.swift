@@ -1,0 +1,81 @@
+import ArgumentParser
+import BGTaskHost
+import Foundation
+
+extension BGTaskCommand {
+    struct Host: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "host",
+            abstract: "Run the host daemon in the foreground until SIGINT or SIGTERM.",
+            discussion: """
+                Watches the plugin directory (bundles dropped or moved in are validated and \
+                loaded, invalid ones reported and skipped, removed ones' pending requests \
+                dropped), keeps requests in STATE/bgtask.sqlite, launches apps when their \
+                requests are due and their conditions hold, and serves the other verbs on \
+                STATE/control.sock. On SIGINT/SIGTERM running launches are expired, killed \
+                after their grace if need be, and recorded.
+                """)
+
+        @Option(name: .long, help: ArgumentHelp("The plugin directory (Name.app bundles).", valueName: "dir"))
+        var plugins: String
+
+        @Option(name: .long, help: "immediate (run as soon as eligible) or realistic (rate limits and penalties).")
+        var policy: SchedulingPolicy = .immediate
+
+        @Option(name: .long, help: "real, or virtual (time moves only with `bgtask clock advance`).")
+        var clock: HostClock.Mode = .real
+
+        @Option(name: .customLong("max-launches"), help: "Simultaneous launches at most.")
+        var maxLaunches = 2
+
+        @Option(name: .long, help: ArgumentHelp("Budget for every launch, overriding the per-type defaults.", valueName: "duration"))
+        var budget: DurationArgument?
+
+        @Option(name: .long, help: ArgumentHelp("Grace from expiration to the watchdog kill. Default: 5 s.", valueName: "duration"))
+        var grace: DurationArgument?
+
+        @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Memory limit for every launch, overriding the per-type defaults.", valueName: "size"))
+        var memoryLimit: ByteCountArgument?
+
+        @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory for kernel-enforced memory limits.", valueName: "dir"))
+        var cgroup: String?
+
+        @OptionGroup var options: StateOptions
+
+        func validate() throws {
+            guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
+        }
+
+        func run() throws {
+            var configuration = TaskHost.Configuration(
+                pluginsDirectory: URL(fileURLWithPath: plugins).standardizedFileURL,
+                stateDirectory: options.stateDirectory.standardizedFileURL)
+            configuration.policy = policy
+            configuration.clock = clock
+            configuration.maximumConcurrentLaunches = maxLaunches
+            configuration.budget = budget?.duration
+            configuration.grace = grace?.duration
+            configuration.memoryLimitBytes = memoryLimit?.bytes
+            if let cgroup {
+                let root = URL(fileURLWithPath: cgroup)
+                do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
+                    printError("--cgroup: \(error)")
+                    throw ExitCode.validationFailure
+                }
+                configuration.cgroupRoot = root
+            }
+            var logger = options.makeLogger()
+            if !options.verbose && ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"] == nil { logger.logLevel = .info }
+            do {
+                let host = try TaskHost(configuration: configuration, logger: logger)
+                try host.run()
+            } catch {
+                printError(error.description)
+                throw ExitCode(1)
+            }
+        }
+    }
+}
+
+extension SchedulingPolicy: ExpressibleByArgument {}
+extension HostClock.Mode: ExpressibleByArgument {}

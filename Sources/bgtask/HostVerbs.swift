@@ -1,0 +1,300 @@
+import ArgumentParser
+import BGTaskHost
+import BGTaskWire
+import Foundation
+
+/// Options of every verb that talks to a running host.
+struct HostOptions: ParsableArguments {
+    @OptionGroup var state: StateOptions
+
+    @Flag(name: .long, help: "Print the answer as JSON.")
+    var json = false
+
+    /// Sends `request`; prints the error and exits 1 when the host refuses.
+    func send(_ request: ControlRequest) throws -> ControlResponse {
+        let response: ControlResponse
+        do {
+            response = try ControlClient(stateDirectory: state.stateDirectory).send(request)
+        } catch {
+            printError(error.description)
+            throw ExitCode(Status.noHost)
+        }
+        if let error = response.error, !response.ok {
+            if json { try printJSON(["error": ["code": error.code, "message": error.message]]) }
+            printError("\(request.verb): \(error.message) [\(error.code)]")
+            throw ExitCode(1)
+        }
+        return response
+    }
+
+    func printJSON<T: Encodable>(_ value: T) throws {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        FileHandle.standardOutput.write(try encoder.encode(value) + Data("\n".utf8))
+    }
+}
+
+extension Status {
+    /// No host answers on the control socket (EX_UNAVAILABLE).
+    static let noHost: Int32 = 69
+}
+
+private func dateText(_ date: Date?) -> String {
+    guard let date else { return "now" }
+    return ISO8601DateFormatter().string(from: date)
+}
+
+/// `+15m`, `+2h`, `30s` (relative to the host's clock), or an ISO 8601 date.
+struct EarliestArgument: ExpressibleByArgument {
+    enum Value { case relative(TimeInterval), absolute(Date) }
+    var value: Value
+
+    init?(argument: String) {
+        if let date = ISO8601DateFormatter().date(from: argument) {
+            value = .absolute(date)
+            return
+        }
+        let text = argument.hasPrefix("+") ? String(argument.dropFirst()) : argument
+        guard let duration = DurationArgument(argument: text) else { return nil }
+        value = .relative(Double(duration.duration.components.seconds) + Double(duration.duration.components.attoseconds) / 1e18)
+    }
+}
+
+extension BGTaskCommand {
+    struct Apps: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the host's apps, with bundles that failed validation.")
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(ControlRequest(verb: "apps"))
+            if host.json {
+                struct Body: Encodable { var apps: [AppSummary]; var invalid: [InvalidBundle] }
+                return try host.printJSON(Body(apps: response.apps ?? [], invalid: response.invalid ?? []))
+            }
+            for app in response.apps ?? [] {
+                var line = "\(app.identifier)  \(app.pending) pending"
+                if let running = app.running { line += ", running \(running)" }
+                if !app.refreshEnabled { line += ", refresh off" }
+                if app.penaltyLevel > 0 { line += ", penalty level \(app.penaltyLevel) until \(dateText(app.penaltyUntil))" }
+                print(line)
+                print("  \(app.path)")
+                print("  permitted: \(app.permittedIdentifiers.joined(separator: ", "))")
+            }
+            for bad in response.invalid ?? [] { print("invalid: \(bad.error)") }
+        }
+    }
+
+    struct Submit: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Submit a task request for an app, as BGTaskScheduler.submit would.")
+        @Argument(help: "The app's bundle identifier.") var app: String
+        @Argument(help: "The task identifier.") var identifier: String
+        @Option(name: .long, help: "refresh, processing, health-research or continued-processing.") var type: TaskKind = .refresh
+        @Option(name: .long, help: ArgumentHelp("earliestBeginDate: +15m (from the host's clock) or an ISO 8601 date.", valueName: "when"))
+        var earliest: EarliestArgument?
+        @Flag(name: .customLong("requires-power")) var requiresPower = false
+        @Flag(name: .customLong("requires-network")) var requiresNetwork = false
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            var earliestDate: Double?
+            switch earliest?.value {
+            case .absolute(let date): earliestDate = date.timeIntervalSince1970
+            case .relative(let seconds):
+                let now = try host.send(ControlRequest(verb: "clock")).clock?.now ?? Date()
+                earliestDate = now.addingTimeInterval(seconds).timeIntervalSince1970
+            case nil: break
+            }
+            let request = WireTaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
+                                          requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower)
+            _ = try host.send(ControlRequest(verb: "submit", app: app, request: request))
+            if host.json { return try host.printJSON(["submitted": identifier]) }
+            print("submitted \(type.rawValue) \(identifier) for \(app)\(earliestDate.map { ", not before \(dateText(Date(timeIntervalSince1970: $0)))" } ?? "")")
+        }
+    }
+
+    struct Pending: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List pending requests (of one app, or all).")
+        @Argument(help: "An app's bundle identifier.") var app: String?
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let pending = try host.send(ControlRequest(verb: "pending", app: app)).pending ?? []
+            if host.json { return try host.printJSON(pending) }
+            if pending.isEmpty { print("no pending requests") }
+            for stored in pending {
+                var flags: [String] = []
+                if stored.request.requiresExternalPower { flags.append("requires power") }
+                if stored.request.requiresNetworkConnectivity { flags.append("requires network") }
+                print("\(stored.app)  \(stored.request.identifier)  \(stored.request.kind.rawValue)  earliest \(dateText(stored.earliest))\(flags.isEmpty ? "" : "  " + flags.joined(separator: ", "))")
+            }
+        }
+    }
+
+    struct Cancel: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Cancel an app's pending request.")
+        @Argument var app: String
+        @Argument var identifier: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let removed = try host.send(ControlRequest(verb: "cancel", app: app, identifier: identifier)).removed ?? 0
+            if host.json { return try host.printJSON(["removed": removed]) }
+            print(removed > 0 ? "cancelled \(identifier)" : "\(identifier) had no pending request")
+        }
+    }
+
+    struct CancelAll: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "cancel-all", abstract: "Cancel every pending request of an app.")
+        @Argument var app: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let removed = try host.send(ControlRequest(verb: "cancel-all", app: app)).removed ?? 0
+            if host.json { return try host.printJSON(["removed": removed]) }
+            print("cancelled \(removed) request(s) of \(app)")
+        }
+    }
+
+    struct SimulateLaunch: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "simulate-launch",
+            abstract: "Launch the app for a task now, as the debugger's _simulateLaunchForTaskWithIdentifier.",
+            discussion: "Needs a pending request for the identifier, as on iOS, unless --force. Waits for the launch and prints its record (exit status 0 when every task succeeded).")
+        @Argument var identifier: String
+        @Option(name: .long, help: "The app, when several could run the identifier.") var app: String?
+        @Option(name: .long, help: "The task type with --force (default: from the bundle).") var type: TaskKind?
+        @Flag(name: .long, help: "Launch even without a pending request.") var force = false
+        @Flag(name: .customLong("no-wait"), help: "Print the launch id and return at once.") var noWait = false
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let request = type.map { WireTaskRequest(kind: $0, identifier: identifier) }
+            let response = try host.send(ControlRequest(verb: "simulate-launch", app: app, identifier: identifier, request: request,
+                                                        force: force, wait: !noWait))
+            guard let record = response.record else {
+                if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
+                print("launched \(response.launchID ?? "?")")
+                return
+            }
+            if host.json {
+                FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8))
+            } else {
+                print(record)
+            }
+            if !record.succeeded { throw ExitCode.failure }
+        }
+    }
+
+    struct SimulateExpire: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "simulate-expire",
+            abstract: "Expire a running task now, as the debugger's _simulateExpirationForTaskWithIdentifier.")
+        @Argument var identifier: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(ControlRequest(verb: "simulate-expire", identifier: identifier))
+            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
+            print("expiration delivered to \(identifier) in launch \(response.launchID ?? "?")")
+        }
+    }
+
+    struct History: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show run records, newest first.")
+        @Argument var app: String?
+        @Option(name: .long) var limit = 20
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let records = try host.send(ControlRequest(verb: "history", app: app, limit: limit)).records ?? []
+            if host.json {
+                let objects = try records.map { try JSONSerialization.jsonObject(with: $0.jsonData()) }
+                FileHandle.standardOutput.write(try JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys]) + Data("\n".utf8))
+                return
+            }
+            if records.isEmpty { print("no launches yet") }
+            for record in records { print(record) }
+        }
+    }
+
+    struct Why: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Explain why a request has not run: every condition holding it back.")
+        @Argument var identifier: String
+        @Option(name: .long, help: "The app, when several submitted the identifier.") var app: String?
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            guard let report = try host.send(ControlRequest(verb: "why", app: app, identifier: identifier)).why else { return }
+            if host.json { return try host.printJSON(report) }
+            print(report.text)
+        }
+    }
+
+    struct Device: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show or override the device conditions scheduling depends on.",
+            discussion: "Each of --power, --network, --idle, --low-power, --refresh, --locked, --gpu takes on, off or auto (back to the machine's value or the default). --app ID --refresh on|off sets an app's own Background App Refresh switch.")
+        @Option(name: .long) var power: String?
+        @Option(name: .long) var network: String?
+        @Option(name: .long) var idle: String?
+        @Option(name: .customLong("low-power")) var lowPower: String?
+        @Option(name: .long) var refresh: String?
+        @Option(name: .long) var locked: String?
+        @Option(name: .long) var gpu: String?
+        @Option(name: .long, help: "With --refresh: the app whose switch to set.") var app: String?
+        @OptionGroup var host: HostOptions
+
+        func validate() throws {
+            for (name, value) in [("power", power), ("network", network), ("idle", idle), ("low-power", lowPower),
+                                  ("refresh", refresh), ("locked", locked), ("gpu", gpu)] {
+                if let value, !["on", "off", "auto"].contains(value) {
+                    throw ValidationError("--\(name) takes on, off or auto, not '\(value)'")
+                }
+            }
+            if app != nil && (refresh == nil || refresh == "auto") { throw ValidationError("--app goes with --refresh on|off") }
+        }
+
+        func run() throws {
+            var changes: [String: String] = [:]
+            for (name, value) in [("power", power), ("network", network), ("idle", idle), ("low-power", lowPower),
+                                  ("refresh", refresh), ("locked", locked), ("gpu", gpu)] {
+                if let value { changes[name] = value }
+            }
+            if let app { changes["app"] = app }
+            guard let conditions = try host.send(ControlRequest(verb: "device", device: changes.isEmpty ? nil : changes)).device else { return }
+            if host.json { return try host.printJSON(conditions) }
+            func line(_ name: String, _ value: Bool, _ key: String) {
+                print("\(name.padding(toLength: 20, withPad: " ", startingAt: 0)) \(value ? "yes" : "no")  (\(conditions.sources[key] ?? "?"))")
+            }
+            line("external power", conditions.externalPower, "externalPower")
+            line("network", conditions.network, "network")
+            line("idle", conditions.idle, "idle")
+            line("low power mode", conditions.lowPowerMode, "lowPowerMode")
+            line("background refresh", conditions.backgroundRefresh, "backgroundRefresh")
+            line("locked", conditions.locked, "locked")
+            line("gpu", conditions.supportedResources & 1 != 0, "supportedResources")
+        }
+    }
+
+    struct Clock: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show the host's clock, or advance a virtual one.",
+            discussion: "bgtask clock advance 15m moves a host started with --clock virtual forward and runs whatever became due.")
+        @Argument(help: "advance") var action: String?
+        @Argument(help: "How far, e.g. 15m.") var amount: DurationArgument?
+        @OptionGroup var host: HostOptions
+
+        func validate() throws {
+            if let action, action != "advance" { throw ValidationError("unknown clock action '\(action)' (known: advance)") }
+            if action == "advance" && amount == nil { throw ValidationError("clock advance needs a duration, e.g. 15m") }
+        }
+
+        func run() throws {
+            let seconds = amount.map { Double($0.duration.components.seconds) + Double($0.duration.components.attoseconds) / 1e18 }
+            guard let clock = try host.send(ControlRequest(verb: "clock", advance: seconds)).clock else { return }
+            if host.json { return try host.printJSON(clock) }
+            print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
+        }
+    }
+}

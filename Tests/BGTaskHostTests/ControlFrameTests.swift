@@ -1,0 +1,345 @@
+@testable import BGTaskHost
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A connected `socketpair(AF_UNIX, SOCK_STREAM)`. Either end may be closed early with
+/// `closeA()`/`closeB()`; `close()` closes whatever is still open.
+private final class StreamPair: @unchecked Sendable {
+    private(set) var a: Int32
+    private(set) var b: Int32
+
+    init() throws {
+        var fds: [Int32] = [-1, -1]
+        let kind = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        try #require(socketpair(AF_UNIX, kind, 0, &fds) == 0, "socketpair: \(String(cString: strerror(errno)))")
+        a = fds[0]
+        b = fds[1]
+    }
+
+    func closeA() { if a >= 0 { _ = Glibc.close(a); a = -1 } }
+    func closeB() { if b >= 0 { _ = Glibc.close(b); b = -1 } }
+    func close() { closeA(); closeB() }
+
+    /// Writes raw bytes to `a` (small amounts: they fit in the socket buffer).
+    func rawWrite(_ bytes: [UInt8]) {
+        let sent = bytes.withUnsafeBytes { send(a, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        #expect(sent == bytes.count)
+    }
+
+    /// What is waiting on `b` right now, without blocking.
+    func pending(on fd: Int32) -> [UInt8] {
+        var result: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if n <= 0 { return result }
+            result += buffer[0..<n]
+        }
+    }
+}
+
+/// Runs `body` on a new thread; `wait()` joins it and returns what it returned (checked on the
+/// test's own thread, where Swift Testing attributes failures to the test).
+private final class Background<T>: @unchecked Sendable {
+    private let done = DispatchSemaphore(value: 0)
+    private var result: T?
+
+    init(_ body: @escaping @Sendable () -> T) {
+        let thread = Thread { [self] in
+            result = body()
+            done.signal()
+        }
+        thread.start()
+    }
+
+    @discardableResult
+    func wait() -> T {
+        done.wait()
+        return result!
+    }
+}
+
+/// Writes one frame, returning the error instead of throwing it.
+private func writeFrame(_ payload: Data, to fd: Int32) -> ControlFrame.FrameError? {
+    do throws(ControlFrame.FrameError) {
+        try ControlFrame.write(payload, to: fd)
+        return nil
+    } catch {
+        return error
+    }
+}
+
+private func header(magic: (UInt8, UInt8) = (0x42, 0x47), version: UInt8 = 1, flags: UInt8 = 0, length: UInt32) -> [UInt8] {
+    [magic.0, magic.1, version, flags,
+     UInt8(length >> 24), UInt8((length >> 16) & 0xff), UInt8((length >> 8) & 0xff), UInt8(length & 0xff)]
+}
+
+private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
+    Data((0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ Int(seed)) })
+}
+
+@Suite struct ControlFrameTests {
+    // MARK: Encoding and header validation
+
+    @Test func encodeWritesTheHeaderThenThePayload() throws {
+        let frame = try ControlFrame.encode(Data("{\"a\":1}".utf8))
+        #expect(Array(frame) == [0x42, 0x47, 1, 0, 0, 0, 0, 7] + Array("{\"a\":1}".utf8))
+        #expect(Array(try ControlFrame.encode(Data())) == [0x42, 0x47, 1, 0, 0, 0, 0, 0])
+        let big = try ControlFrame.encode(payload(0x010203))
+        #expect(Array(big.prefix(8)) == [0x42, 0x47, 1, 0, 0, 0x01, 0x02, 0x03])
+        #expect(big.count == 8 + 0x010203)
+    }
+
+    @Test func encodeRefusesOversizedPayloads() throws {
+        _ = try ControlFrame.encode(payload(ControlFrame.maximumPayload))
+        let error = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.encode(payload(ControlFrame.maximumPayload + 1))
+        }
+        #expect(error?.code == .oversized)
+        #expect(error?.description.contains("\(ControlFrame.maximumPayload + 1)") == true, "\(error!)")
+        #expect(error?.description.contains("\(ControlFrame.maximumPayload)") == true)
+    }
+
+    @Test func payloadLengthOfValidHeaders() throws {
+        #expect(try ControlFrame.payloadLength(header: header(length: 0)) == 0)
+        #expect(try ControlFrame.payloadLength(header: header(length: 0x1234)) == 0x1234)
+        #expect(try ControlFrame.payloadLength(header: header(length: UInt32(ControlFrame.maximumPayload))) == ControlFrame.maximumPayload)
+    }
+
+    @Test func payloadLengthRejectsBadHeaders() {
+        let magic = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: Array("ABCDEFGH".utf8))
+        }
+        #expect(magic?.code == .badMagic)
+        #expect(magic?.description == "frame header has magic 0x4142, expected 0x4247 (\"BG\")")
+
+        let version = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: header(version: 2, length: 4))
+        }
+        #expect(version?.code == .unsupportedVersion)
+        #expect(version?.description.contains("version 2") == true, "\(version!)")
+        #expect(version?.description.contains("version 1") == true, "\(version!)")
+
+        let oversized = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: header(length: UInt32(ControlFrame.maximumPayload + 1)))
+        }
+        #expect(oversized?.code == .oversized)
+        #expect(oversized?.description.contains("\(ControlFrame.maximumPayload + 1)") == true, "\(oversized!)")
+        #expect(oversized?.description.contains("limit of \(ControlFrame.maximumPayload)") == true, "\(oversized!)")
+
+        let huge = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: header(length: .max))
+        }
+        #expect(huge?.code == .oversized)
+        #expect(huge?.description.contains("\(UInt32.max)") == true)
+
+        let flags = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: header(flags: 0x80, length: 4))
+        }
+        #expect(flags?.code == .unsupportedVersion)
+        #expect(flags?.description.contains("flags 0x80") == true, "\(flags!)")
+
+        let short = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.payloadLength(header: [0x42, 0x47, 1])
+        }
+        #expect(short?.code == .truncated)
+    }
+
+    // MARK: Round trips over a real socketpair
+
+    @Test(arguments: [0, 1, 13, 4096, 65_537])
+    func roundTrip(_ size: Int) throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let sent = payload(size, seed: 7)
+        let writer = Background { [a = pair.a] in writeFrame(sent, to: a) }
+        let received = try ControlFrame.read(from: pair.b)
+        #expect(writer.wait() == nil)
+        #expect(received == sent)
+        #expect(pair.pending(on: pair.b).isEmpty, "nothing past the frame")
+    }
+
+    @Test func roundTripOfExactlyTheMaximumPayload() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let sent = payload(ControlFrame.maximumPayload, seed: 3)
+        // A megabyte does not fit in the socket buffer: the writer blocks until the reader reads.
+        let writer = Background { [a = pair.a] in writeFrame(sent, to: a) }
+        let received = try ControlFrame.read(from: pair.b)
+        #expect(writer.wait() == nil)
+        #expect(received?.count == ControlFrame.maximumPayload)
+        #expect(received == sent)
+    }
+
+    @Test func severalFramesBackToBack() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let messages = [Data("{\"op\":\"list\"}".utf8), Data(), Data("{\"op\":\"why\",\"id\":\"com.example\"}".utf8), payload(3000)]
+        for message in messages { try ControlFrame.write(message, to: pair.a) }
+        pair.closeA()
+        for message in messages {
+            #expect(try ControlFrame.read(from: pair.b) == message)
+        }
+        #expect(try ControlFrame.read(from: pair.b) == nil, "clean end of stream after the last frame")
+    }
+
+    @Test func frameSplitIntoOneByteWrites() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let sent = Data("{\"op\":\"submit\",\"identifier\":\"com.example.feed.refresh\"}".utf8)
+        let bytes = Array(try ControlFrame.encode(sent)) + Array(try ControlFrame.encode(Data("{}".utf8)))
+        let writer = Background { [a = pair.a] in
+            var written = 0
+            for byte in bytes {
+                var one = byte
+                if send(a, &one, 1, Int32(MSG_NOSIGNAL)) == 1 { written += 1 }
+                usleep(200)
+            }
+            return written
+        }
+        #expect(try ControlFrame.read(from: pair.b) == sent)
+        #expect(try ControlFrame.read(from: pair.b) == Data("{}".utf8))
+        #expect(writer.wait() == bytes.count)
+    }
+
+    // MARK: Bad frames
+
+    @Test func garbageHeader() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite(Array("ABCDEFGH{}".utf8))
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .badMagic)
+        #expect(error?.description.contains("0x4142") == true)
+        #expect(error?.description.contains("0x4247") == true)
+        #expect(pair.pending(on: pair.b) == Array("{}".utf8), "exactly the header was consumed")
+    }
+
+    @Test func wrongVersion() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite(header(version: 9, length: 2) + Array("{}".utf8))
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .unsupportedVersion)
+        #expect(error?.description.contains("9") == true)
+        #expect(error?.description.contains("1") == true)
+    }
+
+    @Test func nonZeroFlags() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite(header(flags: 1, length: 2) + Array("{}".utf8))
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .unsupportedVersion)
+        #expect(error?.description.contains("flags") == true)
+    }
+
+    @Test func oversizedLengthIsRejectedBeforeReadingThePayload() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        // The writer stays open and sends only a few bytes of the announced 4 GiB: a reader that
+        // tried to allocate or read the payload would block or run out of memory here.
+        pair.rawWrite(header(length: .max) + Array("tail".utf8))
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .oversized)
+        #expect(error?.description.contains("\(UInt32.max)") == true, "\(error!)")
+        #expect(error?.description.contains("\(ControlFrame.maximumPayload)") == true, "\(error!)")
+        #expect(pair.pending(on: pair.b) == Array("tail".utf8), "the payload was not read")
+
+        pair.rawWrite(header(length: UInt32(ControlFrame.maximumPayload + 1)))
+        let justOver = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(justOver?.code == .oversized)
+    }
+
+    @Test func truncatedHeader() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite([0x42, 0x47, 1])
+        pair.closeA()
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .truncated)
+        #expect(error?.description.contains("3 of 8") == true, "\(error!)")
+    }
+
+    @Test func truncatedPayload() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite(header(length: 10) + Array("{\"a\"".utf8))
+        pair.closeA()
+        let error = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(error?.code == .truncated)
+        #expect(error?.description.contains("4 of 10") == true, "\(error!)")
+    }
+
+    @Test func peerClosedBeforeAnything() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.closeA()
+        #expect(try ControlFrame.read(from: pair.b) == nil)
+        #expect(try ControlFrame.read(from: pair.b) == nil, "still nil when asked again")
+    }
+
+    @Test func receiveTimeoutEndsTheReadInsteadOfWaitingForever() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        #expect(setsockopt(pair.b, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size)) == 0)
+        let idle = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(idle?.code == .closed)
+        #expect(idle?.description.contains("timed out after 0 of 8 bytes of a frame header") == true, "\(idle!)")
+        pair.rawWrite(header(length: 100) + Array("{\"op\"".utf8))
+        let stalled = #expect(throws: ControlFrame.FrameError.self) { try ControlFrame.read(from: pair.b) }
+        #expect(stalled?.code == .closed)
+        #expect(stalled?.description.contains("after 5 of 100 bytes of a frame payload") == true, "\(stalled!)")
+    }
+
+    @Test func sendTimeoutEndsTheWriteInsteadOfWaitingForever() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        #expect(setsockopt(pair.a, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size)) == 0)
+        // Nobody reads b: a megabyte cannot fit in the socket buffers.
+        let error = writeFrame(payload(ControlFrame.maximumPayload), to: pair.a)
+        #expect(error?.code == .closed)
+        #expect(error?.description.contains("timed out") == true, "\(String(describing: error))")
+    }
+
+    @Test func writingToAClosedPeerIsClosedNotSIGPIPE() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.closeB()
+        // Without MSG_NOSIGNAL this would raise SIGPIPE and kill the test process.
+        let error = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.write(Data("{\"op\":\"list\"}".utf8), to: pair.a)
+        }
+        #expect(error?.code == .closed)
+        // And a large frame the peer stops reading halfway through.
+        let other = try StreamPair()
+        defer { other.close() }
+        // The reader takes the first kilobyte, then closes while the writer is blocked on a
+        // full socket buffer.
+        let reader = Background { [other] in
+            var buffer = [UInt8](repeating: 0, count: 1000)
+            let n = buffer.withUnsafeMutableBytes { recv(other.b, $0.baseAddress, $0.count, Int32(MSG_WAITALL)) }
+            other.closeB()
+            return n
+        }
+        let midway = writeFrame(payload(ControlFrame.maximumPayload), to: other.a)
+        #expect(reader.wait() == 1000)
+        #expect(midway?.code == .closed)
+        #expect(midway?.description.contains("peer closed") == true, "\(midway!)")
+    }
+
+    @Test func writeRefusesOversizedPayloadWithoutWritingAnything() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let error = #expect(throws: ControlFrame.FrameError.self) {
+            try ControlFrame.write(payload(ControlFrame.maximumPayload + 1), to: pair.a)
+        }
+        #expect(error?.code == .oversized)
+        #expect(pair.pending(on: pair.b).isEmpty)
+    }
+}
