@@ -242,6 +242,7 @@ final class Runner: @unchecked Sendable {
     /// The parent hung up: nobody supervises this launch any more, so end it and every
     /// process it started.
     func parentLost() -> Never {
+        killDescendants()
         kill(0, SIGKILL)
         _exit(RunnerExitStatus.channelLost)
     }

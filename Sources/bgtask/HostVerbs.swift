@@ -98,18 +98,18 @@ extension BGTaskCommand {
 
         func run() throws {
             var earliestDate: Double?
+            var delay: Double?
             switch earliest?.value {
             case .absolute(let date): earliestDate = date.timeIntervalSince1970
-            case .relative(let seconds):
-                let now = try host.send(ControlRequest(verb: "clock")).clock?.now ?? Date()
-                earliestDate = now.addingTimeInterval(seconds).timeIntervalSince1970
+            case .relative(let seconds): delay = seconds // from the host's clock, which may be virtual
             case nil: break
             }
             let request = WireTaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
                                           requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower)
-            _ = try host.send(ControlRequest(verb: "submit", app: app, request: request))
+            _ = try host.send(ControlRequest(verb: "submit", app: app, request: request, delay: delay))
+            let stored = try host.send(ControlRequest(verb: "pending", app: app)).pending?.first { $0.request.identifier == identifier }
             if host.json { return try host.printJSON(["submitted": identifier]) }
-            print("submitted \(type.rawValue) \(identifier) for \(app)\(earliestDate.map { ", not before \(dateText(Date(timeIntervalSince1970: $0)))" } ?? "")")
+            print("submitted \(type.rawValue) \(identifier) for \(app)\(stored?.earliest.map { ", not before \(dateText($0))" } ?? "")")
         }
     }
 

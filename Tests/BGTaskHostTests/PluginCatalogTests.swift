@@ -512,6 +512,24 @@ private let debounce: Duration = .milliseconds(100)
         #expect(throws: BGTaskError.self) { try PluginDirectoryWatcher(directory: file) {}.stop() }
     }
 
+    @Test func stoppedWatchersCloseTheirDescriptors() throws {
+        let fixture = try PCFixture()
+        defer { fixture.remove() }
+        /// This process's inotify descriptors (other tests' watchers, running in parallel, count
+        /// too: hence the margin below).
+        func inotifyDescriptors() -> Int {
+            let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+            return fds.filter { fd in
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")) == "anon_inode:inotify"
+            }.count
+        }
+        let before = inotifyDescriptors()
+        for _ in 0..<40 {
+            try PluginDirectoryWatcher(directory: fixture.plugins, debounce: debounce) {}.stop()
+        }
+        #expect(inotifyDescriptors() < before + 20, "40 stopped watchers left their inotify descriptors open")
+    }
+
     @Test func pollTimeoutsRoundUp() {
         #expect(PluginWatchLoop.milliseconds(.zero) == 0)
         #expect(PluginWatchLoop.milliseconds(.nanoseconds(1)) == 1)

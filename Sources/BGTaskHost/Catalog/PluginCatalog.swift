@@ -54,7 +54,7 @@ public struct PluginCatalog: Sendable, Equatable {
                 let whose = clash.kind == .app ? "" : " (the identifier of its extension \(clash.url.lastPathComponent))"
                 catalog.invalid[path] = BGTaskError(
                     .invalidBundle, file: clash.infoPlistURL.path, key: "CFBundleIdentifier",
-                    "'\(clash.identifier)'\(whose) is also the identifier of \(owner), which comes first by name and is the one used: \(path) is ignored")
+                    "'\(clash.identifier)'\(whose) is also the identifier of \(owner); the bundle first by name is kept, so \(path) is ignored")
                 continue
             }
             for claimant in claimed { owners[claimant.identifier] = claimant.url.path }

@@ -16,10 +16,12 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     public var advance: Double?
     public var limit: Int?
     public var event: String?
+    /// `submit`: earliestBeginDate as seconds from the host's now (its clock may be virtual).
+    public var delay: Double?
 
     public init(verb: String, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
-                limit: Int? = nil, event: String? = nil) {
+                limit: Int? = nil, event: String? = nil, delay: Double? = nil) {
         self.verb = verb
         self.app = app
         self.identifier = identifier
@@ -30,6 +32,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
         self.advance = advance
         self.limit = limit
         self.event = event
+        self.delay = delay
     }
 
     public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",

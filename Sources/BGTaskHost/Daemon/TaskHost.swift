@@ -462,8 +462,11 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func controlSubmit(_ request: ControlRequest) -> ControlResponse {
-        guard let app = request.app, let task = request.request else {
+        guard let app = request.app, var task = request.request else {
             return .failure("bad-request", "submit needs an app and a request")
+        }
+        if let delay = request.delay {
+            task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
         }
         guard let bundle = queue.sync(execute: { catalog.apps[app] }) else {
             return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")

@@ -97,15 +97,32 @@ public struct RunRecord: Codable, Sendable, Equatable {
 
     public func jsonData(pretty: Bool = false) throws -> Data {
         let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
+        // ISO 8601 with milliseconds: a record read back equals the one written.
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            var container = encoder.singleValueContainer()
+            try container.encode(Self.dateFormatter(fractional: true).string(from: date))
+        }
         encoder.outputFormatting = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
         return try encoder.encode(self)
     }
 
     public static func decode(_ data: Data) throws -> RunRecord {
         let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
+        decoder.dateDecodingStrategy = .custom { decoder in
+            let container = try decoder.singleValueContainer()
+            let text = try container.decode(String.self)
+            guard let date = dateFormatter(fractional: true).date(from: text) ?? dateFormatter(fractional: false).date(from: text) else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "not an ISO 8601 date: \(text)")
+            }
+            return date
+        }
         return try decoder.decode(RunRecord.self, from: data)
+    }
+
+    static func dateFormatter(fractional: Bool) -> ISO8601DateFormatter {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = fractional ? [.withInternetDateTime, .withFractionalSeconds] : [.withInternetDateTime]
+        return formatter
     }
 }
 

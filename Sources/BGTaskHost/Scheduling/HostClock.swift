@@ -19,7 +19,8 @@ public final class HostClock: @unchecked Sendable {
         if let saved = try store.setting(Self.settingKey), let seconds = Double(saved) {
             virtualNow = Date(timeIntervalSince1970: seconds)
         } else {
-            virtualNow = Date()
+            // A whole second, so that dates printed to the second are exact.
+            virtualNow = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
             if mode == .virtual { try store.setSetting(Self.settingKey, "\(virtualNow.timeIntervalSince1970)") }
         }
     }

@@ -113,6 +113,8 @@ public final class PendingRequestStore: @unchecked Sendable {
     ) throws(BGTaskError) -> SubmissionRules.Rejection? {
         try write("submit \(request.identifier) for \(app)") { db in
             let current = try Self.fetchRequests(db, where: "app = ?", [app])
+            // `check` runs inside the write transaction (so nothing changes between the check and
+            // the insert): it must be quick and must not call back into the store.
             if let rejection = check(current.map(\.request)) { return rejection }
             try db.execute(
                 sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL",
@@ -290,14 +292,17 @@ public final class PendingRequestStore: @unchecked Sendable {
     public func history(app: String?, limit: Int) throws(BGTaskError) -> [RunRecord] {
         try read("read the launch history") { db in
             let limit = max(0, limit)
+            // `record IS NOT NULL` (the same as state = 'ended') rather than `state = ...`, so
+            // SQLite walks launch_started backwards and stops at the limit instead of sorting
+            // every ended launch.
             let texts: [String]
             if let app {
                 texts = try String.fetchAll(
-                    db, sql: "SELECT record FROM launch WHERE app = ? AND state = 'ended' ORDER BY started_at DESC, id DESC LIMIT ?",
+                    db, sql: "SELECT record FROM launch WHERE app = ? AND record IS NOT NULL ORDER BY started_at DESC, id DESC LIMIT ?",
                     arguments: [app, limit])
             } else {
                 texts = try String.fetchAll(
-                    db, sql: "SELECT record FROM launch WHERE state = 'ended' ORDER BY started_at DESC, id DESC LIMIT ?",
+                    db, sql: "SELECT record FROM launch WHERE record IS NOT NULL ORDER BY started_at DESC, id DESC LIMIT ?",
                     arguments: [limit])
             }
             return try texts.map { try RunRecord.decode(Data($0.utf8)) }

@@ -9,6 +9,9 @@ enum StoreSchema {
         migrator.registerMigration("v1") { db in
             try db.execute(sql: v1)
         }
+        migrator.registerMigration("v2") { db in
+            try db.execute(sql: v2)
+        }
         return migrator
     }
 
@@ -57,7 +60,7 @@ enum StoreSchema {
         CREATE INDEX request_pending_identifier ON request(identifier, app) WHERE running_launch IS NULL;
         -- submit's view of an app (pending and running), in submission order
         CREATE INDEX request_app ON request(app, seq);
-        -- finishLaunch / recovery, and the foreign key
+        -- finishLaunch / recovery, and the foreign key (made partial by v2)
         CREATE INDEX request_running ON request(running_launch);
 
         CREATE TABLE app_state (
@@ -74,5 +77,16 @@ enum StoreSchema {
             key TEXT PRIMARY KEY NOT NULL,
             value TEXT NOT NULL
         );
+        """
+}
+
+extension StoreSchema {
+    /// v1's full index on running_launch let SQLite answer `running_launch IS NULL` (dueApps,
+    /// nextDueDate) by walking every pending row through it instead of searching
+    /// request_pending_due. Partial, it still serves `running_launch = ?` (finishLaunch,
+    /// recovery, the foreign key) and no longer competes.
+    static let v2 = """
+        DROP INDEX request_running;
+        CREATE INDEX request_running ON request(running_launch) WHERE running_launch IS NOT NULL;
         """
 }

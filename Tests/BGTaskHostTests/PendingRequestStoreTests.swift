@@ -1,0 +1,647 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import GRDB
+import Synchronization
+import Testing
+
+/// A temporary directory per test; the state directory inside it is created by the store.
+private struct StoreScratch {
+    let url: URL
+
+    init() throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("bgtask-store-test-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    var state: URL { url.appendingPathComponent("state") }
+    var databasePath: String { state.appendingPathComponent("bgtask.sqlite").path }
+
+    /// A store on the state directory: each call is a new instance, as after a host restart.
+    func open() throws -> PendingRequestStore { try PendingRequestStore(directory: state) }
+
+    func remove() {
+        _ = chmod(url.path, 0o755)
+        _ = chmod(state.path, 0o755)
+        try? FileManager.default.removeItem(at: url)
+    }
+}
+
+private let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+private let feed = "com.example.feed"
+private let mail = "com.example.mail"
+
+private func refresh(_ identifier: String, earliest: Date? = nil) -> WireTaskRequest {
+    WireTaskRequest(kind: .refresh, identifier: identifier, earliestBeginDate: earliest?.timeIntervalSince1970)
+}
+
+private func processing(_ identifier: String, earliest: Date? = nil) -> WireTaskRequest {
+    WireTaskRequest(
+        kind: .processing, identifier: identifier, earliestBeginDate: earliest?.timeIntervalSince1970,
+        requiresNetworkConnectivity: true, requiresExternalPower: true)
+}
+
+/// A bundle built in memory: SubmissionRules only looks at its Info.plist values.
+private func bundle(_ identifier: String) -> PluginBundle {
+    PluginBundle(
+        kind: .app, url: URL(fileURLWithPath: "/nonexistent/\(identifier).app"), identifier: identifier,
+        executableName: "libApp.so",
+        permittedIdentifiers: ["\(identifier).refresh", "\(identifier).other-refresh", "\(identifier).clean", "\(identifier).clean2", "\(identifier).export.*"],
+        backgroundModes: ["fetch", "processing"], mappedHandlers: [], entitlements: [:], extensionPoint: nil,
+        extensions: [], invalidExtensions: [])
+}
+
+extension PendingRequestStore {
+    /// Submits with Apple's rules for an in-memory bundle of `app`; fails the test on rejection.
+    fileprivate func submitChecked(_ request: WireTaskRequest, app: String, at date: Date = t0) throws -> SubmissionRules.Rejection? {
+        try submit(app: app, request: request, at: date) { SubmissionRules.check(request, app: bundle(app), pending: $0) }
+    }
+
+    fileprivate func accept(_ request: WireTaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let rejection = try submitChecked(request, app: app, at: date)
+        #expect(rejection == nil, "rejected: \(rejection?.message ?? "")", sourceLocation: sourceLocation)
+    }
+
+    /// Submits without Apple's rules (an identifier the in-memory bundle does not permit).
+    fileprivate func put(_ request: WireTaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let rejection = try submit(app: app, request: request, at: date) { _ in nil }
+        #expect(rejection == nil, sourceLocation: sourceLocation)
+    }
+
+    /// Every row of the request table (pending and running), for duplicate checks.
+    fileprivate func allRows() throws -> [StoredRequest] {
+        try pool.read { db in try Self.fetchRequests(db, where: "1", []) }
+    }
+}
+
+private func runRecord(
+    _ launchID: String, app: String, startedAt: Date, termination: RunRecord.Termination = .exited,
+    tasks: [WireTaskRequest]
+) -> RunRecord {
+    RunRecord(
+        app: app, launchID: launchID, reason: "scheduled",
+        tasks: tasks.map {
+            RunRecord.TaskRecord(
+                identifier: $0.identifier, type: $0.kind, outcome: termination == .hostLost ? .unfinished : .succeeded,
+                startedMs: 10.5, completedMs: termination == .hostLost ? nil : 14.25, expiredMs: nil,
+                expirationHandled: nil, success: termination == .hostLost ? nil : true)
+        },
+        termination: termination, signal: nil, exitStatus: termination == .exited ? 0 : nil,
+        error: termination == .hostLost ? "the host stopped during the launch" : nil,
+        wallMs: 15.75, cpuMs: 14.5, peakRSSBytes: 29_300_000, memoryLimitBytes: 268_435_456,
+        memoryMechanism: "sampler", budgetMs: 30_000, graceMs: 5_000, expiredAtMs: nil, pid: 9840,
+        startedAt: startedAt, bundlePath: "/plugins/\(app).app", log: "/state/logs/\(launchID).log",
+        registered: tasks.map(\.identifier), refusedRegistrations: ["\(app).nope"],
+        submitted: [refresh("\(app).refresh", earliest: startedAt.addingTimeInterval(900))])
+}
+
+private func assignments(_ requests: [WireTaskRequest]) -> [TaskAssignment] {
+    requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.identifier, kind: $0.element.kind) }
+}
+
+/// Runs `body`, expecting a BGTaskError; returns it.
+private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) -> BGTaskError? {
+    do {
+        try body()
+        Issue.record("expected a BGTaskError, nothing was thrown", sourceLocation: sourceLocation)
+        return nil
+    } catch let error as BGTaskError {
+        return error
+    } catch {
+        Issue.record("expected a BGTaskError, got \(type(of: error)): \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
+
+@Suite struct PendingRequestStoreTests {
+    // MARK: Opening
+
+    @Test func createsTheDirectoryAndOpensInWALWithFullSyncAndForeignKeys() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try PendingRequestStore(directory: scratch.state.appendingPathComponent("nested/deeper"))
+        #expect(store.databaseURL.lastPathComponent == "bgtask.sqlite")
+        #expect(FileManager.default.fileExists(atPath: store.databaseURL.path))
+        try store.pool.writeWithoutTransaction { db in
+            #expect(try String.fetchOne(db, sql: "PRAGMA journal_mode") == "wal")
+            #expect(try Int.fetchOne(db, sql: "PRAGMA synchronous") == 2, "synchronous must be FULL (2) on the writer")
+            #expect(try Int.fetchOne(db, sql: "PRAGMA foreign_keys") == 1)
+            #expect(try Int.fetchOne(db, sql: "PRAGMA busy_timeout") ?? 0 > 0)
+            let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table'")
+            for table in ["request", "launch", "app_state", "setting"] {
+                #expect(tables.contains(table), "missing table \(table)")
+            }
+        }
+    }
+
+    @Test func aGarbageFileNamedBgtaskSqliteThrowsNamingTheFile() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        try FileManager.default.createDirectory(at: scratch.state, withIntermediateDirectories: true)
+        try Data(String(repeating: "this is not a database, it is a shopping list\n", count: 100).utf8)
+            .write(to: URL(fileURLWithPath: scratch.databasePath))
+        let error = expectStoreError { _ = try scratch.open() }
+        #expect(error?.code == .system)
+        #expect(error?.file == scratch.databasePath)
+        #expect(error?.description.contains(scratch.databasePath) == true, "\(String(describing: error))")
+        #expect(error?.description.contains("not an SQLite database") == true, "\(String(describing: error))")
+        #expect(error?.description.contains("move it aside") == true, "\(String(describing: error))")
+    }
+
+    @Test func aCorruptDatabaseThrowsSayingSoInsteadOfCrashing() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        do {
+            let store = try scratch.open()
+            for index in 0..<200 {
+                try store.put(processing("com.example.app\(index).clean", earliest: t0), app: "com.example.app\(index)")
+            }
+        } // closing the last connection checkpoints the WAL into the file
+        // Keep page 1 (the header and schema), overwrite the rest with garbage.
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.databasePath))
+        let size = try handle.seekToEnd()
+        #expect(size > 8192)
+        try handle.seek(toOffset: 4096)
+        try handle.write(contentsOf: Data(repeating: 0xA5, count: Int(size) - 4096))
+        try handle.close()
+
+        let error = expectStoreError {
+            let store = try scratch.open()
+            _ = try store.pending(app: nil)
+            _ = try store.dueApps(at: t0)
+        }
+        #expect(error?.code == .system)
+        #expect(error?.file == scratch.databasePath)
+        #expect(error?.description.contains(scratch.databasePath) == true, "\(String(describing: error))")
+        #expect(error?.description.contains("corrupt") == true, "\(String(describing: error))")
+        #expect(error?.description.contains("move it aside") == true, "\(String(describing: error))")
+    }
+
+    @Test func aStateDirectoryThatIsAFileThrowsNamingIt() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        try Data("x".utf8).write(to: scratch.state)
+        let error = expectStoreError { _ = try scratch.open() }
+        #expect(error?.description.contains(scratch.state.path) == true, "\(String(describing: error))")
+    }
+
+    // Root ignores file permissions, so these checks cannot fail for root: skipped there.
+    @Test("a read-only state directory or database file throws naming it (skipped as root, which ignores permissions)",
+          .disabled(if: getuid() == 0, "running as root, which ignores file permissions"))
+    func readOnlyDirectoryOrFileThrowsNamingIt() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        do { _ = try scratch.open() } // creates the database, then closes it
+
+        let file = scratch.databasePath
+        #expect(chmod(file, 0o444) == 0)
+        let fileError = expectStoreError { _ = try scratch.open() }
+        #expect(fileError?.file == file)
+        #expect(fileError?.description.contains(file) == true, "\(String(describing: fileError))")
+        #expect(chmod(file, 0o644) == 0)
+
+        #expect(chmod(scratch.state.path, 0o555) == 0)
+        let directoryError = expectStoreError { _ = try scratch.open() }
+        #expect(directoryError?.description.contains(scratch.state.path) == true, "\(String(describing: directoryError))")
+        #expect(directoryError?.description.contains("not writable") == true, "\(String(describing: directoryError))")
+    }
+
+    // MARK: Requests
+
+    @Test func submitReplaceCancelAndPendingOrder() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let full = WireTaskRequest(
+            kind: .continuedProcessing, identifier: "\(feed).export.photos", earliestBeginDate: 1_800_000_123.5,
+            requiresNetworkConnectivity: true, requiresExternalPower: false, protectionType: 3,
+            title: "Exporting", subtitle: "12 photos", strategyFail: true, requiredResources: 1)
+        try store.accept(refresh("\(feed).refresh", earliest: t0.addingTimeInterval(60)), app: feed, at: t0)
+        try store.accept(processing("\(feed).clean"), app: feed, at: t0.addingTimeInterval(1))
+        #expect(try store.submit(app: feed, request: full, at: t0.addingTimeInterval(2.25)) { _ in nil } == nil)
+
+        var pending = try store.pending(app: feed)
+        #expect(pending.map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean", "\(feed).export.photos"])
+        // Every field survives the round trip.
+        #expect(pending[2] == StoredRequest(app: feed, request: full, submittedAt: t0.addingTimeInterval(2.25)))
+        #expect(pending[0].earliest == t0.addingTimeInterval(60))
+        #expect(pending[1].request == processing("\(feed).clean"))
+        #expect(pending.allSatisfy { $0.runningLaunch == nil })
+
+        // Submitting an identifier again replaces its pending request: one row, the new values,
+        // and it is now the newest submission.
+        try store.accept(refresh("\(feed).refresh", earliest: t0.addingTimeInterval(600)), app: feed, at: t0.addingTimeInterval(3))
+        pending = try store.pending(app: feed)
+        #expect(pending.map(\.request.identifier) == ["\(feed).clean", "\(feed).export.photos", "\(feed).refresh"])
+        #expect(pending[2].earliest == t0.addingTimeInterval(600))
+        #expect(pending[2].submittedAt == t0.addingTimeInterval(3))
+        #expect(try store.pendingRequest(identifier: "\(feed).refresh")?.request.earliestBeginDate == t0.addingTimeInterval(600).timeIntervalSince1970)
+
+        #expect(try store.cancel(app: feed, identifier: "\(feed).clean") == 1)
+        #expect(try store.cancel(app: feed, identifier: "\(feed).clean") == 0)
+        #expect(try store.cancel(app: feed, identifier: "\(feed).unknown") == 0)
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).export.photos", "\(feed).refresh"])
+        #expect(try store.pendingRequest(identifier: "\(feed).clean") == nil)
+
+        #expect(try store.cancel(app: feed, identifier: nil) == 2)
+        #expect(try store.pending(app: feed).isEmpty)
+        #expect(try store.pending(app: nil).isEmpty)
+    }
+
+    @Test func checkSeesExistingRequestsAndItsRejectionStoresNothing() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        try store.accept(refresh("\(feed).refresh"), app: feed)
+        try store.accept(processing("\(feed).clean"), app: feed)
+        try store.accept(refresh("\(mail).refresh"), app: mail)
+
+        var seen: [WireTaskRequest] = []
+        let rejection = SubmissionRules.Rejection(status: .notPermitted, message: "no")
+        #expect(try store.submit(app: feed, request: refresh("\(feed).x"), at: t0) { seen = $0; return rejection } == rejection)
+        // The app's own requests, in submission order; not another app's.
+        #expect(seen == [refresh("\(feed).refresh"), processing("\(feed).clean")])
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean"])
+
+        // Apple's rules through the store: a second refresh identifier is one too many, and the
+        // rejection leaves the existing one in place; resubmitting the same identifier is fine.
+        let tooMany = try store.submitChecked(refresh("\(feed).other-refresh"), app: feed)
+        #expect(tooMany?.status == .tooManyPendingTaskRequests)
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean"])
+        try store.accept(refresh("\(feed).refresh", earliest: t0.addingTimeInterval(5)), app: feed)
+        #expect(try store.pending(app: feed).count == 2)
+
+        // A rejection that replaces nothing: the pending request with the same identifier stays.
+        #expect(try store.submit(app: feed, request: refresh("\(feed).refresh"), at: t0) { _ in rejection } == rejection)
+        #expect(try store.pendingRequest(identifier: "\(feed).refresh")?.earliest == t0.addingTimeInterval(5))
+    }
+
+    @Test func appsAreIsolated() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let shared = "com.example.shared.refresh"
+        try store.accept(refresh("\(mail).refresh"), app: mail, at: t0)
+        try store.put(refresh(shared), app: mail, at: t0.addingTimeInterval(1))
+        try store.accept(refresh("\(feed).refresh"), app: feed, at: t0.addingTimeInterval(2))
+        try store.put(refresh(shared), app: feed, at: t0.addingTimeInterval(3))
+
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh", shared])
+        #expect(try store.pending(app: mail).map(\.request.identifier) == ["\(mail).refresh", shared])
+        #expect(try store.pending(app: nil).map(\.app) == [mail, mail, feed, feed])
+        // Two apps with the same identifier: the first by app name.
+        #expect(try store.pendingRequest(identifier: shared)?.app == feed)
+
+        #expect(try store.cancel(app: feed, identifier: shared) == 1)
+        #expect(try store.pendingRequest(identifier: shared)?.app == mail)
+        #expect(try store.cancel(app: feed, identifier: nil) == 1)
+        #expect(try store.pending(app: mail).count == 2)
+        #expect(try store.removeApp(mail) == 2)
+        #expect(try store.pending(app: nil).isEmpty)
+    }
+
+    @Test func dueAppsAndNextDueDate() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        #expect(try store.dueApps(at: t0).isEmpty)
+        #expect(try store.nextDueDate(after: t0) == nil)
+
+        try store.accept(refresh("a.x.refresh"), app: "a.x")                                      // nil: due now
+        try store.accept(refresh("b.x.refresh", earliest: t0.addingTimeInterval(-60)), app: "b.x") // past
+        try store.accept(refresh("c.x.refresh", earliest: t0), app: "c.x")                         // exactly now
+        try store.accept(refresh("d.x.refresh", earliest: t0.addingTimeInterval(100)), app: "d.x") // future
+        try store.accept(processing("d.x.clean", earliest: t0.addingTimeInterval(50)), app: "d.x") // sooner
+        try store.accept(refresh("e.x.refresh", earliest: t0.addingTimeInterval(3600)), app: "e.x")
+
+        #expect(try store.dueApps(at: t0) == ["a.x", "b.x", "c.x"])
+        #expect(try store.nextDueDate(after: t0) == t0.addingTimeInterval(50))
+        #expect(try store.dueApps(at: t0.addingTimeInterval(60)) == ["a.x", "b.x", "c.x", "d.x"])
+        #expect(try store.nextDueDate(after: t0.addingTimeInterval(50)) == t0.addingTimeInterval(100))
+        #expect(try store.nextDueDate(after: t0.addingTimeInterval(3600)) == nil)
+
+        // Running requests are not due, and do not set the next date.
+        try store.beginLaunch(id: "L-a", app: "a.x", reason: "scheduled", tasks: assignments([refresh("a.x.refresh")]), at: t0)
+        try store.beginLaunch(id: "L-d", app: "d.x", reason: "scheduled", tasks: assignments([processing("d.x.clean")]), at: t0)
+        #expect(try store.dueApps(at: t0) == ["b.x", "c.x"])
+        #expect(try store.nextDueDate(after: t0) == t0.addingTimeInterval(100))
+        #expect(try store.dueApps(at: t0.addingTimeInterval(99)) == ["b.x", "c.x"])
+        #expect(try store.dueApps(at: t0.addingTimeInterval(100)) == ["b.x", "c.x", "d.x"])
+    }
+
+    @Test func dueAppsAndNextDueDateSearchAnIndexNeverScanRequests() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        for index in 0..<50 {
+            try store.put(refresh("r\(index)", earliest: index % 3 == 0 ? nil : t0.addingTimeInterval(Double(index))), app: "app\(index % 7).x")
+        }
+        let now = t0.timeIntervalSince1970 + 25
+        for (name, sql) in [("dueApps", PendingRequestStore.dueAppsSQL), ("nextDueDate", PendingRequestStore.nextDueDateSQL)] {
+            let plan = try store.pool.read { db in
+                try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + sql, arguments: [now]).map { try $0.decode(String.self, forColumn: "detail") }
+            }
+            let text = plan.joined(separator: " | ")
+            // Every step that reads the table goes through an index.
+            #expect(plan.allSatisfy { !$0.contains("request") || $0.contains("USING INDEX") || $0.contains("USING COVERING INDEX") },
+                    "\(name): \(text)")
+            #expect(text.contains("USING INDEX request_pending_due") || text.contains("USING COVERING INDEX request_pending_due"), "\(name): \(text)")
+            #expect(!text.contains("SCAN request"), "\(name): \(text)")
+        }
+    }
+
+    @Test func aDatabaseWithTheFirstSchemaIsMigratedAndKeepsItsRequests() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        try FileManager.default.createDirectory(at: scratch.state, withIntermediateDirectories: true)
+        do {
+            let pool = try DatabasePool(path: scratch.databasePath)
+            try StoreSchema.migrator.migrate(pool, upTo: "v1")
+            try pool.write { db in
+                try PendingRequestStore.insert(db, app: feed, request: refresh("\(feed).refresh"), submittedAt: t0)
+            }
+        }
+        let store = try scratch.open()
+        #expect(try store.pending(app: feed).map(\.request) == [refresh("\(feed).refresh")])
+        let plan = try store.pool.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + PendingRequestStore.dueAppsSQL, arguments: [t0.timeIntervalSince1970])
+                .map { try $0.decode(String.self, forColumn: "detail") }.joined(separator: " | ")
+        }
+        #expect(plan.contains("request_pending_due") && !plan.contains("request_running"), "\(plan)")
+    }
+
+    // MARK: Launches
+
+    @Test func beginLaunchTakesRequestsAndAResubmissionDuringItIsANewPendingRow() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let r = refresh("\(feed).refresh"), c = processing("\(feed).clean"), x = processing("\(feed).export.x")
+        try store.accept(r, app: feed)
+        try store.accept(c, app: feed)
+        try store.put(x, app: feed)
+        try store.accept(refresh("\(mail).refresh"), app: mail)
+
+        // A task with no pending request (a forced launch) is fine; other apps are untouched.
+        try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([r, c, refresh("\(feed).not-pending")]), at: t0)
+        #expect(try store.pending(app: feed).map(\.request.identifier) == [x.identifier])
+        #expect(try store.pending(app: mail).count == 1)
+        #expect(try store.pendingRequest(identifier: r.identifier) == nil)
+        #expect(try store.allRows().filter { $0.runningLaunch == "L1" }.map(\.request.identifier) == [r.identifier, c.identifier])
+
+        // During the launch the app submits its refresh again: check sees the running one too,
+        // Apple's rules accept it (same identifier), and it is a new pending row beside it.
+        var seen: [WireTaskRequest] = []
+        let again = refresh(r.identifier, earliest: t0.addingTimeInterval(900))
+        #expect(try store.submit(app: feed, request: again, at: t0.addingTimeInterval(1)) {
+            seen = $0
+            return SubmissionRules.check(again, app: bundle(feed), pending: $0)
+        } == nil)
+        #expect(seen.map(\.identifier) == [r.identifier, c.identifier, x.identifier])
+        #expect(try store.pending(app: feed).map(\.request) == [x, again])
+        #expect(try store.allRows().filter { $0.request.identifier == r.identifier }.map(\.runningLaunch) == ["L1", nil])
+        // Cancelling during the launch cancels the pending one, not the running one.
+        #expect(try store.cancel(app: feed, identifier: nil) == 2)
+        #expect(try store.allRows().filter { $0.app == feed }.map(\.runningLaunch) == ["L1", "L1"])
+
+        // A launch id is recorded once.
+        let duplicate = expectStoreError { try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: [], at: t0) }
+        #expect(duplicate?.description.contains("L1") == true)
+        let missing = expectStoreError { try store.setLaunchPID(id: "nope", pid: 1) }
+        #expect(missing?.description.contains("nope") == true)
+    }
+
+    @Test func finishLaunchDeletesOnlyItsRequestsAndHistoryReturnsTheRecord() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let r = refresh("\(feed).refresh"), c = processing("\(feed).clean"), c2 = processing("\(feed).clean2")
+        try store.accept(r, app: feed)
+        try store.accept(c, app: feed)
+        try store.accept(c2, app: feed)
+        try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([r, c]), at: t0)
+        try store.setLaunchPID(id: "L1", pid: 9840)
+        let again = refresh(r.identifier, earliest: t0.addingTimeInterval(900))
+        try store.accept(again, app: feed, at: t0.addingTimeInterval(1))
+
+        let record = runRecord("L1", app: feed, startedAt: t0, tasks: [r, c])
+        try store.finishLaunch(record)
+        #expect(try store.pending(app: feed).map(\.request) == [c2, again])
+        #expect(try store.allRows().count == 2)
+        #expect(try store.interruptedLaunches().isEmpty)
+        // Whole-second start: the record comes back exactly as it went in.
+        #expect(try store.history(app: feed, limit: 10) == [record])
+
+        // A fractional start time: history equals what RunRecord's own JSON round trip gives.
+        let later = runRecord("L2", app: feed, startedAt: t0.addingTimeInterval(60.5), tasks: [c2])
+        try store.beginLaunch(id: "L2", app: feed, reason: "scheduled", tasks: assignments([c2]), at: later.startedAt)
+        try store.finishLaunch(later)
+        #expect(try store.history(app: feed, limit: 10) == [try RunRecord.decode(later.jsonData()), record])
+        #expect(try store.pending(app: feed).map(\.request) == [again])
+
+        // A launch never begun (failed before beginLaunch) is recorded ended.
+        let mailRecord = runRecord("L3", app: mail, startedAt: t0.addingTimeInterval(30), termination: .launchFailed, tasks: [])
+        try store.finishLaunch(mailRecord)
+        #expect(try store.interruptedLaunches().isEmpty)
+        #expect(try store.history(app: mail, limit: 10) == [mailRecord])
+
+        // Newest first by start time, across apps; limit caps.
+        #expect(try store.history(app: nil, limit: 10).map(\.launchID) == ["L2", "L3", "L1"])
+        #expect(try store.history(app: nil, limit: 2).map(\.launchID) == ["L2", "L3"])
+        #expect(try store.history(app: feed, limit: 1).map(\.launchID) == ["L2"])
+        #expect(try store.history(app: nil, limit: 0).isEmpty)
+        #expect(try store.history(app: "com.example.unknown", limit: 10).isEmpty)
+
+        // Same start time: the greater id first.
+        try store.finishLaunch(runRecord("L0", app: mail, startedAt: t0.addingTimeInterval(30), tasks: []))
+        #expect(try store.history(app: mail, limit: 10).map(\.launchID) == ["L3", "L0"])
+    }
+
+    @Test func interruptedLaunchRecoversItsRequestsExactlyOnce() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let r = refresh("\(feed).refresh"), c = processing("\(feed).clean"), c2 = processing("\(feed).clean2")
+        let again = processing(c.identifier, earliest: t0.addingTimeInterval(900))
+        let tasks = assignments([r, c, c2])
+        do {
+            let store = try scratch.open()
+            try store.accept(r, app: feed, at: t0)
+            try store.accept(c, app: feed, at: t0.addingTimeInterval(1))
+            try store.accept(c2, app: feed, at: t0.addingTimeInterval(2))
+            try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: tasks, at: t0.addingTimeInterval(10.5))
+            try store.setLaunchPID(id: "L1", pid: 4321)
+            // Resubmitted during the launch, then the host dies (the store is dropped unfinished).
+            try store.accept(again, app: feed, at: t0.addingTimeInterval(11))
+        }
+
+        let store = try scratch.open()
+        let interrupted = try store.interruptedLaunches()
+        #expect(interrupted == [InterruptedLaunch(
+            launchID: "L1", app: feed, pid: 4321, reason: "scheduled", startedAt: t0.addingTimeInterval(10.5), tasks: tasks)])
+        #expect(try store.pending(app: feed).map(\.request) == [again])
+
+        let lost = runRecord("L1", app: feed, startedAt: t0.addingTimeInterval(10.5), termination: .hostLost, tasks: [r, c, c2])
+        try store.recoverInterruptedLaunch(lost)
+        // Every request pending again, once; the resubmission (newer) wins over the one it ran.
+        let pending = try store.pending(app: feed)
+        #expect(pending.map(\.request) == [r, c2, again])
+        #expect(try store.allRows().count == 3)
+        #expect(Set(pending.map(\.request.identifier)).count == pending.count)
+        #expect(try store.interruptedLaunches().isEmpty)
+        #expect(try store.history(app: feed, limit: 10) == [try RunRecord.decode(lost.jsonData())])
+        #expect(try store.history(app: feed, limit: 10).first?.termination == .hostLost)
+
+        // And after another restart, still exactly that.
+        let reopened = try scratch.open()
+        #expect(try reopened.pending(app: feed).map(\.request) == [r, c2, again])
+        #expect(try reopened.interruptedLaunches().isEmpty)
+        #expect(try reopened.dueApps(at: t0) == [feed])
+        // The recovered requests can be launched and finished normally.
+        try reopened.beginLaunch(id: "L2", app: feed, reason: "scheduled", tasks: assignments([r, c2]), at: t0.addingTimeInterval(20))
+        try reopened.finishLaunch(runRecord("L2", app: feed, startedAt: t0.addingTimeInterval(20), tasks: [r, c2]))
+        #expect(try reopened.pending(app: feed).map(\.request) == [again])
+    }
+
+    @Test func recoveringALaunchThatNeverBeganOrFinishedIsHarmless() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        try store.accept(refresh("\(feed).refresh"), app: feed)
+        let lost = runRecord("L9", app: feed, startedAt: t0, termination: .hostLost, tasks: [])
+        try store.recoverInterruptedLaunch(lost)
+        #expect(try store.pending(app: feed).count == 1)
+        #expect(try store.history(app: feed, limit: 5) == [lost])
+        // A record whose app is not the launch's is refused, and changes nothing.
+        try store.beginLaunch(id: "L10", app: feed, reason: "scheduled", tasks: assignments([refresh("\(feed).refresh")]), at: t0)
+        let wrong = expectStoreError { try store.finishLaunch(runRecord("L10", app: mail, startedAt: t0, tasks: [])) }
+        #expect(wrong?.description.contains(mail) == true)
+        #expect(try store.interruptedLaunches().map(\.launchID) == ["L10"])
+        #expect(try store.allRows().map(\.runningLaunch) == ["L10"])
+    }
+
+    // MARK: Durability
+
+    @Test func aNewInstanceOnTheSameDirectorySeesEverything() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        var state = AppState(app: feed)
+        state.refreshEnabled = false
+        state.penaltyLevel = 2
+        state.penaltyUntil = t0.addingTimeInterval(3600.25)
+        state.lastLaunchAt = t0
+        state.lastLaunchID = "L1"
+        state.lastRegistered = ["\(feed).refresh", "\(feed).clean"]
+        let record = runRecord("L1", app: feed, startedAt: t0, tasks: [refresh("\(feed).refresh")])
+        do {
+            let store = try scratch.open()
+            try store.accept(refresh("\(feed).refresh"), app: feed)
+            try store.accept(processing("\(feed).clean", earliest: t0.addingTimeInterval(60)), app: feed)
+            try store.accept(refresh("\(mail).refresh"), app: mail)
+            try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([refresh("\(feed).refresh")]), at: t0)
+            try store.finishLaunch(record)
+            try store.beginLaunch(id: "L2", app: mail, reason: "scheduled", tasks: assignments([refresh("\(mail).refresh")]), at: t0)
+            try store.saveAppState(state)
+            try store.setSetting("clock", "virtual:1800000000")
+        }
+        let store = try scratch.open()
+        #expect(try store.pending(app: nil).map(\.request.identifier) == ["\(feed).clean"])
+        #expect(try store.nextDueDate(after: t0) == t0.addingTimeInterval(60))
+        #expect(try store.history(app: nil, limit: 10) == [record])
+        #expect(try store.interruptedLaunches().map(\.launchID) == ["L2"])
+        #expect(try store.appState(feed) == state)
+        #expect(try store.setting("clock") == "virtual:1800000000")
+        // Two instances at once (the daemon and a CLI command) see each other's writes.
+        let other = try scratch.open()
+        try other.accept(refresh("\(feed).refresh"), app: feed)
+        #expect(try store.pending(app: feed).count == 2)
+    }
+
+    #if os(Linux)
+    /// The host spawns launch children: the database's descriptors must not leak into them.
+    @Test func theDatabaseDescriptorsAreCloseOnExec() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        try store.put(refresh("\(feed).refresh"), app: feed)
+        _ = try store.pending(app: nil)
+        var checked = 0
+        for name in try FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") {
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(name)"),
+                  target.hasPrefix(scratch.databasePath),
+                  let info = try? String(contentsOfFile: "/proc/self/fdinfo/\(name)", encoding: .utf8),
+                  let flagsLine = info.split(separator: "\n").first(where: { $0.hasPrefix("flags:") }),
+                  let flags = Int(flagsLine.dropFirst("flags:".count).trimmingCharacters(in: .whitespaces), radix: 8)
+            else { continue }
+            checked += 1
+            #expect(flags & Int(O_CLOEXEC) != 0, "\(target) (fd \(name)) is inherited by children")
+        }
+        #expect(checked >= 2, "expected the database and its WAL to be open")
+    }
+    #endif
+
+    @Test func concurrentSubmissionsAreAllKeptOnce() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let failures = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 40) { index in
+            do {
+                // Each identifier submitted twice from different threads: one row each in the end.
+                let request = processing("app\(index % 4).x.task\(index % 20)")
+                _ = try store.submit(app: "app\(index % 4).x", request: request, at: t0) { _ in nil }
+            } catch {
+                failures.withLock { $0 += 1 }
+            }
+        }
+        #expect(failures.withLock { $0 } == 0)
+        let pending = try store.pending(app: nil)
+        #expect(pending.count == 20)
+        #expect(Set(pending.map { "\($0.app) \($0.request.identifier)" }).count == 20)
+    }
+
+    // MARK: App state and settings
+
+    @Test func appStateDefaultsAndRoundTrips() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let fresh = try store.appState(feed)
+        #expect(fresh == AppState(app: feed))
+        #expect(fresh.refreshEnabled && fresh.penaltyLevel == 0 && fresh.penaltyUntil == nil && fresh.lastRegistered == nil)
+
+        var state = AppState(app: feed)
+        state.penaltyLevel = 3
+        state.penaltyUntil = t0.addingTimeInterval(120)
+        state.lastLaunchAt = t0
+        state.lastLaunchID = "L7"
+        state.lastRegistered = []
+        try store.saveAppState(state)
+        #expect(try store.appState(feed) == state)
+        #expect(try store.appState(mail) == AppState(app: mail))
+
+        state.penaltyLevel = 0
+        state.penaltyUntil = nil
+        state.refreshEnabled = false
+        state.lastRegistered = ["\(feed).refresh"]
+        try store.saveAppState(state)
+        #expect(try store.appState(feed) == state)
+    }
+
+    @Test func settingsSetGetDelete() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        #expect(try store.setting("device.power") == nil)
+        try store.setSetting("device.power", "external")
+        try store.setSetting("device.network", "none")
+        #expect(try store.setting("device.power") == "external")
+        try store.setSetting("device.power", "battery")
+        #expect(try store.setting("device.power") == "battery")
+        try store.setSetting("device.power", nil)
+        #expect(try store.setting("device.power") == nil)
+        try store.setSetting("device.power", nil) // deleting nothing is fine
+        #expect(try store.setting("device.network") == "none")
+        try store.setSetting("empty", "")
+        #expect(try store.setting("empty") == "")
+    }
+}
