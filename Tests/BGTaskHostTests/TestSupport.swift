@@ -56,6 +56,11 @@ struct Scratch {
 /// Foundation's Process, which opens descriptors of its own that the supervisor's leak test
 /// (running in parallel in this process) would see.
 func runCLI(_ arguments: [String], environment: [String: String] = [:], timeout: Duration = .seconds(120)) throws -> CLIResult {
+    try runCommand([Products.cli] + arguments, environment: environment, timeout: timeout)
+}
+
+/// Runs `command` (absolute path first) like `runCLI`.
+func runCommand(_ command: [String], environment: [String: String] = [:], timeout: Duration = .seconds(120)) throws -> CLIResult {
     var env = ProcessInfo.processInfo.environment
     for (key, value) in environment { env[key] = value }
     var outPipe: [Int32] = [0, 0], errPipe: [Int32] = [0, 0]
@@ -73,11 +78,11 @@ func runCLI(_ arguments: [String], environment: [String: String] = [:], timeout:
     posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
     posix_spawnattr_setpgroup(&attributes, 0)
 
-    let argv = ([Products.cli] + arguments).map { strdup($0) } + [nil]
+    let argv = command.map { strdup($0) } + [nil]
     let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
     defer { (argv + envp).forEach { free($0) } }
     var pid: pid_t = 0
-    let rc = posix_spawn(&pid, Products.cli, &actions, &attributes, argv, envp)
+    let rc = posix_spawn(&pid, command[0], &actions, &attributes, argv, envp)
     close(outPipe[1])
     close(errPipe[1])
     guard rc == 0 else {

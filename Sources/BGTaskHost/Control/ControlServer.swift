@@ -187,11 +187,20 @@ public struct ControlClient: Sendable {
         }
         guard connected == 0 else {
             let error = errno
+            if error == EACCES || error == EPERM {
+                throw BGTaskError(.system, file: path, errno: error, "the control socket belongs to another user; only the host's user may control it")
+            }
             throw BGTaskError(.system, file: path, errno: error,
                               "no bgtask host is listening (start one with `bgtask host --state \(URL(fileURLWithPath: path).deletingLastPathComponent().path)`)")
         }
         do {
-            try ControlFrame.write(try JSONEncoder.control.encode(request), to: fd)
+            do {
+                try ControlFrame.write(try JSONEncoder.control.encode(request), to: fd)
+            } catch let error as ControlFrame.FrameError where error.code == .closed {
+                // The host may have answered before reading (a refused peer): read that answer.
+                guard let payload = try? ControlFrame.read(from: fd) else { throw error }
+                return try JSONDecoder.control.decode(ControlResponse.self, from: payload)
+            }
             guard let payload = try ControlFrame.read(from: fd) else {
                 throw BGTaskError(.system, file: path, "the host closed the connection without answering")
             }

@@ -1,0 +1,90 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import Testing
+
+@Suite struct HostPolicyTests {
+    @Test func aProcessingTaskIsExpiredWhenPowerGoesAway() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--budget", "60s"])
+        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
+        try host.start()
+        defer { host.stop() }
+        _ = try host.cli(["device", "--power", "on"])
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never", "--type", "processing", "--requires-power"]).status == 0)
+        var running = false
+        for _ in 0..<250 where !running {
+            running = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running != nil
+            if !running { usleep(20_000) }
+        }
+        #expect(running)
+        _ = try host.cli(["device", "--power", "off"])
+        let records = try host.waitForHistory(count: 1, timeout: 20)
+        let task = try #require(records[0].task("com.example.misbehaving.never"))
+        #expect(task.outcome == .expired, "\(records[0])")
+        #expect(records[0].wallMs < 30_000, "expired on power loss, not at the budget")
+    }
+
+    @Test func realisticPolicyPenalizesBadLaunchesAndWhySaysSo() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--policy", "realistic", "--budget", "300ms", "--grace", "200ms"])
+        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
+        try host.start()
+        defer { host.stop() }
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.spin"]).status == 0)
+        let records = try host.waitForHistory(count: 1)
+        #expect(records[0].termination == .watchdog)
+
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.ok"]).status == 0)
+        let report = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.misbehaving.ok")).why)
+        #expect(Set(report.blockers.filter(\.blocking).map(\.code)) == ["penalty", "rate-limit"], "\(report.text)")
+        let app = try #require(try host.send(ControlRequest(verb: "apps")).apps?.first)
+        #expect(app.penaltyLevel == 1)
+
+        // 30 minutes later the penalty has passed, and so has the 15-minute refresh interval.
+        _ = try host.cli(["clock", "advance", "29m"])
+        usleep(200_000)
+        #expect(try host.send(ControlRequest(verb: "history")).records?.count == 1)
+        _ = try host.cli(["clock", "advance", "1m"])
+        let after = try host.waitForHistory(count: 2)
+        #expect(after[0].task("com.example.misbehaving.ok")?.outcome == .succeeded)
+        #expect(try host.send(ControlRequest(verb: "apps")).apps?.first?.penaltyLevel == 0, "a clean launch clears the penalty")
+    }
+
+    @Test func aCorruptDatabaseIsAClearErrorAtStart() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        try FileManager.default.createDirectory(at: scratch.state, withIntermediateDirectories: true)
+        try Data(repeating: 0x5a, count: 8192).write(to: scratch.state.appendingPathComponent("bgtask.sqlite"))
+        let result = try runCLI(["host", "--plugins", scratch.url.path, "--state", scratch.state.path], timeout: .seconds(30))
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("\(scratch.state.path)/bgtask.sqlite"), "\(result.stderr)")
+    }
+
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"),
+                   "needs root and setpriv to act as another user"))
+    func aPeerWithOtherCredentialsIsRefused() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.start()
+        defer { host.stop() }
+        chmod(scratch.url.path, 0o755)
+        chmod(scratch.state.path, 0o755)
+        let socket = scratch.state.appendingPathComponent("control.sock").path
+        let asNobody = ["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", Products.cli, "apps", "--state", scratch.state.path]
+
+        // The socket's mode keeps other users out...
+        let denied = try runCommand(asNobody)
+        #expect(denied.status == 69)
+        #expect(denied.stderr.contains("belongs to another user"), "\(denied.stderr)")
+        // ...and if it did not, the peer's credentials would.
+        chmod(socket, 0o666)
+        let refused = try runCommand(asNobody)
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("may not control it") && refused.stderr.contains("[permission-denied]"), "\(refused.stderr)")
+        #expect(try host.send(ControlRequest(verb: "status")).ok)
+    }
+}
