@@ -46,6 +46,32 @@ struct StateOptions: ParsableArguments {
     }
 }
 
+/// Launch limits `run` and `host` share.
+struct LimitOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m). Default: 30 s for refresh, 10 min for processing.", valueName: "duration"))
+    var budget: DurationArgument?
+
+    @Option(name: .long, help: ArgumentHelp("Time from expiration to the watchdog kill. Default: 5 s.", valueName: "duration"))
+    var grace: DurationArgument?
+
+    @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill a launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
+    var memoryLimit: ByteCountArgument?
+
+    @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory: enforce memory limits with memory.max in a child cgroup per launch instead of sampling.", valueName: "dir"))
+    var cgroup: String?
+
+    /// The validated `--cgroup` directory, if given.
+    func cgroupRoot() throws -> URL? {
+        guard let cgroup else { return nil }
+        let root = URL(fileURLWithPath: cgroup)
+        do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
+            printError("--cgroup: \(error)")
+            throw ExitCode.validationFailure
+        }
+        return root
+    }
+}
+
 /// Exit statuses of the CLI (documented in the README).
 enum Status {
     /// A bundle or Info.plist is invalid (EX_DATAERR).

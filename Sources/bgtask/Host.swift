@@ -28,17 +28,7 @@ extension BGTaskCommand {
         @Option(name: .customLong("max-launches"), help: "Simultaneous launches at most.")
         var maxLaunches = 2
 
-        @Option(name: .long, help: ArgumentHelp("Budget for every launch, overriding the per-type defaults.", valueName: "duration"))
-        var budget: DurationArgument?
-
-        @Option(name: .long, help: ArgumentHelp("Grace from expiration to the watchdog kill. Default: 5 s.", valueName: "duration"))
-        var grace: DurationArgument?
-
-        @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Memory limit for every launch, overriding the per-type defaults.", valueName: "size"))
-        var memoryLimit: ByteCountArgument?
-
-        @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory for kernel-enforced memory limits.", valueName: "dir"))
-        var cgroup: String?
+        @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
 
@@ -53,17 +43,10 @@ extension BGTaskCommand {
             configuration.policy = policy
             configuration.clock = clock
             configuration.maximumConcurrentLaunches = maxLaunches
-            configuration.budget = budget?.duration
-            configuration.grace = grace?.duration
-            configuration.memoryLimitBytes = memoryLimit?.bytes
-            if let cgroup {
-                let root = URL(fileURLWithPath: cgroup)
-                do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
-                    printError("--cgroup: \(error)")
-                    throw ExitCode.validationFailure
-                }
-                configuration.cgroupRoot = root
-            }
+            configuration.budget = limits.budget?.duration
+            configuration.grace = limits.grace?.duration
+            configuration.memoryLimitBytes = limits.memoryLimit?.bytes
+            configuration.cgroupRoot = try limits.cgroupRoot()
             var logger = options.makeLogger()
             if !options.verbose && ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"] == nil { logger.logLevel = .info }
             do {

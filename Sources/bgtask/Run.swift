@@ -26,20 +26,8 @@ extension BGTaskCommand {
         @Option(name: .long, help: "The task type for tasks given without one (refresh, processing, health-research, continued-processing). Default: from the bundle's UIBackgroundModes.")
         var type: TaskKind?
 
-        @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m). Default: 30 s for refresh, 10 min for processing.", valueName: "duration"))
-        var budget: DurationArgument?
-
-        @Option(name: .long, help: ArgumentHelp("Time from expiration to the watchdog kill. Default: 5 s.", valueName: "duration"))
-        var grace: DurationArgument?
-
         @Option(name: .customLong("expire-after"), help: ArgumentHelp("Deliver expiration this long after launch (simulates the budget running out).", valueName: "duration"))
         var expireAfter: DurationArgument?
-
-        @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill the launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
-        var memoryLimit: ByteCountArgument?
-
-        @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory: enforce the memory limit with memory.max in a child cgroup per launch instead of sampling.", valueName: "dir"))
-        var cgroup: String?
 
         @Option(name: .long, help: "The reason recorded for the launch.")
         var reason = "simulated"
@@ -47,6 +35,7 @@ extension BGTaskCommand {
         @Flag(name: .long, help: "Print the run record as one JSON object.")
         var json = false
 
+        @OptionGroup var limitOptions: LimitOptions
         @OptionGroup var options: StateOptions
 
         func validate() throws {
@@ -78,9 +67,9 @@ extension BGTaskCommand {
                 assignments.append(TaskAssignment(task: UInt64(index + 1), identifier: requested.identifier, kind: kind))
             }
             var limits = LaunchLimits.defaults(for: assignments.map(\.kind))
-            if let budget { limits.budget = budget.duration }
-            if let grace { limits.grace = grace.duration }
-            if let memoryLimit { limits.memoryLimitBytes = memoryLimit.bytes }
+            if let budget = limitOptions.budget { limits.budget = budget.duration }
+            if let grace = limitOptions.grace { limits.grace = grace.duration }
+            if let memoryLimit = limitOptions.memoryLimit { limits.memoryLimitBytes = memoryLimit.bytes }
 
             let state = options.stateDirectory
             let launchID = LaunchPlan.newLaunchID()
@@ -90,14 +79,7 @@ extension BGTaskCommand {
                 dataDirectory: state.appendingPathComponent("containers").appendingPathComponent(app.identifier),
                 logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))
             var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
-            if let cgroup {
-                let root = URL(fileURLWithPath: cgroup)
-                do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
-                    printError("--cgroup: \(error)")
-                    throw ExitCode.validationFailure
-                }
-                supervisor.cgroupRoot = root
-            }
+            supervisor.cgroupRoot = try limitOptions.cgroupRoot()
             let record: RunRecord
             do { record = try supervisor.run(plan, broker: InMemoryRequestBroker()) } catch {
                 printError(error.description)

@@ -33,16 +33,7 @@ public final class ControlServer: @unchecked Sendable {
         self.path = path
         self.handler = handler
         self.logger = logger
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket (\(bytes.count) bytes, at most 107): use a shorter --state directory")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
+        var address = try unixAddress(path)
         let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         // A socket file left by a host that died is stale: nobody listens on it any more.
         unlink(path)
@@ -170,16 +161,7 @@ public struct ControlClient: Sendable {
     }
 
     public func send(_ request: ControlRequest) throws(BGTaskError) -> ControlResponse {
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
+        var address = try unixAddress(path)
         let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         defer { close(fd) }
         let connected = withUnsafePointer(to: &address) {
@@ -211,6 +193,21 @@ public struct ControlClient: Sendable {
             throw BGTaskError(.system, file: path, "control socket: \(error)")
         }
     }
+}
+
+/// The address of the Unix socket at `path`, which must fit `sun_path`.
+func unixAddress(_ path: String) throws(BGTaskError) -> sockaddr_un {
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket (\(bytes.count) bytes, at most 107): use a shorter --state directory")
+    }
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in
+        raw.copyBytes(from: bytes)
+        raw[bytes.count] = 0
+    }
+    return address
 }
 
 extension JSONEncoder {
