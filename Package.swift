@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
+        .executable(name: "bgtask-bench", targets: ["bgtask-bench"]),
 
         // Example plugins (Plugins/): each one is a shared library loaded only in a child process.
         .library(name: "Feed", type: .dynamic, targets: ["Feed"]),
@@ -31,6 +32,7 @@ let package = Package(
         .library(name: "NoEntry", type: .dynamic, targets: ["NoEntry"]),
         .library(name: "EntryFails", type: .dynamic, targets: ["EntryFails"]),
         .library(name: "CrashInConstructor", type: .dynamic, targets: ["CrashInConstructor"]),
+        .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -74,6 +76,16 @@ let package = Package(
             ]
         ),
 
+        .executableTarget(
+            name: "bgtask-bench",
+            dependencies: [
+                "BGTaskHost", "BGTaskWire", "_BGTaskSystemShims",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
+
         // MARK: Example plugins
         .target(name: "Feed", dependencies: ["BackgroundTasks"], path: "Plugins/Feed", exclude: ["Info.plist"]),
         .target(name: "Counter", dependencies: ["CBGTaskPluginABI"], path: "Plugins/Counter", exclude: ["Info.plist"]),
@@ -92,6 +104,7 @@ let package = Package(
         .target(name: "NoEntry", path: "Tests/Fixtures/NoEntry"),
         .target(name: "EntryFails", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/EntryFails"),
         .target(name: "CrashInConstructor", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/CrashInConstructor"),
+        .target(name: "BenchPlugin", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/BenchPlugin"),
 
         // MARK: Tests
         .testTarget(

@@ -1,0 +1,1 @@
+#include <bgtask/plugin.h>

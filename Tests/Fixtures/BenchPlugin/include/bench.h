@@ -1,0 +1,1 @@
+/* BenchPlugin: see bench.c */
