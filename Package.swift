@@ -23,6 +23,7 @@ let package = Package(
         // Example plugins (Plugins/): each one is a shared library loaded only in a child process.
         .library(name: "Feed", type: .dynamic, targets: ["Feed"]),
         .library(name: "Counter", type: .dynamic, targets: ["Counter"]),
+        .library(name: "FeedShare", type: .dynamic, targets: ["FeedShare"]),
 
         // Test fixtures (Tests/Fixtures/): plugins that exercise the API and misbehave on purpose.
         .library(name: "ApplePatterns5", type: .dynamic, targets: ["ApplePatterns5"]),
@@ -89,6 +90,7 @@ let package = Package(
         // MARK: Example plugins
         .target(name: "Feed", dependencies: ["BackgroundTasks"], path: "Plugins/Feed", exclude: ["Info.plist"]),
         .target(name: "Counter", dependencies: ["CBGTaskPluginABI"], path: "Plugins/Counter", exclude: ["Info.plist"]),
+        .target(name: "FeedShare", dependencies: ["BackgroundTasks"], path: "Plugins/FeedShare", exclude: ["Info.plist"]),
 
         // MARK: Test fixtures
         .target(

@@ -9,12 +9,15 @@ configuration=${CONFIGURATION:-debug}
 cd "$root"
 swift build -c "$configuration" --product bgtask
 swift build -c "$configuration" --product bgtask-runner
-for plugin in Feed Counter; do
+for plugin in Feed FeedShare Counter; do
     swift build -c "$configuration" --product "$plugin"
 done
 bin=$(swift build -c "$configuration" --show-bin-path)
 mkdir -p "$out"
-for plugin in Feed Counter; do
-    "$bin/bgtask" bundle --library "$bin/lib$plugin.so" --info "Plugins/$plugin/Info.plist" --output "$out/$plugin.app"
-done
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT
+# Feed.app carries its share extension in PlugIns/Share.appex.
+"$bin/bgtask" bundle --library "$bin/libFeedShare.so" --info Plugins/FeedShare/Info.plist --output "$staging/Share.appex"
+"$bin/bgtask" bundle --library "$bin/libFeed.so" --info Plugins/Feed/Info.plist --extension "$staging/Share.appex" --output "$out/Feed.app"
+"$bin/bgtask" bundle --library "$bin/libCounter.so" --info Plugins/Counter/Info.plist --output "$out/Counter.app"
 echo "bundles in $out; the CLI is $bin/bgtask"

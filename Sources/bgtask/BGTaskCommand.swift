@@ -13,7 +13,8 @@ struct BGTaskCommand: ParsableCommand {
             runs in its own supervised child process and ends in a run record.
             """,
         subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
-                      CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self]
+                      CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self,
+                      Extension.self]
     )
 }
 

@@ -94,7 +94,17 @@ extension BGTaskCommand {
         var earliest: EarliestArgument?
         @Flag(name: .customLong("requires-power")) var requiresPower = false
         @Flag(name: .customLong("requires-network")) var requiresNetwork = false
+        @Option(name: .long, help: ArgumentHelp("health-research: protectionTypeOfRequiredData, one of none, complete, complete-unless-open, until-first-auth (the default).", valueName: "class"))
+        var protection: String = "until-first-auth"
         @OptionGroup var host: HostOptions
+
+        static let protectionClasses = ["none": Int32(0), "complete": 1, "complete-unless-open": 2, "until-first-auth": 3]
+
+        func validate() throws {
+            guard Self.protectionClasses[protection] != nil else {
+                throw ValidationError("--protection takes \(Self.protectionClasses.keys.sorted().joined(separator: ", ")), not '\(protection)'")
+            }
+        }
 
         func run() throws {
             var earliestDate: Double?
@@ -105,7 +115,8 @@ extension BGTaskCommand {
             case nil: break
             }
             let request = WireTaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
-                                          requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower)
+                                          requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower,
+                                          protectionType: type == .healthResearch ? Self.protectionClasses[protection] ?? 3 : 0)
             _ = try host.send(ControlRequest(verb: "submit", app: app, request: request, delay: delay))
             let stored = try host.send(ControlRequest(verb: "pending", app: app)).pending?.first { $0.request.identifier == identifier }
             if host.json { return try host.printJSON(["submitted": identifier]) }
@@ -295,6 +306,48 @@ extension BGTaskCommand {
             guard let clock = try host.send(ControlRequest(verb: "clock", advance: seconds)).clock else { return }
             if host.json { return try host.printJSON(clock) }
             print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
+        }
+    }
+}
+
+extension BGTaskCommand {
+    struct Extension: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "extension",
+            abstract: "Drive app extensions (.appex bundles inside an app's PlugIns/).",
+            subcommands: [RunExtension.self])
+    }
+
+    struct RunExtension: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "run",
+            abstract: "Start an extension in its own supervised process with an event, print its record.",
+            discussion: """
+                The host starts the extension (reason: extension) with its own budget and \
+                memory limit and calls its entry with the event. It cannot register handlers; \
+                what it submits is checked against its containing app's Info.plist and queued \
+                for the app, which is launched to run it when due.
+                """)
+        @Argument(help: "The extension's bundle identifier.") var identifier: String
+        @Option(name: .long, help: ArgumentHelp("The event, as JSON, the extension's entry receives.", valueName: "json"))
+        var event: String?
+        @OptionGroup var host: HostOptions
+
+        func validate() throws {
+            if let event, (try? JSONSerialization.jsonObject(with: Data(event.utf8), options: [.fragmentsAllowed])) == nil {
+                throw ValidationError("--event is not valid JSON: \(event)")
+            }
+        }
+
+        func run() throws {
+            let response = try host.send(ControlRequest(verb: "extension-run", identifier: identifier, wait: true, event: event))
+            guard let record = response.record else { return }
+            if host.json {
+                FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8))
+            } else {
+                print(record)
+            }
+            if !record.succeeded { throw ExitCode.failure }
         }
     }
 }

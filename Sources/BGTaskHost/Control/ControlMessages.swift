@@ -36,7 +36,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     }
 
     public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",
-                               "simulate-expire", "history", "why", "device", "clock", "status"]
+                               "simulate-expire", "history", "why", "device", "clock", "status", "extension-run"]
 }
 
 /// One app of the catalog, as `bgtask apps` shows it.

@@ -304,7 +304,8 @@ public final class TaskHost: @unchecked Sendable {
 
     /// Starts one launch of `bundle` running `requests` (or `forced` tasks). On `queue`.
     @discardableResult
-    private func startLaunch(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: String) -> String {
+    private func startLaunch(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: String,
+                             role: LaunchRole = .background, eventJSON: String? = nil) -> String {
         let tasks = forced.isEmpty
             ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
             : forced
@@ -314,9 +315,9 @@ public final class TaskHost: @unchecked Sendable {
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
         let launchID = LaunchPlan.newLaunchID()
         let plan = LaunchPlan(
-            bundle: bundle, tasks: tasks, reason: reason, limits: limits, launchID: launchID,
+            bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
-            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"))
+            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
         let control = LaunchControl()
         let store = self.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
@@ -435,6 +436,7 @@ public final class TaskHost: @unchecked Sendable {
         case "clock": return clockVerb(request)
         case "simulate-launch": return simulateLaunch(request)
         case "simulate-expire": return simulateExpire(request)
+        case "extension-run": return runExtension(request)
         default: return .failure("unknown-verb", "unknown verb '\(request.verb)'")
         }
     }
@@ -616,6 +618,36 @@ public final class TaskHost: @unchecked Sendable {
         }
     }
 
+    /// The app an extension belongs to (the app itself for an app).
+    func owningApp(of bundle: PluginBundle) -> PluginBundle? {
+        guard bundle.kind == .extension else { return bundle }
+        return queue.sync { catalog.app(containingBundle: bundle.identifier) }
+    }
+
+    /// Starts an extension in its own supervised process with `event`, waits for its record.
+    private func runExtension(_ request: ControlRequest) -> ControlResponse {
+        guard let identifier = request.identifier else { return .failure("bad-request", "extension-run needs an extension identifier") }
+        let started = queue.sync { () -> (String, DispatchSemaphore)? in
+            guard !shuttingDown,
+                  let app = catalog.app(containingBundle: identifier),
+                  let appex = app.extensions.first(where: { $0.identifier == identifier }) else { return nil }
+            let id = startLaunch(appex, requests: [], reason: "extension", role: .extension, eventJSON: request.event)
+            let semaphore = DispatchSemaphore(value: 0)
+            running[id]?.waiters.append(semaphore)
+            if running[id] == nil { semaphore.signal() }
+            return (id, semaphore)
+        }
+        guard let (id, semaphore) = started else {
+            return .failure("not-found", "no app in \(configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)")
+        }
+        var response = ControlResponse()
+        response.launchID = id
+        guard request.wait != false else { return response }
+        semaphore.wait()
+        response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
+        return response
+    }
+
     private func simulateExpire(_ request: ControlRequest) -> ControlResponse {
         guard let identifier = request.identifier else { return .failure("bad-request", "simulate-expire needs a task identifier") }
         return queue.sync {
@@ -645,19 +677,26 @@ struct HostRequestBroker: LaunchRequestBroker {
         host.clock.mode == .virtual ? host.clock.now.timeIntervalSince(Date()) : 0
     }
 
+    /// A request from an extension is the containing app's: the host bound the extension's
+    /// identity when it started the launch, so it can only ever act for that app.
     func submit(_ request: WireTaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
+        guard let owner = host.owningApp(of: app) else {
+            return .init(status: .unavailable, message: "the app containing \(app.identifier) is no longer in the plugin directory")
+        }
         var shifted = request
         shifted.earliestBeginDate = request.earliestBeginDate.map { $0 + offset }
-        return host.submit(shifted, app: app)
+        return host.submit(shifted, app: owner)
     }
 
     func cancel(identifier: String?, app: PluginBundle) {
-        _ = try? host.store.cancel(app: app.identifier, identifier: identifier)
+        guard let owner = host.owningApp(of: app) else { return }
+        _ = try? host.store.cancel(app: owner.identifier, identifier: identifier)
     }
 
     func pending(app: PluginBundle) -> [WireTaskRequest] {
         let offset = self.offset
-        return ((try? host.store.pending(app: app.identifier)) ?? []).map {
+        guard let owner = host.owningApp(of: app) else { return [] }
+        return ((try? host.store.pending(app: owner.identifier)) ?? []).map {
             var request = $0.request
             request.earliestBeginDate = request.earliestBeginDate.map { $0 - offset }
             return request

@@ -90,9 +90,10 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case refusedRegistrations = "refused_registrations"
     }
 
-    /// True when every task succeeded and the process ended normally.
+    /// True when every task succeeded and the process ended normally (an extension's launch,
+    /// which has no tasks, succeeds when it ends normally).
     public var succeeded: Bool {
-        termination == .exited && !tasks.isEmpty && tasks.allSatisfy { $0.outcome == .succeeded }
+        termination == .exited && tasks.allSatisfy { $0.outcome == .succeeded }
     }
 
     public func jsonData(pretty: Bool = false) throws -> Data {

@@ -96,7 +96,7 @@ public struct Eligibility: Sendable {
             }
             if request.kind == .healthResearch {
                 switch request.protectionType {
-                case 1, 2 where conditions.locked:
+                case 1 where conditions.locked, 2 where conditions.locked:
                     result.append(Blocker("data-protected", "its data (protection \(request.protectionType == 1 ? "complete" : "completeUnlessOpen")) is unavailable while the device is locked (bgtask device --locked off)"))
                 case 3 where !conditions.unlockedSinceBoot:
                     result.append(Blocker("data-protected", "its data (completeUntilFirstUserAuthentication) is unavailable until the device is unlocked once after boot"))

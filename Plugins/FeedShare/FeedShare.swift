@@ -1,0 +1,50 @@
+// FeedShare: the Feed app's share extension. Someone shares a link with the app; the extension
+// saves it where the app will find it and asks the system to refresh the app's feed soon. Like
+// an iOS extension, it may submit task requests for its app but not register launch handlers:
+// the host runs the request in the app, not here.
+import BackgroundTasks
+
+@_cdecl("bgtask_plugin_entry")
+public func bgtaskPluginEntry() -> UnsafeRawPointer {
+    BGTaskPlugin.entry(name: "FeedShare") { launch in
+        try ShareExtension().handle(launch)
+    }
+}
+
+struct ShareExtension {
+    struct Event: Decodable { var url: String }
+
+    struct BadEvent: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    func handle(_ launch: BGTaskLaunch) throws {
+        guard let json = launch.eventJSON, let event = try? JSONDecoder().decode(Event.self, from: Data(json.utf8)) else {
+            throw BadEvent(description: "FeedShare: expected an event like {\"url\": \"https://...\"}, got \(launch.eventJSON ?? "nothing")")
+        }
+        let inbox = launch.dataDirectory.appendingPathComponent("shared-links.txt")
+        let line = Data((event.url + "\n").utf8)
+        if let handle = try? FileHandle(forWritingTo: inbox) {
+            _ = try? handle.seekToEnd()
+            handle.write(line)
+            try? handle.close()
+        } else {
+            try line.write(to: inbox)
+        }
+        print("share: saved \(event.url)")
+
+        // Extensions cannot register handlers: this returns false (the host logs why).
+        let registered = BGTaskScheduler.shared.register(forTaskWithIdentifier: "com.example.feed.refresh", using: nil) { _ in }
+        print("share: register returned \(registered)")
+
+        // Ask for the app to refresh soon; the host checks it against the app's Info.plist.
+        let request = BGAppRefreshTaskRequest(identifier: "com.example.feed.refresh")
+        do {
+            try BGTaskScheduler.shared.submit(request)
+            print("share: asked for a refresh of the feed")
+        } catch let error as BGTaskScheduler.Error {
+            print("share: could not schedule a refresh: \(error.code) \(error.localizedDescription)")
+            throw error
+        }
+    }
+}
