@@ -10,6 +10,7 @@ public func bgtaskPluginEntry() -> UnsafeRawPointer {
 final class FeedApp: Sendable {
     static let refreshIdentifier = "com.example.feed.refresh"
     static let cleanupIdentifier = "com.example.feed.cleanup"
+    static let exportIdentifier = "com.example.feed.export.archive"
     static let maxItems = 50
 
     let launch: BGTaskLaunch
@@ -33,7 +34,46 @@ final class FeedApp: Sendable {
         // Refreshes schedule the cleanup once the feed outgrows maxItems.
         if launch.role == .foreground {
             scheduleAppRefresh()
+            if let event = launch.eventJSON, event.contains("\"export\"") {
+                startExport()
+            }
         }
+    }
+
+    // MARK: Continued processing (iOS 26): an export the user starts and watches
+
+    /// The user tapped "Export": a continued-processing task, registered when needed (its
+    /// identifier matches com.example.feed.export.* in the Info.plist) and shown with progress.
+    func startExport() {
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.exportIdentifier, using: nil) { task in
+            self.handleExport(task: task as! BGContinuedProcessingTask)
+        }
+        let request = BGContinuedProcessingTaskRequest(identifier: Self.exportIdentifier, title: "Exporting feed", subtitle: "Preparing…")
+        request.strategy = .queue
+        do {
+            try BGTaskScheduler.shared.submit(request)
+        } catch {
+            print("feed: could not start the export: \(error)")
+        }
+    }
+
+    func handleExport(task: BGContinuedProcessingTask) {
+        let items = store.items()
+        let cancelled = CancellationFlag()
+        task.expirationHandler = { cancelled.set() }
+        task.progress.totalUnitCount = Int64(max(items.count, 1))
+        var exported: [FeedItem] = []
+        for (index, item) in items.enumerated() {
+            if cancelled.isSet { break }
+            Thread.sleep(forTimeInterval: 0.05) // formatting a story takes a moment
+            exported.append(item)
+            task.progress.completedUnitCount = Int64(index + 1)
+            task.updateTitle("Exporting feed", subtitle: "\(index + 1) of \(items.count) stories")
+        }
+        if items.isEmpty { task.progress.completedUnitCount = 1 }
+        store.saveExport(exported)
+        print("feed: exported \(exported.count) of \(items.count) stories\(cancelled.isSet ? " (cancelled)" : "")")
+        task.setTaskCompleted(success: !cancelled.isSet)
     }
 
     func scheduleAppRefresh() {
@@ -84,6 +124,13 @@ final class FeedApp: Sendable {
     }
 }
 
+final class CancellationFlag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = false
+    func set() { lock.withLock { value = true } }
+    var isSet: Bool { lock.withLock { value } }
+}
+
 /// "Downloads" the newest entries: five items numbered on from the last refresh.
 final class FetchFeedOperation: Operation, @unchecked Sendable {
     static let itemsPerRefresh = 5
@@ -126,6 +173,14 @@ final class FeedStore: @unchecked Sendable {
             save(state, to: stateURL)
             return (state.refreshCount, count, items.count)
         }
+    }
+
+    func items() -> [FeedItem] {
+        lock.withLock { load([FeedItem].self, from: feedURL) ?? [] }
+    }
+
+    func saveExport(_ items: [FeedItem]) {
+        lock.withLock { save(items, to: feedURL.deletingLastPathComponent().appendingPathComponent("export.json")) }
     }
 
     func prune(keepingNewest limit: Int) -> (removed: Int, kept: Int) {

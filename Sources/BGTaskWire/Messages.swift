@@ -187,6 +187,11 @@ public enum ParentMessage: Codable, Sendable, Equatable {
     /// Time is up: deliver expiration to every open task (or only `task`).
     case expire(task: UInt64?, reason: String)
     case reply(seq: UInt64, status: Int32, message: String?, requests: [WireTaskRequest]?)
+    /// Foreground launches: run one more task in this process (a continued-processing request
+    /// the app submitted, once a slot is free).
+    case startTask(TaskAssignment)
+    /// Foreground launches: nothing more will be started; end once every task has ended.
+    case close
 }
 
 extension LaunchAssignment: Equatable {}

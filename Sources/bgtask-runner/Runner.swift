@@ -36,12 +36,17 @@ final class Runner: @unchecked Sendable {
     private var tasks: [UInt64: OpenTask] = [:]
     private var tasksStarted = false
     private var signalledEnd = false
+    /// Foreground launches end only when the parent says no more tasks will come.
+    private var closed = false
+    /// Tasks the parent added before the launch entry returned.
+    private var deferredTasks: [TaskAssignment] = []
     private var nextSeq: UInt64 = 1
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
     init(assignment: LaunchAssignment, channel: LaunchChannel) {
         self.assignment = assignment
         self.channel = channel
+        closed = assignment.role != .foreground
     }
 
     // MARK: Reporting
@@ -123,40 +128,60 @@ final class Runner: @unchecked Sendable {
 
     /// Marks the launch finished and starts every assigned task with a registered handler.
     func startTasks() {
-        var toStart: [(Handler, UnsafeMutablePointer<bgtask_task_info>)] = []
-        var notRegistered: [UInt64] = []
-        lock.withLock {
+        let toStart: [TaskAssignment] = lock.withLock {
             launchFinished = true
-            for task in assignment.tasks {
-                guard let handler = handlers[task.identifier] else {
-                    notRegistered.append(task.task)
-                    continue
-                }
-                let info = UnsafeMutablePointer<bgtask_task_info>.allocate(capacity: 1)
-                info.initialize(to: bgtask_task_info(
-                    size: UInt32(MemoryLayout<bgtask_task_info>.size),
-                    task: task.task,
-                    identifier: UnsafePointer(strdup(task.identifier)),
-                    type: bgtask_task_type(UInt32(task.kind.abiValue))))
-                tasks[task.task] = OpenTask(assignment: task, info: info)
-                toStart.append((handler, info))
-            }
             tasksStarted = true
+            defer { deferredTasks.removeAll() }
+            return assignment.tasks + deferredTasks
         }
         report(.launched(at: bgtask_monotonic_ns()))
-        for task in notRegistered { report(.taskNotRegistered(task: task)) }
-        for (handler, pointer) in toStart {
-            // Owned by the runner until the process ends; only read from here on.
-            nonisolated(unsafe) let info = pointer
-            handlerQueue.async { [self] in
-                report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
-                switch handler {
-                case let .abi(function, context): function(context, info)
-                case let .mapped(call): call.invoke(task: info, runner: self)
-                }
+        for task in toStart { begin(task) }
+        signalEndIfDone()
+    }
+
+    /// A task the parent adds to a running foreground launch.
+    func add(_ task: TaskAssignment) {
+        let now: Bool = lock.withLock {
+            guard launchFinished else {
+                deferredTasks.append(task)
+                return false
+            }
+            return true
+        }
+        if now { begin(task) }
+    }
+
+    func close() {
+        lock.withLock { closed = true }
+        signalEndIfDone()
+    }
+
+    /// Starts one task on the handler thread, or reports it not registered.
+    private func begin(_ task: TaskAssignment) {
+        let handler: Handler? = lock.withLock {
+            guard let handler = handlers[task.identifier] else { return nil }
+            let info = UnsafeMutablePointer<bgtask_task_info>.allocate(capacity: 1)
+            info.initialize(to: bgtask_task_info(
+                size: UInt32(MemoryLayout<bgtask_task_info>.size),
+                task: task.task,
+                identifier: UnsafePointer(strdup(task.identifier)),
+                type: bgtask_task_type(UInt32(task.kind.abiValue))))
+            tasks[task.task] = OpenTask(assignment: task, info: info)
+            return handler
+        }
+        guard let handler, let pointer = lock.withLock({ tasks[task.task]?.info }) else {
+            report(.taskNotRegistered(task: task.task))
+            return
+        }
+        // Owned by the runner until the process ends; only read from here on.
+        nonisolated(unsafe) let info = pointer
+        handlerQueue.async { [self] in
+            report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
+            switch handler {
+            case let .abi(function, context): function(context, info)
+            case let .mapped(call): call.invoke(task: info, runner: self)
             }
         }
-        signalEndIfDone()
     }
 
     func setExpirationHandler(_ task: UInt64, _ handler: bgtask_expiration_handler?, _ context: UnsafeMutableRawPointer?) {
@@ -181,7 +206,7 @@ final class Runner: @unchecked Sendable {
 
     private func signalEndIfDone() {
         let done: Bool = lock.withLock {
-            guard tasksStarted, !signalledEnd, tasks.values.allSatisfy(\.completed) else { return false }
+            guard tasksStarted, closed, !signalledEnd, tasks.values.allSatisfy(\.completed) else { return false }
             signalledEnd = true
             return true
         }

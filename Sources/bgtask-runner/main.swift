@@ -64,6 +64,10 @@ let reader = Thread {
             runner.expirationQueue.async { runner.expire(only: task) }
         case let .reply(seq, status, text, requests):
             runner.resolve(seq: seq, status: status, message: text, requests: requests)
+        case let .startTask(task):
+            runner.add(task)
+        case .close:
+            runner.close()
         }
     }
 }

@@ -14,7 +14,7 @@ struct BGTaskCommand: ParsableCommand {
             """,
         subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
                       CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self,
-                      Extension.self]
+                      Extension.self, Open.self, Progress.self, CancelTask.self]
     )
 }
 

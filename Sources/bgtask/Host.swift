@@ -28,12 +28,22 @@ extension BGTaskCommand {
         @Option(name: .customLong("max-launches"), help: "Simultaneous launches at most.")
         var maxLaunches = 2
 
+        @Option(name: .customLong("max-continued"), help: "Continued-processing tasks running at once, over all apps.")
+        var maxContinued = 2
+
+        @Option(name: .long, help: ArgumentHelp("Expire a continued-processing task whose progress has not changed for this long. Default: 60 s.", valueName: "duration"))
+        var stall: DurationArgument?
+
+        @Option(name: .customLong("foreground-stay"), help: ArgumentHelp("How long an opened app stays in the foreground after launching. Default: 1 s.", valueName: "duration"))
+        var foregroundStay: DurationArgument?
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
 
         func validate() throws {
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
+            guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
         }
 
         func run() throws {
@@ -43,6 +53,9 @@ extension BGTaskCommand {
             configuration.policy = policy
             configuration.clock = clock
             configuration.maximumConcurrentLaunches = maxLaunches
+            configuration.maximumContinuedTasks = maxContinued
+            if let stall { configuration.progressStallInterval = stall.duration }
+            if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration
             configuration.grace = limits.grace?.duration
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes

@@ -351,3 +351,104 @@ extension BGTaskCommand {
         }
     }
 }
+
+extension BGTaskCommand {
+    struct Open: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Open an app in the foreground, as a user would (it may start continued-processing tasks).",
+            discussion: """
+                The app's launch entry is told it is in the foreground (BGTaskLaunch.role). It may \
+                register continued-processing identifiers (matching a wildcard permitted \
+                identifier) and submit BGContinuedProcessingTaskRequests, which run in this \
+                process. It leaves the foreground after the host's --foreground-stay, and its \
+                process ends when its continued tasks have.
+                """)
+        @Argument var app: String
+        @Option(name: .long, help: ArgumentHelp("An event, as JSON, for the launch entry.", valueName: "json")) var event: String?
+        @Flag(name: .long, help: "Wait for the launch to end and print its record.") var wait = false
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(ControlRequest(verb: "open", app: app, wait: wait, event: event))
+            if let record = response.record {
+                if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
+                if !record.succeeded { throw ExitCode.failure }
+                return
+            }
+            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
+            print("opened \(app): launch \(response.launchID ?? "?")")
+        }
+    }
+
+    struct Progress: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Watch running continued-processing tasks: a live progress bar each.",
+            discussion: "On a terminal the bars redraw in place; otherwise (or with --json) one line per change. Returns when no task is running (with --wait, after waiting up to that long for one to start).")
+        @Flag(name: .long, help: "Print the current state once and return.") var once = false
+        @Option(name: .long, help: ArgumentHelp("Wait this long for a first task to appear.", valueName: "duration")) var wait: DurationArgument?
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let interactive = isatty(1) == 1 && !host.json
+            let deadline = Date().addingTimeInterval(wait.map { Double($0.duration.components.seconds) + Double($0.duration.components.attoseconds) / 1e18 } ?? 0)
+            var shown: [String: ContinuedTaskStatus] = [:]
+            var drawnLines = 0
+            var seenAny = false
+            while true {
+                let tasks = try host.send(ControlRequest(verb: "progress")).continued ?? []
+                seenAny = seenAny || !tasks.isEmpty
+                if interactive {
+                    if drawnLines > 0 { print("\u{1B}[\(drawnLines)A", terminator: "") }
+                    for task in tasks { print("\u{1B}[2K" + Self.bar(task)) }
+                    for _ in tasks.count..<max(drawnLines, tasks.count) { print("\u{1B}[2K") }
+                    drawnLines = max(drawnLines, tasks.count)
+                } else {
+                    for task in tasks where shown["\(task.launchID)/\(task.task)"] != task {
+                        // Unbuffered, so a reader at the other end of a pipe sees each update as it happens.
+                        if host.json { try host.printJSON(task) } else { FileHandle.standardOutput.write(Data((Self.line(task) + "\n").utf8)) }
+                    }
+                }
+                for task in tasks { shown["\(task.launchID)/\(task.task)"] = task }
+                if once { return }
+                if tasks.allSatisfy(\.ended) && (seenAny || Date() >= deadline) {
+                    if !seenAny && !host.json { print("no continued-processing task is running") }
+                    return
+                }
+                usleep(100_000)
+            }
+        }
+
+        static func percent(_ task: ContinuedTaskStatus) -> String {
+            task.fraction.map { String(format: "%3.0f%%", $0 * 100) } ?? "  ?%"
+        }
+
+        static func bar(_ task: ContinuedTaskStatus) -> String {
+            let width = 30
+            let filled = Int((task.fraction ?? 0) * Double(width))
+            let bar = String(repeating: "█", count: filled) + String(repeating: "░", count: width - filled)
+            return "\(task.title) — \(task.subtitle)  \(bar) \(percent(task)) (\(task.completed)/\(task.total))\(state(task))"
+        }
+
+        static func line(_ task: ContinuedTaskStatus) -> String {
+            "\(task.identifier) \(percent(task)) \(task.completed)/\(task.total) \(task.title) — \(task.subtitle)\(state(task))"
+        }
+
+        static func state(_ task: ContinuedTaskStatus) -> String {
+            task.ended ? " (ended)" : task.expiring ? " (expiring)" : ""
+        }
+    }
+
+    struct CancelTask: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "cancel-task",
+            abstract: "Cancel a running continued-processing task, as the user does: its expiration handler runs.")
+        @Argument var identifier: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(ControlRequest(verb: "cancel-task", identifier: identifier))
+            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
+            print("cancelled \(identifier) (launch \(response.launchID ?? "?"))")
+        }
+    }
+}

@@ -36,7 +36,8 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     }
 
     public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",
-                               "simulate-expire", "history", "why", "device", "clock", "status", "extension-run"]
+                               "simulate-expire", "history", "why", "device", "clock", "status", "extension-run",
+                               "open", "progress", "cancel-task"]
 }
 
 /// One app of the catalog, as `bgtask apps` shows it.
@@ -87,6 +88,33 @@ public struct WhyReport: Codable, Sendable, Equatable {
     }
 }
 
+/// A running continued-processing task, as `bgtask progress` shows it.
+public struct ContinuedTaskStatus: Codable, Sendable, Equatable {
+    public var launchID: String
+    public var app: String
+    public var identifier: String
+    public var task: UInt64
+    public var title: String
+    public var subtitle: String
+    public var completed: Int64
+    public var total: Int64
+    public var startedAt: Date
+    /// The last time its progress changed.
+    public var progressChangedAt: Date
+    /// Expiration has been delivered (stalled progress, or the user cancelled).
+    public var expiring: Bool
+    /// The task has ended (shown for a few seconds after, so watchers see its last state).
+    public var ended: Bool = false
+
+    enum CodingKeys: String, CodingKey {
+        case app, identifier, task, title, subtitle, completed, total, expiring, ended
+        case launchID = "launch_id", startedAt = "started_at", progressChangedAt = "progress_changed_at"
+    }
+
+    /// 0...1, or nil while the total is unknown.
+    public var fraction: Double? { total > 0 ? min(1, max(0, Double(completed) / Double(total))) : nil }
+}
+
 /// The host's clock.
 public struct ClockReport: Codable, Sendable, Equatable {
     public var mode: HostClock.Mode
@@ -115,6 +143,7 @@ public struct ControlResponse: Codable, Sendable {
     public var device: DeviceConditions?
     public var clock: ClockReport?
     public var removed: Int?
+    public var continued: [ContinuedTaskStatus]?
 
     public init(ok: Bool = true) { self.ok = ok }
 

@@ -25,6 +25,13 @@ public final class TaskHost: @unchecked Sendable {
         public var runnerPath: String = LaunchSupervisor.defaultRunnerPath()
         /// How often device conditions are re-read while something depends on them.
         public var conditionsInterval: Duration = .seconds(1)
+        /// Continued-processing tasks that may run at once, over all apps.
+        public var maximumContinuedTasks = 2
+        /// A continued-processing task whose progress does not change for this long is expired.
+        public var progressStallInterval: Duration = .seconds(60)
+        /// How long an opened app stays in the foreground after its launch entry returns (the
+        /// time a user looks at it); then it leaves, and its process ends with its last task.
+        public var foregroundStay: Duration = .seconds(1)
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -41,6 +48,22 @@ public final class TaskHost: @unchecked Sendable {
         var control: LaunchControl
         var expiredTasks: Set<UInt64> = []
         var waiters: [DispatchSemaphore] = []
+        var role: LaunchRole = .background
+        /// The launch entry returned.
+        var launched = false
+        /// Foreground launches: told that no more tasks will come.
+        var closed = false
+        /// Foreground launches: in the foreground until then.
+        var staysUntil: Date?
+        var nextTaskID: UInt64 = 1
+        /// Continued-processing tasks running in this launch.
+        var continued: [UInt64: ContinuedTaskStatus] = [:]
+    }
+
+    /// A continued-processing request waiting for a slot (strategy `.queue`).
+    struct QueuedContinued {
+        var launchID: String
+        var request: WireTaskRequest
     }
 
     public let configuration: Configuration
@@ -52,6 +75,10 @@ public final class TaskHost: @unchecked Sendable {
     private var catalog = PluginCatalog()
     private var running: [String: RunningLaunch] = [:]
     private var finishedRecords: [String: RunRecord] = [:]
+    private var continuedQueue: [QueuedContinued] = []
+    /// Continued tasks that ended in the last few seconds, for `bgtask progress`.
+    private var recentlyEnded: [(status: ContinuedTaskStatus, until: Date)] = []
+    private var stallTimer: DispatchSourceTimer?
     private var shuttingDown = false
     private var dueTimer: DispatchSourceTimer?
     private var conditionsTimer: DispatchSourceTimer?
@@ -309,15 +336,16 @@ public final class TaskHost: @unchecked Sendable {
         let tasks = forced.isEmpty
             ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
             : forced
-        var limits = LaunchLimits.defaults(for: tasks.map(\.kind))
+        var limits = LaunchLimits.defaults(for: role == .foreground ? [.continuedProcessing] : tasks.map(\.kind))
         if let budget = configuration.budget { limits.budget = budget }
         if let grace = configuration.grace { limits.grace = grace }
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
         let launchID = LaunchPlan.newLaunchID()
-        let plan = LaunchPlan(
+        var plan = LaunchPlan(
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
             logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
+        plan.supportedResources = conditions().supportedResources
         let control = LaunchControl()
         let store = self.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
@@ -328,15 +356,19 @@ public final class TaskHost: @unchecked Sendable {
             logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
             return launchID
         }
+        control.onEvent = { [weak self] event in
+            guard let self else { return }
+            self.queue.async { self.launchEvent(launchID, event) }
+        }
         running[launchID] = RunningLaunch(
             id: launchID, app: bundle.identifier, reason: reason, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
-            control: control)
+            control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
         logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
                                           "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         let supervisor = self.supervisor
-        let broker = HostRequestBroker(host: self)
-        let thread = Thread { [weak self] in
+        let broker = HostRequestBroker(host: self, launchID: launchID)
+        let thread = Thread { [weak self, plan] in
             let record: RunRecord
             do {
                 record = try supervisor.run(plan, broker: broker, control: control)
@@ -373,6 +405,9 @@ public final class TaskHost: @unchecked Sendable {
         }
         logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
         let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+        // Queued continued-processing requests die with the foreground launch that made them.
+        continuedQueue.removeAll { $0.launchID == record.launchID }
+        startQueuedContinued()
         finishedRecords[record.launchID] = record
         for waiter in waiters { waiter.signal() }
         if shuttingDown { finishShutdownIfIdle() } else { evaluate() }
@@ -398,7 +433,8 @@ public final class TaskHost: @unchecked Sendable {
         return nil
     }
 
-    func submit(_ request: WireTaskRequest, app bundle: PluginBundle) -> SubmissionRules.Rejection? {
+    func submit(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String? = nil) -> SubmissionRules.Rejection? {
+        if request.kind == .continuedProcessing { return submitContinued(request, app: bundle, fromLaunch: launchID) }
         if let rejection = admissionRejection(request, app: bundle.identifier) { return rejection }
         let supported = conditions().supportedResources
         do {
@@ -409,6 +445,181 @@ public final class TaskHost: @unchecked Sendable {
             return rejection
         } catch {
             return .init(status: .unavailable, message: "the host could not store the request: \(error)")
+        }
+    }
+
+    // MARK: Continued processing
+
+    /// A continued-processing request runs in the foreground launch that submitted it, at once
+    /// when a slot is free; otherwise it waits (`.queue`) or is refused (`.fail`).
+    func submitContinued(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String?) -> SubmissionRules.Rejection? {
+        let supported = conditions().supportedResources
+        if let rejection = SubmissionRules.check(request, app: bundle, pending: [], supportedResources: supported) { return rejection }
+        return queue.sync {
+            guard let launchID, let launch = running[launchID], launch.role == .foreground, !launch.closed else {
+                return .init(status: .unavailable, message: "continued-processing requests are submitted from the foreground: open the app (bgtask open \(bundle.identifier)) and submit from it")
+            }
+            if running.values.contains(where: { $0.continued.values.contains { $0.identifier == request.identifier } })
+                || continuedQueue.contains(where: { $0.request.identifier == request.identifier }) {
+                return .init(status: .immediateRunIneligible, message: "'\(request.identifier)' is already running or queued")
+            }
+            if continuedSlotsInUse() < configuration.maximumContinuedTasks {
+                startContinued(request, in: launchID)
+                return nil
+            }
+            if request.strategyFail {
+                return .init(status: .immediateRunIneligible, message: "all \(configuration.maximumContinuedTasks) continued-processing slots are busy and the request's strategy is .fail")
+            }
+            continuedQueue.append(QueuedContinued(launchID: launchID, request: request))
+            logger.info("continued-processing request queued", metadata: ["launch.id": "\(launchID)", "task.id": "\(request.identifier)"])
+            return nil
+        }
+    }
+
+    private func continuedSlotsInUse() -> Int {
+        running.values.reduce(0) { $0 + $1.continued.count }
+    }
+
+    /// On `queue`.
+    private func startContinued(_ request: WireTaskRequest, in launchID: String) {
+        guard var launch = running[launchID] else { return }
+        let task = TaskAssignment(task: launch.nextTaskID, identifier: request.identifier, kind: .continuedProcessing)
+        launch.nextTaskID += 1
+        launch.tasks.append(task)
+        launch.requests[request.identifier] = request
+        let now = Date()
+        launch.continued[task.task] = ContinuedTaskStatus(
+            launchID: launchID, app: launch.app, identifier: request.identifier, task: task.task,
+            title: request.title ?? "", subtitle: request.subtitle ?? "", completed: 0, total: 0,
+            startedAt: now, progressChangedAt: now, expiring: false)
+        running[launchID] = launch
+        launch.control.startTask(task)
+        logger.info("continued-processing task started", metadata: ["launch.id": "\(launchID)", "task.id": "\(request.identifier)"])
+        armStallTimer()
+    }
+
+    private func startQueuedContinued() {
+        while continuedSlotsInUse() < configuration.maximumContinuedTasks, !continuedQueue.isEmpty {
+            let next = continuedQueue.removeFirst()
+            guard running[next.launchID] != nil else { continue }
+            startContinued(next.request, in: next.launchID)
+        }
+    }
+
+    /// On `queue`.
+    private func launchEvent(_ launchID: String, _ event: LaunchControl.Event) {
+        guard running[launchID] != nil else { return }
+        switch event {
+        case .launched:
+            running[launchID]?.launched = true
+            if running[launchID]?.role == .foreground {
+                let stay = Double(configuration.foregroundStay.components.seconds) + Double(configuration.foregroundStay.components.attoseconds) / 1e18
+                running[launchID]?.staysUntil = Date().addingTimeInterval(stay)
+                queue.asyncAfter(deadline: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
+            }
+        case .taskBegan:
+            break
+        case .taskEnded(let task):
+            if var status = running[launchID]?.continued.removeValue(forKey: task) {
+                status.ended = true
+                recentlyEnded.append((status, Date().addingTimeInterval(3)))
+                startQueuedContinued()
+            }
+        case let .progress(task, completed, total):
+            guard var status = running[launchID]?.continued[task] else { return }
+            if status.completed != completed || status.total != total {
+                status.completed = completed
+                status.total = total
+                status.progressChangedAt = Date()
+            }
+            running[launchID]?.continued[task] = status
+        case let .title(task, title, subtitle):
+            running[launchID]?.continued[task]?.title = title
+            running[launchID]?.continued[task]?.subtitle = subtitle ?? ""
+        }
+        closeIfIdle(launchID)
+    }
+
+    /// A foreground launch whose entry has returned and that has nothing running or queued is
+    /// told that no more tasks will come; it then ends.
+    private func closeIfIdle(_ launchID: String) {
+        guard let launch = running[launchID], launch.role == .foreground, launch.launched, !launch.closed,
+              Date() >= launch.staysUntil ?? .distantFuture,
+              launch.continued.isEmpty, !continuedQueue.contains(where: { $0.launchID == launchID }) else { return }
+        running[launchID]?.closed = true
+        launch.control.close()
+    }
+
+    /// Expires continued tasks whose progress has not moved for `progressStallInterval`.
+    private func armStallTimer() {
+        guard stallTimer == nil else { return }
+        let stall = Double(configuration.progressStallInterval.components.seconds)
+            + Double(configuration.progressStallInterval.components.attoseconds) / 1e18
+        let period = max(0.05, min(1, stall / 4))
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + period, repeating: period)
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            let now = Date()
+            var any = false
+            for (id, launch) in self.running {
+                for (task, status) in launch.continued {
+                    any = true
+                    guard !status.expiring, now.timeIntervalSince(status.progressChangedAt) > stall else { continue }
+                    self.running[id]?.continued[task]?.expiring = true
+                    launch.control.expire(task: task, reason: "progress stalled")
+                    self.logger.info("expiring a continued-processing task: its progress stalled", metadata: ["launch.id": "\(id)", "task.id": "\(status.identifier)"])
+                }
+            }
+            if !any {
+                self.stallTimer?.cancel()
+                self.stallTimer = nil
+            }
+        }
+        timer.resume()
+        stallTimer = timer
+    }
+
+    private func open(_ request: ControlRequest) -> ControlResponse {
+        guard let app = request.app else { return .failure("bad-request", "open needs an app") }
+        let started = queue.sync { () -> (String, DispatchSemaphore)? in
+            guard !shuttingDown, let bundle = catalog.apps[app] else { return nil }
+            let id = startLaunch(bundle, requests: [], reason: "foreground", role: .foreground, eventJSON: request.event)
+            let semaphore = DispatchSemaphore(value: 0)
+            running[id]?.waiters.append(semaphore)
+            if running[id] == nil { semaphore.signal() }
+            return (id, semaphore)
+        }
+        guard let (id, semaphore) = started else {
+            return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+        }
+        var response = ControlResponse()
+        response.launchID = id
+        guard request.wait == true else { return response }
+        semaphore.wait()
+        response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
+        return response
+    }
+
+    private func cancelTask(_ request: ControlRequest) -> ControlResponse {
+        guard let identifier = request.identifier else { return .failure("bad-request", "cancel-task needs a task identifier") }
+        return queue.sync {
+            for (id, launch) in running {
+                guard let (task, _) = launch.continued.first(where: { $0.value.identifier == identifier }) else { continue }
+                running[id]?.continued[task]?.expiring = true
+                launch.control.expire(task: task, reason: "cancelled by the user")
+                var response = ControlResponse()
+                response.launchID = id
+                return response
+            }
+            if let index = continuedQueue.firstIndex(where: { $0.request.identifier == identifier }) {
+                let queued = continuedQueue.remove(at: index)
+                closeIfIdle(queued.launchID)
+                var response = ControlResponse()
+                response.launchID = queued.launchID
+                return response
+            }
+            return .failure("not-found", "no continued-processing task \(identifier) is running or queued")
         }
     }
 
@@ -437,6 +648,17 @@ public final class TaskHost: @unchecked Sendable {
         case "simulate-launch": return simulateLaunch(request)
         case "simulate-expire": return simulateExpire(request)
         case "extension-run": return runExtension(request)
+        case "open": return open(request)
+        case "cancel-task": return cancelTask(request)
+        case "progress":
+            return queue.sync {
+                var response = ControlResponse()
+                let now = Date()
+                recentlyEnded.removeAll { $0.until < now }
+                response.continued = (running.values.flatMap(\.continued.values) + recentlyEnded.map(\.status))
+                    .sorted { ($0.startedAt, $0.task) < ($1.startedAt, $1.task) }
+                return response
+            }
         default: return .failure("unknown-verb", "unknown verb '\(request.verb)'")
         }
     }
@@ -672,6 +894,8 @@ public final class TaskHost: @unchecked Sendable {
 /// host's now, and `pendingTaskRequests` moves them back.
 struct HostRequestBroker: LaunchRequestBroker {
     let host: TaskHost
+    /// The launch whose requests these are.
+    let launchID: String
 
     private var offset: TimeInterval {
         host.clock.mode == .virtual ? host.clock.now.timeIntervalSince(Date()) : 0
@@ -685,7 +909,7 @@ struct HostRequestBroker: LaunchRequestBroker {
         }
         var shifted = request
         shifted.earliestBeginDate = request.earliestBeginDate.map { $0 + offset }
-        return host.submit(shifted, app: owner)
+        return host.submit(shifted, app: owner, fromLaunch: launchID)
     }
 
     func cancel(identifier: String?, app: PluginBundle) {

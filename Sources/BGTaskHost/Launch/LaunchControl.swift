@@ -1,3 +1,4 @@
+import BGTaskWire
 import Foundation
 import Glibc
 
@@ -11,12 +12,27 @@ public final class LaunchControl: @unchecked Sendable {
     public enum Command: Sendable, Equatable {
         case expire(task: UInt64?, reason: String)
         case shutdown(reason: String)
+        /// Foreground launches: run one more task in the process.
+        case startTask(TaskAssignment)
+        /// Foreground launches: no more tasks will come.
+        case close
+    }
+
+    /// What a running launch reports, for its host's live views and decisions.
+    public enum Event: Sendable, Equatable {
+        case launched
+        case taskBegan(task: UInt64)
+        case taskEnded(task: UInt64)
+        case progress(task: UInt64, completed: Int64, total: Int64)
+        case title(task: UInt64, title: String, subtitle: String?)
     }
 
     private let lock = NSLock()
     private var commands: [Command] = []
     private var pipeFDs: [Int32] = [-1, -1]
     public var onStart: (@Sendable (Int32) -> Void)?
+    /// Called on the supervising thread for each event; must not block.
+    public var onEvent: (@Sendable (Event) -> Void)?
 
     public init() {
         if pipe(&pipeFDs) == 0 {
@@ -28,11 +44,13 @@ public final class LaunchControl: @unchecked Sendable {
     }
 
     deinit {
-        for fd in pipeFDs where fd >= 0 { close(fd) }
+        for fd in pipeFDs where fd >= 0 { Glibc.close(fd) }
     }
 
     public func expire(task: UInt64?, reason: String) { post(.expire(task: task, reason: reason)) }
     public func shutdown(reason: String) { post(.shutdown(reason: reason)) }
+    public func startTask(_ task: TaskAssignment) { post(.startTask(task)) }
+    public func close() { post(.close) }
 
     private func post(_ command: Command) {
         lock.withLock { commands.append(command) }

@@ -60,6 +60,8 @@ public struct LaunchPlan: Sendable {
     public var eventJSON: String?
     /// Extra environment for the child (over the parent's own).
     public var environment: [String: String]
+    /// BGTASK_RESOURCE_* bits `BGTaskScheduler.supportedResources` reports in the launch.
+    public var supportedResources: UInt32 = 0
 
     public init(
         bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: String,

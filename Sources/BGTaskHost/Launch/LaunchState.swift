@@ -34,11 +34,18 @@ struct LaunchState {
     var expiredAtNs: UInt64?
     var peakRSS: UInt64 = 0
     var cgroup: CgroupV2.LaunchGroup?
+    /// Tasks added to a running (foreground) launch, in order.
+    var addedTasks: [TaskAssignment] = []
 
     init(plan: LaunchPlan, startNs: UInt64) {
         self.plan = plan
         self.startNs = startNs
         tasks = Dictionary(uniqueKeysWithValues: plan.tasks.map { ($0.task, TaskProgress(assignment: $0)) })
+    }
+
+    mutating func addTask(_ task: TaskAssignment) {
+        addedTasks.append(task)
+        tasks[task.task] = TaskProgress(assignment: task)
     }
 
     /// Records a reason to end the launch; the first one wins.
@@ -132,7 +139,7 @@ struct LaunchState {
             termination = .exited
         }
 
-        let taskRecords = plan.tasks.map { assignment -> RunRecord.TaskRecord in
+        let taskRecords = (plan.tasks + addedTasks).map { assignment -> RunRecord.TaskRecord in
             let progress = tasks[assignment.task] ?? TaskProgress(assignment: assignment)
             let outcome: RunRecord.Outcome
             if progress.notRegistered {

@@ -122,6 +122,7 @@ public struct LaunchSupervisor: Sendable {
             bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
             dataDirectory: plan.dataDirectory.path, permittedIdentifiers: plan.bundle.permittedIdentifiers,
             tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON,
+            supportedResources: plan.supportedResources,
             memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
                 ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
         do { try channels.parent.send(ParentMessage.start(assignment)) } catch {
@@ -144,7 +145,7 @@ public struct LaunchSupervisor: Sendable {
         // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
         Self.reapOrphans()
-        drain(channel: channels.parent, plan: plan, broker: broker, state: &state)
+        drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
         let endNs = bgtask_monotonic_ns()
         let record = state.record(
@@ -226,6 +227,11 @@ public struct LaunchSupervisor: Sendable {
                         }
                         try? channel.send(ParentMessage.expire(task: task, reason: reason))
                         logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
+                    case let .startTask(task):
+                        state.addTask(task)
+                        try? channel.send(ParentMessage.startTask(task))
+                    case .close:
+                        try? channel.send(ParentMessage.close)
                     case let .shutdown(reason):
                         let now = bgtask_monotonic_ns()
                         if state.expiredAtNs == nil { state.expiredAtNs = now }
@@ -236,7 +242,7 @@ public struct LaunchSupervisor: Sendable {
             }
             if channelOpen, fds.count > 2, fds[2].revents != 0 {
                 let wasFinished = state.finished
-                channelOpen = receive(channel: channel, plan: plan, broker: broker, state: &state)
+                channelOpen = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
                 if state.finished && !wasFinished {
                     // All tasks ended: nothing the launch started may outlive it.
                     for descendant in ProcessTree.descendants(of: pid) { kill(descendant, SIGKILL) }
@@ -268,7 +274,8 @@ public struct LaunchSupervisor: Sendable {
     }
 
     /// Reads every packet available. Returns false once the channel is closed or unusable.
-    private func receive(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) -> Bool {
+    private func receive(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
+                         state: inout LaunchState) -> Bool {
         while true {
             let packet: [UInt8]?
             do {
@@ -287,15 +294,16 @@ public struct LaunchSupervisor: Sendable {
                 state.end(.crashed, error: "the launch wrote garbage to its channel: \(error)")
                 return false
             }
-            handle(message, channel: channel, plan: plan, broker: broker, state: &state)
+            handle(message, channel: channel, plan: plan, broker: broker, control: control, state: &state)
         }
     }
 
-    private func drain(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) {
-        _ = receive(channel: channel, plan: plan, broker: broker, state: &state)
+    private func drain(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?, state: inout LaunchState) {
+        _ = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
     }
 
-    private func handle(_ message: ChildMessage, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, state: inout LaunchState) {
+    private func handle(_ message: ChildMessage, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
+                        control: LaunchControl?, state: inout LaunchState) {
         switch message {
         case .submit(let seq, let request):
             let rejection = broker.submit(request, app: plan.bundle)
@@ -310,6 +318,16 @@ public struct LaunchSupervisor: Sendable {
             state.appendLog(level: level, text, to: plan.logFile)
         default:
             state.apply(message)
+        }
+        guard let onEvent = control?.onEvent else { return }
+        switch message {
+        case .launched: onEvent(.launched)
+        case .taskBegan(let task, _): onEvent(.taskBegan(task: task))
+        case .taskCompleted(let task, _, _): onEvent(.taskEnded(task: task))
+        case .taskNotRegistered(let task): onEvent(.taskEnded(task: task))
+        case .progress(let task, let completed, let total): onEvent(.progress(task: task, completed: completed, total: total))
+        case .title(let task, let title, let subtitle): onEvent(.title(task: task, title: title, subtitle: subtitle))
+        default: break
         }
     }
 

@@ -13,11 +13,12 @@ import Glibc
 
 @_cdecl("bgtask_plugin_entry")
 public func bgtaskPluginEntry() -> UnsafeRawPointer {
-    BGTaskPlugin.entry(name: "Misbehaving") { _ in
+    BGTaskPlugin.entry(name: "Misbehaving") { launch in
         let mode = ProcessInfo.processInfo.environment["BGTASK_FIXTURE_MODE"] ?? "normal"
         switch mode {
         case "", "normal":
             Misbehaving.registerAll()
+            if launch.role == .foreground { Misbehaving.continued(launch.eventJSON) }
         case "register-twice":
             Misbehaving.registerOK()
             Misbehaving.registerOK()
@@ -48,6 +49,53 @@ struct UnknownMode: Error, CustomStringConvertible, LocalizedError {
 
 enum Misbehaving {
     static let prefix = "com.example.misbehaving."
+
+    /// Foreground launches: submit continued-processing tasks as the event says:
+    /// {"continued": ["fast", "stall", "slow"], "strategy": "queue"|"fail", "gpu": true}.
+    /// fast: 10 steps of 20 ms; slow: 10 steps of 200 ms; stall: one step, then nothing
+    /// (its expiration handler completes it with false).
+    static func continued(_ eventJSON: String?) {
+        struct Event: Decodable { var continued: [String]?; var strategy: String?; var gpu: Bool? }
+        guard let json = eventJSON, let event = try? JSONDecoder().decode(Event.self, from: Data(json.utf8)) else { return }
+        for name in event.continued ?? [] {
+            let identifier = prefix + "continued." + name
+            BGTaskScheduler.shared.register(forTaskWithIdentifier: identifier, using: nil) { task in
+                let task = task as! BGContinuedProcessingTask
+                let stop = DispatchSemaphore(value: 0)
+                task.expirationHandler = {
+                    print("misbehaving: \(identifier) expired")
+                    stop.signal()
+                }
+                task.progress.totalUnitCount = 10
+                let steps = name == "stall" ? 1 : 10
+                for step in 1...steps {
+                    if stop.wait(timeout: .now() + .milliseconds(name == "slow" ? 200 : 20)) == .success {
+                        task.setTaskCompleted(success: false)
+                        return
+                    }
+                    task.progress.completedUnitCount = Int64(step)
+                    task.updateTitle("Misbehaving \(name)", subtitle: "step \(step) of 10")
+                }
+                if name == "stall" {
+                    stop.wait()
+                    task.setTaskCompleted(success: false)
+                    return
+                }
+                task.setTaskCompleted(success: true)
+            }
+            let request = BGContinuedProcessingTaskRequest(identifier: identifier, title: "Misbehaving \(name)", subtitle: "starting")
+            request.strategy = event.strategy == "fail" ? .fail : .queue
+            if event.gpu == true { request.requiredResources = .gpu }
+            do {
+                try BGTaskScheduler.shared.submit(request)
+                print("misbehaving: submitted \(identifier)")
+            } catch let error as BGTaskScheduler.Error {
+                print("misbehaving: submit \(identifier) failed: code \(error.code.rawValue): \(error.localizedDescription)")
+            } catch {
+                print("misbehaving: submit \(identifier) failed: \(error)")
+            }
+        }
+    }
 
     static func register(_ name: String, _ handler: @escaping (BGTask) -> Void) {
         BGTaskScheduler.shared.register(forTaskWithIdentifier: prefix + name, using: nil, launchHandler: handler)

@@ -1,0 +1,96 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import Testing
+
+@Suite struct ContinuedProcessingTests {
+    @Test func anExportStartedInTheForegroundRunsWithLiveProgress() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
+        try host.start()
+        defer { host.stop() }
+        // Some stories to export: two refreshes, 10 items.
+        for _ in 0..<2 {
+            #expect(try host.cli(["simulate-launch", "com.example.feed.refresh", "--force", "--type", "refresh"]).status == 0)
+        }
+
+        let opened = try host.cli(["open", "com.example.feed", "--event", #"{"action": "export"}"#])
+        #expect(opened.status == 0, "\(opened.stderr)")
+        let progress = try host.cli(["progress", "--wait", "10s"])
+        #expect(progress.status == 0)
+        let lines = progress.stdout.split(separator: "\n")
+        #expect(lines.count >= 3, "one line per update: \(progress.stdout)")
+        #expect(lines.contains { $0.contains("com.example.feed.export.archive") && $0.contains("Exporting feed") && $0.contains("of 10 stories") })
+        #expect(lines.contains { $0.contains("100%") || $0.contains("10/10") }, "\(progress.stdout)")
+
+        let records = try host.waitForHistory(count: 3)
+        let foreground = try #require(records.first { $0.reason == "foreground" })
+        #expect(foreground.termination == .exited)
+        let export = try #require(foreground.task("com.example.feed.export.archive"))
+        #expect(export.type == .continuedProcessing)
+        #expect(export.outcome == .succeeded)
+        #expect(foreground.submitted.map(\.identifier).contains("com.example.feed.export.archive"))
+        let exported = try JSONSerialization.jsonObject(with: Data(contentsOf: scratch.state.appendingPathComponent("containers/com.example.feed/export.json"))) as? [Any]
+        #expect(exported?.count == 10)
+    }
+
+    @Test func stalledProgressExpiresAndTheUserCanCancel() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--stall", "500ms", "--max-continued", "1"])
+        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
+        try host.start()
+        defer { host.stop() }
+
+        // One slot: "stall" runs, "slow" waits in the queue, "eager" (strategy .fail) is refused.
+        #expect(try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["stall", "slow"]}"#]).status == 0)
+        let failed = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["eager"], "strategy": "fail"}"#, "--wait", "--json"])
+        let refusedLaunch = try RunRecord.decode(Data(failed.stdout.utf8))
+        let refusedLog = try String(contentsOfFile: refusedLaunch.log, encoding: .utf8)
+        #expect(refusedLog.contains("submit com.example.misbehaving.continued.eager failed: code 4"), "immediateRunIneligible: \(refusedLog)")
+
+        // The stalled task is expired after 500 ms without progress; then "slow" gets the slot,
+        // and the user cancels it.
+        var cancelled = false
+        for _ in 0..<300 where !cancelled {
+            cancelled = try host.cli(["cancel-task", "com.example.misbehaving.continued.slow"]).status == 0
+                && true
+            if !cancelled { usleep(20_000) }
+        }
+        #expect(cancelled)
+        let records = try host.waitForHistory(count: 2)
+        let launch = try #require(records.first { $0.task("com.example.misbehaving.continued.stall") != nil })
+        #expect(launch.task("com.example.misbehaving.continued.stall")?.outcome == .expired)
+        #expect(launch.task("com.example.misbehaving.continued.slow")?.outcome == .expired, "cancel runs the expiration handler")
+        #expect(launch.termination == .exited)
+    }
+
+    @Test func gpuTasksNeedTheEntitlementAndAGPU() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
+        try host.start()
+        defer { host.stop() }
+        _ = try host.cli(["device", "--gpu", "on"])
+        let result = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["fast"], "gpu": true}"#, "--wait", "--json"])
+        let record = try RunRecord.decode(Data(result.stdout.utf8))
+        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        #expect(log.contains("failed: code 3"), "notPermitted without the GPU entitlement: \(log)")
+        #expect(log.contains("continued-processing.gpu"))
+    }
+
+    @Test func continuedRequestsComeFromTheForeground() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
+        try host.start()
+        defer { host.stop() }
+        let result = try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.continued.fast", "--type", "continued-processing"])
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("submitted from the foreground"), "\(result.stderr)")
+    }
+}
