@@ -130,12 +130,14 @@ final class Runner: @unchecked Sendable {
     func startTasks() {
         let toStart: [TaskAssignment] = lock.withLock {
             launchFinished = true
-            tasksStarted = true
             defer { deferredTasks.removeAll() }
             return assignment.tasks + deferredTasks
         }
         report(.launched(at: bgtask_monotonic_ns()))
         for task in toStart { begin(task) }
+        // Only now may the launch end: a task that completes at once must not end it before
+        // the others have started.
+        lock.withLock { tasksStarted = true }
         signalEndIfDone()
     }
 
