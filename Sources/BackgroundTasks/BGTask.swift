@@ -84,6 +84,8 @@ open class BGContinuedProcessingTask: BGTask, ProgressReporting, @unchecked Send
             _title = title
             _subtitle = subtitle
         }
+        // Text usually describes the progress: send the progress first, so the two agree.
+        reportProgress()
         if let (api, host) = HostConnection.current.connection, api.has(\.update_title) {
             title.withCString { t in subtitle.withCString { s in api.update_title(host, taskID, t, s) } }
         }
