@@ -2,9 +2,15 @@
 #include "bgtask_system_shims.h"
 
 #include <errno.h>
+#include <stdlib.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -84,3 +90,114 @@ int bgtask_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
 }
 
 int bgtask_accept_cloexec(int fd) { return accept4(fd, NULL, NULL, SOCK_CLOEXEC); }
+
+/* ---- The zygote (a pre-warmed, single-threaded launcher; see Zygote.swift) ---- */
+
+pid_t bgtask_clone_parent(void) {
+    fflush(NULL);
+    /* CLONE_PARENT: the child is the caller's *parent's* child, so the host can wait4 it, get
+     * its rusage and watch it with a pidfd as if it had spawned it. Raw clone: the caller is
+     * single-threaded, so nothing fork()'s atfork handlers would fix can be inconsistent. */
+    return (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, NULL, NULL, 0);
+}
+
+int bgtask_thread_count(void) {
+    DIR *dir = opendir("/proc/self/task");
+    if (!dir) return -1;
+    int count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        if (entry->d_name[0] != '.') count++;
+    }
+    closedir(dir);
+    return count;
+}
+
+void bgtask_reset_signals(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        sigaction(sig, &action, NULL);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+void bgtask_close_from(int lowest) {
+    if (syscall(SYS_close_range, (unsigned)lowest, ~0u, 0) == 0) return;
+    for (int fd = lowest; fd < 65536; fd++) close(fd);
+}
+
+int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length) {
+    struct iovec io = {.iov_base = (void *)payload, .iov_len = length};
+    char control[CMSG_SPACE(sizeof(int) * 8)];
+    memset(control, 0, sizeof control);
+    struct msghdr message = {.msg_iov = &io, .msg_iovlen = 1};
+    if (count > 0) {
+        if (count > 8) { errno = EINVAL; return -1; }
+        message.msg_control = control;
+        message.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)count);
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)count);
+        memcpy(CMSG_DATA(header), fds, sizeof(int) * (size_t)count);
+    }
+    ssize_t sent;
+    do { sent = sendmsg(socket, &message, MSG_NOSIGNAL); } while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -1 : 0;
+}
+
+ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t length) {
+    struct iovec io = {.iov_base = buffer, .iov_len = length};
+    char control[CMSG_SPACE(sizeof(int) * 8)];
+    struct msghdr message = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    ssize_t received;
+    do { received = recvmsg(socket, &message, MSG_CMSG_CLOEXEC); } while (received < 0 && errno == EINTR);
+    int found = 0;
+    if (received >= 0) {
+        for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
+            if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+            int n = (int)((header->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < n; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(header) + sizeof(int) * (size_t)i, sizeof fd);
+                if (found < *count) fds[found++] = fd; else close(fd);
+            }
+        }
+    }
+    *count = found;
+    return received;
+}
+
+int bgtask_set_process_title(const char *title) {
+    /* setproctitle, as PostgreSQL does: /proc/PID/cmdline shows the process's argument area,
+     * so rewriting that memory in place renames the process for ps and for the host. The area's
+     * bounds are fields 48 and 49 of /proc/self/stat. */
+    FILE *stat = fopen("/proc/self/stat", "r");
+    if (!stat) return -1;
+    char buffer[4096];
+    size_t n = fread(buffer, 1, sizeof buffer - 1, stat);
+    fclose(stat);
+    buffer[n] = 0;
+    char *p = strrchr(buffer, ')');
+    if (!p) return -1;
+    p += 2; /* field 3 starts here */
+    unsigned long long start = 0, end = 0;
+    for (int field = 3; field <= 49 && *p; field++) {
+        char *next = strchr(p, ' ');
+        if (field == 48) start = strtoull(p, NULL, 10);
+        if (field == 49) end = strtoull(p, NULL, 10);
+        if (!next) break;
+        p = next + 1;
+    }
+    if (start == 0 || end <= start) return -1;
+    size_t length = (size_t)(end - start);
+    char *area = (char *)(uintptr_t)start;
+    memset(area, 0, length);
+    strncpy(area, title, length - 1);
+    return 0;
+}

@@ -1,1 +1,1 @@
-print("bgtask-bench: not written yet")
+BGTaskBench.main()

@@ -9,6 +9,18 @@ import _BGTaskSystemShims
 
 nonisolated(unsafe) var hostTable: UnsafeMutablePointer<bgtask_host_api>!
 
+// A zygote serves fork requests until its host goes away; the children it forks return here and
+// carry on as ordinary runners.
+if CommandLine.arguments.dropFirst().first == "--zygote" {
+    ZygoteServer.serve()
+}
+
+// Named for ps and for the host, which finds a launch's processes by it (a runner forked by the
+// zygote has the zygote's original environment in /proc/PID/environ, not its own).
+if let launchID = getenv("BGTASK_LAUNCH_ID") {
+    _ = bgtask_set_process_title("bgtask-launch \(String(cString: launchID)) \(getenv("BGTASK_BUNDLE_ID").map { String(cString: $0) } ?? "")")
+}
+
 /// A plugin crash must not write a core file into someone's working directory.
 var noCore = rlimit(rlim_cur: 0, rlim_max: 0)
 setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &noCore)

@@ -37,12 +37,16 @@ extension BGTaskCommand {
         @Option(name: .customLong("foreground-stay"), help: ArgumentHelp("How long an opened app stays in the foreground after launching. Default: 1 s.", valueName: "duration"))
         var foregroundStay: DurationArgument?
 
+        @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).")
+        var launcher: String = "zygote"
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
 
         func validate() throws {
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
+            guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
         }
 
@@ -54,6 +58,7 @@ extension BGTaskCommand {
             configuration.clock = clock
             configuration.maximumConcurrentLaunches = maxLaunches
             configuration.maximumContinuedTasks = maxContinued
+            configuration.useZygote = launcher == "zygote"
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

@@ -120,7 +120,7 @@ import Testing
         #expect(why.blockers.map(\.code).contains("refresh-disabled"))
     }
 
-    /// Live processes whose environment carries this launch id.
+    /// Live processes of this launch (by their title or environment).
     func processes(withLaunchID id: String) -> [pid_t] {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         return entries.compactMap(pid_t.init).filter { processExists($0) && ProcessTree.launchID(of: $0) == id }

@@ -21,6 +21,11 @@ final class HostProcess: @unchecked Sendable {
 
     var logPath: String { scratch.url.appendingPathComponent("host.log").path }
 
+    /// A test that failed half-way must not leave its host running.
+    deinit {
+        if pid > 0 { crash() }
+    }
+
     func start() throws {
         let log = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
         defer { close(log) }

@@ -23,6 +23,8 @@ public final class TaskHost: @unchecked Sendable {
         public var memoryLimitBytes: UInt64?
         public var cgroupRoot: URL?
         public var runnerPath: String = LaunchSupervisor.defaultRunnerPath()
+        /// Fork launches from a pre-warmed zygote (the fast path), or spawn the runner each time.
+        public var useZygote = true
         /// How often device conditions are re-read while something depends on them.
         public var conditionsInterval: Duration = .seconds(1)
         /// Continued-processing tasks that may run at once, over all apps.
@@ -102,6 +104,7 @@ public final class TaskHost: @unchecked Sendable {
         clock = try HostClock(mode: configuration.clock, store: store)
         supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
         supervisor.cgroupRoot = configuration.cgroupRoot
+        if configuration.useZygote { supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: logger) }
         unlockedSinceBoot = (try? store.setting("device.locked")) != "on"
     }
 
@@ -168,6 +171,7 @@ public final class TaskHost: @unchecked Sendable {
         guard shuttingDown, running.isEmpty else { return }
         watcher?.stop()
         server?.stop()
+        supervisor.zygote?.stop()
         logger.info("host stopped")
         stopped.signal()
     }

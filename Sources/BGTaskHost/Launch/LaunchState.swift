@@ -34,6 +34,7 @@ struct LaunchState {
     var expiredAtNs: UInt64?
     var peakRSS: UInt64 = 0
     var cgroup: CgroupV2.LaunchGroup?
+    var launcher = "spawn"
     /// Tasks added to a running (foreground) launch, in order.
     var addedTasks: [TaskAssignment] = []
 
@@ -167,6 +168,7 @@ struct LaunchState {
             memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: cgroup == nil ? "sampler" : "cgroup",
             budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
-            log: plan.logFile.path, registered: registered, refusedRegistrations: refused, submitted: submitted)
+            log: plan.logFile.path, registered: registered, refusedRegistrations: refused, submitted: submitted,
+            launcher: launcher)
     }
 }

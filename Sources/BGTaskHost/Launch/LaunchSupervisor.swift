@@ -20,6 +20,9 @@ public struct LaunchSupervisor: Sendable {
     /// A delegated cgroup v2 directory: when set, memory limits are kernel-enforced with one
     /// child cgroup per launch (`memory.max`) instead of sampled.
     public var cgroupRoot: URL?
+    /// The fast path: fork launches from a pre-warmed zygote instead of spawning the runner.
+    /// Falls back to posix_spawn when the zygote cannot serve.
+    public var zygote: Zygote?
 
     public init(runnerPath: String, logger: Logger) {
         self.runnerPath = runnerPath
@@ -67,25 +70,41 @@ public struct LaunchSupervisor: Sendable {
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
-        var environment = ProcessInfo.processInfo.environment
-        environment["HOME"] = plan.dataDirectory.path
-        environment["TMPDIR"] = plan.dataDirectory.appendingPathComponent("tmp").path
-        environment["BGTASK_LAUNCH_ID"] = plan.launchID
-        environment["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
-        if environment["SWIFT_BACKTRACE"] == nil { environment["SWIFT_BACKTRACE"] = "enable=no" }
-        for (key, value) in plan.environment { environment[key] = value }
+        // What a launch's environment changes over the host's own.
+        var overrides: [String: String] = [
+            "HOME": plan.dataDirectory.path,
+            "TMPDIR": plan.dataDirectory.appendingPathComponent("tmp").path,
+            "BGTASK_LAUNCH_ID": plan.launchID,
+            "BGTASK_BUNDLE_ID": plan.bundle.identifier,
+        ]
+        if ProcessInfo.processInfo.environment["SWIFT_BACKTRACE"] == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
+        for (key, value) in plan.environment { overrides[key] = value }
 
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
         // process instead of init, so they can be found and killed.
         _ = bgtask_set_child_subreaper()
-        let argv = [runnerPath, plan.bundle.identifier]
-        let envp = environment.map { "\($0.key)=\($0.value)" }
         let startNs = bgtask_monotonic_ns()
         let startedAt = Date()
         var pid: pid_t = 0
-        let spawnError = withCStrings(argv) { cArgv in
-            withCStrings(envp) { cEnvp in
-                bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, logFD, logFD, &pid)
+        var spawnError: Int32 = 0
+        var forked = false
+        if let zygote {
+            do {
+                pid = try zygote.launch(channel: channels.child.fd, stdin: nullFD, log: logFD, environment: overrides)
+                forked = true
+            } catch {
+                logger.warning("zygote unavailable; spawning the runner instead", metadata: ["error": "\(error)"])
+            }
+        }
+        if !forked {
+            var environment = ProcessInfo.processInfo.environment
+            for (key, value) in overrides { environment[key] = value }
+            let argv = [runnerPath, plan.bundle.identifier]
+            let envp = environment.map { "\($0.key)=\($0.value)" }
+            spawnError = withCStrings(argv) { cArgv in
+                withCStrings(envp) { cEnvp in
+                    bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, logFD, logFD, &pid)
+                }
             }
         }
         channels.child.close()
@@ -116,6 +135,7 @@ public struct LaunchSupervisor: Sendable {
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
         var state = LaunchState(plan: plan, startNs: startNs)
+        state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
         let assignment = LaunchAssignment(
             launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,

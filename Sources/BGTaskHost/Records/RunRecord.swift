@@ -80,6 +80,8 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var refusedRegistrations: [String]
     /// Requests the app submitted during the launch.
     public var submitted: [WireTaskRequest]
+    /// How the child was started: `zygote` (forked from the pre-warmed launcher) or `spawn`.
+    public var launcher: String?
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -87,7 +89,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
-        case refusedRegistrations = "refused_registrations"
+        case refusedRegistrations = "refused_registrations", launcher
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,

@@ -65,6 +65,7 @@ enum ProcessTree {
     /// forking and then kills its own runner can hide an orphan from this test; the runner
     /// kills its descendants itself on every normal exit.
     static func isLaunchProcess(_ pid: pid_t) -> Bool {
+        if readFile("/proc/\(pid)/cmdline").starts(with: Array("bgtask-launch ".utf8)) { return true }
         let environment = readFile("/proc/\(pid)/environ", limit: 1 << 20)
         return environment.split(separator: 0).contains { $0.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) }
     }
@@ -92,6 +93,12 @@ enum ProcessTree {
 extension ProcessTree {
     /// The `BGTASK_LAUNCH_ID` in `pid`'s environment, or nil (not a launch process, or gone).
     static func launchID(of pid: pid_t) -> String? {
+        // A runner (and what it forked) carries its launch in its title: "bgtask-launch ID APP".
+        if let cmdline = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline"),
+           cmdline.starts(with: Array("bgtask-launch ".utf8)) {
+            let words = cmdline.prefix { $0 != 0 }.split(separator: UInt8(ascii: " "))
+            if words.count >= 2 { return String(decoding: words[1], as: UTF8.self) }
+        }
         let path = "/proc/\(pid)/environ"
         guard let data = FileManager.default.contents(atPath: path) else { return nil }
         for entry in data.split(separator: 0) where entry.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) {

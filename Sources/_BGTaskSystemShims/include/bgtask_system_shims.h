@@ -46,4 +46,23 @@ int bgtask_pipe_cloexec(int fds[2]);
 /* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
 uint64_t bgtask_monotonic_ns(void);
 
+/* Rewrites this process's argument area, so /proc/PID/cmdline (and ps) shows `title`,
+ * truncated to the area's size. 0, or -1. */
+int bgtask_set_process_title(const char *title);
+
+/* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
+ * the child); only for a single-threaded caller. */
+pid_t bgtask_clone_parent(void);
+/* Threads of this process (from /proc/self/task), or -1. */
+int bgtask_thread_count(void);
+/* Every signal to its default action, none blocked. */
+void bgtask_reset_signals(void);
+/* Closes every descriptor >= lowest. */
+void bgtask_close_from(int lowest);
+/* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno. */
+int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);
+/* recvmsg; *count in: capacity of fds, out: descriptors received (close-on-exec). Returns the
+ * payload length, 0 at end of stream, -1 and errno. */
+ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t length);
+
 #endif

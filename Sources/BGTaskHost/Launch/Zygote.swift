@@ -1,0 +1,108 @@
+import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
+
+/// The fast launch path: a pre-warmed, single-threaded `bgtask-runner --zygote` that forks one
+/// child per launch (with CLONE_PARENT, so the child is this process's own: waitable, with
+/// rusage and a pidfd, exactly like a spawned runner). A launch then costs a fork and a
+/// descriptor handoff instead of an exec, dynamic linking and a Swift runtime start-up.
+///
+/// Started on first use, restarted once if it died; if it cannot start (or is not
+/// single-threaded), `launch` throws and the supervisor falls back to posix_spawn. Thread-safe:
+/// requests are serialized.
+public final class Zygote: @unchecked Sendable {
+    public let runnerPath: String
+    private let logger: Logger
+    private let lock = NSLock()
+    private var socket: Int32 = -1
+    private var pid: pid_t = 0
+
+    public init(runnerPath: String, logger: Logger) {
+        self.runnerPath = runnerPath
+        self.logger = logger
+    }
+
+    deinit { stop() }
+
+    /// Forks a runner child with `channel` as fd 3, `stdin` as 0, `log` as 1 and 2, and
+    /// `environment` over the zygote's own (the host's, at zygote start). Returns its pid.
+    public func launch(channel: Int32, stdin: Int32, log: Int32, environment: [String: String]) throws(BGTaskError) -> pid_t {
+        let payload = environment.map { "\($0.key)=\($0.value)" }.joined(separator: "\0")
+        lock.lock()
+        defer { lock.unlock() }
+        do {
+            for attempt in 0..<2 {
+                if socket < 0 { try startLocked() }
+                let fds = [channel, stdin, log]
+                let sent = Array(payload.utf8).withUnsafeBytes { raw in
+                    fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
+                }
+                if sent == 0, let answer = readReply() {
+                    if answer.hasPrefix("pid "), let child = pid_t(answer.dropFirst(4)) { return child }
+                    throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(answer)")
+                }
+                logger.warning("the zygote is gone; restarting it", metadata: ["attempt": "\(attempt + 1)"])
+                stopLocked()
+            }
+        }
+        throw BGTaskError(.launch, file: runnerPath, "the zygote keeps dying")
+    }
+
+    /// Ends the zygote (it exits when its socket closes) and reaps it.
+    public func stop() {
+        lock.withLock { stopLocked() }
+    }
+
+    private func startLocked() throws(BGTaskError) {
+        var fds: [Int32] = [-1, -1]
+        let kind = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        try syscall("socketpair") { socketpair(AF_UNIX, kind, 0, &fds) }
+        defer { close(fds[1]) }
+        let null = try syscall("open /dev/null") { open("/dev/null", O_RDWR | O_CLOEXEC) }
+        defer { close(null) }
+        var environment = ProcessInfo.processInfo.environment
+        environment["BGTASK_LAUNCH_ID"] = nil
+        let arguments: [String] = [runnerPath, "--zygote"]
+        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var child: pid_t = 0
+        // The zygote's own output goes nowhere; each launch's goes to its log.
+        let rc = bgtask_spawn(runnerPath, argv, envp, fds[1], null, null, 2, &child)
+        guard rc == 0 else {
+            close(fds[0])
+            throw BGTaskError(.launch, file: runnerPath, errno: rc, "cannot spawn the zygote")
+        }
+        socket = fds[0]
+        pid = child
+        guard let ready = readReply(), ready.hasPrefix("ready "), let threads = Int(ready.dropFirst(6)) else {
+            stopLocked()
+            throw BGTaskError(.launch, file: runnerPath, "the zygote did not report ready")
+        }
+        guard threads == 1 else {
+            stopLocked()
+            throw BGTaskError(.launch, file: runnerPath, "the zygote has \(threads) threads; forking it would not be safe")
+        }
+        logger.debug("zygote started", metadata: ["zygote.pid": "\(child)"])
+    }
+
+    private func readReply() -> String? {
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[0..<n], as: UTF8.self)
+    }
+
+    private func stopLocked() {
+        if socket >= 0 {
+            close(socket)
+            socket = -1
+        }
+        if pid > 0 {
+            var status: Int32 = 0
+            _ = bgtask_wait4(pid, &status, 0, nil)
+            pid = 0
+        }
+    }
+}

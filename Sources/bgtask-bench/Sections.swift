@@ -1,0 +1,331 @@
+import BGTaskHost
+import BGTaskWire
+import Foundation
+import Glibc
+
+/// The four sections of the run; each measures its figures and their floors back to back.
+struct SectionRunner {
+    let report: Report
+    let iterations: Iterations
+    let root: URL
+
+    // MARK: Launch latency and throughput
+
+    func launch() throws {
+        report.section("launch: fork floor vs LaunchSupervisor.run of the BenchPlugin (posix_spawn of bgtask-runner)")
+        let n = iterations
+        progress("launch: fork floor (\(n.forkLatency) × fork + _exit + waitpid)")
+        let fork = try Floors.forkLatency(n.forkLatency)
+        let benchRSS = ProcStat.rss(getpid()).map(Double.init) ?? .nan
+
+        let bench = try LaunchBench(root: root.appendingPathComponent("launch"))
+        progress("launch: \(n.launchLatency) no-op launches for latency")
+        let latency = try bench.latency(n.launchLatency)
+
+        progress("launch: throughput (\(n.forkThroughput) forks, \(n.launchThroughput) launches; sequential and 2 threads)")
+        let forkSeq = Floors.forkThroughput(n.forkThroughput, threads: 1)
+        let launchSeq = try bench.throughput(n.launchThroughput, threads: 1)
+        let forkC2 = Floors.forkThroughput(n.forkThroughput, threads: 2)
+        let launchC2 = try bench.throughput(n.launchThroughput, threads: 2)
+
+        let floor = fork.p50
+        report.set("fork_floor_p50_us", floor, 1)
+        report.set("fork_floor_p99_us", fork.p99, 1)
+        report.set("fork_floor_samples", .int(fork.count))
+        report.set("fork_floor_parent_rss_mib", benchRSS / 1_048_576, 1)
+        report.set("launch_p50_us", latency.spawn.p50, 1)
+        report.set("launch_p50_over_floor", latency.spawn.p50 / floor, 2)
+        report.set("launch_p99_us", latency.spawn.p99, 1)
+        report.set("launch_p99_over_floor", latency.spawn.p99 / floor, 2)
+        report.set("launch_samples", .int(latency.spawn.count))
+        report.set("launch_from_call_p50_us", latency.call.p50, 1)
+        report.set("launch_from_call_p99_us", latency.call.p99, 1)
+        report.set("launch_from_call_p50_over_floor", latency.call.p50 / floor, 2)
+        report.set("fork_throughput_per_s", forkSeq, 1)
+        report.set("launch_throughput_per_s", launchSeq, 1)
+        report.set("launch_throughput_over_floor", launchSeq / forkSeq, 3)
+        report.set("fork_throughput_c2_per_s", forkC2, 1)
+        report.set("launch_throughput_c2_per_s", launchC2, 1)
+        report.set("launch_throughput_c2_over_floor", launchC2 / forkC2, 3)
+
+        report.row("fork floor p50 (fork+_exit+waitpid)", us(floor), target: "floor")
+        report.row("launch p50 (spawn → handler entered)", us(latency.spawn.p50), floor: "fork p50 \(us(floor))",
+                   ratio: times(latency.spawn.p50 / floor), target: "≤ 2× floor",
+                   verdict: verdict(latency.spawn.p50 <= 2 * floor, missedBy: times(latency.spawn.p50 / (2 * floor)) + " over"))
+        report.row("launch p99 (spawn → handler entered)", us(latency.spawn.p99), floor: "fork p50 \(us(floor))",
+                   ratio: times(latency.spawn.p99 / floor), target: "≤ 3× floor",
+                   verdict: verdict(latency.spawn.p99 <= 3 * floor, missedBy: times(latency.spawn.p99 / (3 * floor)) + " over"))
+        report.row("launch p50 (run() called → handler)", us(latency.call.p50), floor: "fork p50 \(us(floor))",
+                   ratio: times(latency.call.p50 / floor), target: "(includes pre-spawn setup)")
+        report.row("no-op launches/s, sequential", perSecond(launchSeq), floor: "forks/s \(perSecond(forkSeq))",
+                   ratio: pct(launchSeq / forkSeq * 100), target: "≥ 50 % of floor", verdict: verdict(launchSeq >= forkSeq / 2))
+        report.row("no-op launches/s, concurrency 2", perSecond(launchC2), floor: "forks/s \(perSecond(forkC2))",
+                   ratio: pct(launchC2 / forkC2 * 100), target: "≥ 50 % of floor", verdict: verdict(launchC2 >= forkC2 / 2))
+    }
+
+    // MARK: Expiration, watchdog, jetsam
+
+    func limits() throws {
+        report.section("limits: expiration, watchdog and jetsam of real launches vs this machine's timer and kill floors")
+        let n = iterations
+        let bench = try LaunchBench(root: root.appendingPathComponent("limits"))
+
+        progress("limits: timer and kill floors (\(n.timerFloor) × 50 ms deadlines each)")
+        let timer = Floors.timerLateness(n.timerFloor)
+        let killFloor = Floors.killLateness(n.timerFloor)
+
+        progress("limits: \(n.expiry) launches with 1 s budgets (expiration handler completes the task)")
+        let expiry = try bench.expiryLateness(n.expiry)
+        progress("limits: \(n.watchdog) launches blocked in pause(), 200 ms budget + 200 ms grace")
+        let watchdog = try bench.watchdogLateness(n.watchdog)
+
+        progress("limits: \(n.jetsam) launches touching memory under a 64 MiB limit (sampler)")
+        let touch = Floors.touchRate()
+        let sampler = try bench.jetsamOvershoot(n.jetsam, cgroup: nil)
+        var cgroup: (samples: Samples, mechanism: String)?
+        var cgroupSkipped: String?
+        if let directory = ProcessInfo.processInfo.environment["BGTASK_BENCH_CGROUP"], !directory.isEmpty {
+            let url = URL(fileURLWithPath: directory)
+            do {
+                try LaunchSupervisor.validateCgroupRoot(url)
+                progress("limits: \(n.jetsam) launches touching memory under a 64 MiB limit (cgroup \(directory))")
+                let measured = try bench.jetsamOvershoot(n.jetsam, cgroup: url)
+                if measured.mechanism == "cgroup" { cgroup = measured } else { cgroupSkipped = "the supervisor fell back to the sampler under \(directory)" }
+            } catch {
+                cgroupSkipped = "BGTASK_BENCH_CGROUP=\(directory) is not usable: \(error)"
+            }
+        } else {
+            cgroupSkipped = "BGTASK_BENCH_CGROUP is not set (name a delegated cgroup v2 directory with +memory to measure it)"
+        }
+
+        report.set("timer_floor_late_p50_ms", timer.p50)
+        report.set("timer_floor_late_p99_ms", timer.p99)
+        report.set("kill_floor_late_p99_ms", killFloor.p99)
+        report.set("expiry_late_p50_ms", expiry.p50)
+        report.set("expiry_late_p99_ms", expiry.p99)
+        report.set("expiry_late_max_ms", expiry.max)
+        report.set("expiry_late_p99_over_floor", expiry.p99 / timer.p99, 2)
+        report.set("expiry_samples", .int(expiry.count))
+        report.set("watchdog_late_p50_ms", watchdog.p50)
+        report.set("watchdog_late_p99_ms", watchdog.p99)
+        report.set("watchdog_late_max_ms", watchdog.max)
+        report.set("watchdog_late_p99_over_floor", watchdog.p99 / killFloor.p99, 2)
+        report.set("watchdog_samples", .int(watchdog.count))
+        report.set("touch_rate_gib_per_s", touch, 2)
+        func overshoot(_ samples: Samples) -> JSON {
+            .object([("max", .num(samples.max, 2)), ("p50", .num(samples.p50, 2)), ("runs", .int(samples.count))])
+        }
+        report.set("jetsam_peak_over_limit_pct", .object([
+            ("sampler", overshoot(sampler.samples)),
+            ("cgroup", cgroup.map { overshoot($0.samples) } ?? .object([("skipped", .string(cgroupSkipped ?? ""))])),
+        ]))
+        report.set("jetsam_peak_over_limit_pct_sampler", sampler.samples.max, 2)
+        report.set("jetsam_peak_over_limit_pct_cgroup", cgroup.map { JSON.num($0.samples.max, 2) } ?? .null)
+
+        report.row("timer floor lateness p50 / p99 (poll 50 ms)", "\(ms(timer.p50)) / \(ms(timer.p99))", target: "floor")
+        report.row("expiry lateness p50 (1 s budget)", ms(expiry.p50), floor: "timer p50 \(ms(timer.p50))", ratio: times(expiry.p50 / timer.p50))
+        report.row("expiry lateness p99 (1 s budget)", ms(expiry.p99), floor: "timer p99 \(ms(timer.p99))", ratio: times(expiry.p99 / timer.p99),
+                   target: "p99 ≤ 5 ms", verdict: verdict(expiry.p99 <= 5, missedBy: ms(expiry.p99 - 5) + " over"))
+        report.row("kill floor p99 (deadline → SIGKILL → reaped)", ms(killFloor.p99), target: "floor")
+        report.row("watchdog lateness p99 (grace end → reaped)", ms(watchdog.p99), floor: "kill p99 \(ms(killFloor.p99))",
+                   ratio: times(watchdog.p99 / killFloor.p99), target: "p99 ≤ 5 ms", verdict: verdict(watchdog.p99 <= 5, missedBy: ms(watchdog.p99 - 5) + " over"))
+        report.row("memory touch rate (mmap+memset, 1 thread)", String(format: "%.2f GiB/s", touch), target: "context")
+        report.row("jetsam peak over 64 MiB, sampler: max / p50", "\(pct(sampler.samples.max)) / \(pct(sampler.samples.p50))", floor: "0 %",
+                   target: "≤ 10 %", verdict: verdict(sampler.samples.max <= 10, missedBy: pct(sampler.samples.max - 10) + " over"))
+        if let cgroup {
+            report.row("jetsam peak over 64 MiB, cgroup: max / p50", "\(pct(cgroup.samples.max)) / \(pct(cgroup.samples.p50))", floor: "0 %",
+                       target: "≤ 10 %", verdict: verdict(cgroup.samples.max <= 10, missedBy: pct(cgroup.samples.max - 10) + " over"))
+        } else {
+            report.row("jetsam peak over 64 MiB, cgroup", "skipped", target: "≤ 10 %", verdict: "n/a")
+            report.note("cgroup jetsam skipped: \(cgroupSkipped ?? "")")
+        }
+    }
+
+    // MARK: Submissions
+
+    func submit() throws {
+        report.section("submit: acknowledged durable submissions over the control socket vs raw SQLite inserts on the same disk")
+        let n = iterations
+        let directory = root.appendingPathComponent("submit")
+        progress("submit: SQLite floors (\(count(n.sqliteBatchedRows)) rows in 1,000-row transactions; one-row transactions for \(n.sqliteSingleSeconds) s)")
+        let batched = try SQLiteFloor.batched(in: directory.appendingPathComponent("floor-batched"), rows: n.sqliteBatchedRows)
+        let single = try SQLiteFloor.singleRow(in: directory.appendingPathComponent("floor-single"), duration: n.sqliteSingleSeconds)
+
+        let workload = SubmitWorkload(apps: n.submitApps)
+        let plugins = directory.appendingPathComponent("plugins")
+        try workload.makeBundles(in: plugins)
+        let host = HostProcess(plugins: plugins, state: directory.appendingPathComponent("state"),
+                               log: directory.appendingPathComponent("host.log"), arguments: ["--clock", "real"])
+        progress("submit: starting a host with \(count(n.submitApps)) apps")
+        try host.start()
+        defer { host.stop() }
+
+        progress("submit: new requests from \(n.submitThreads) threads with ControlClient for up to \(n.submitSeconds) s")
+        let fresh = workload.submit(threads: n.submitThreads, duration: n.submitSeconds, persistent: false, state: host.state)
+        progress("submit: replacements (ControlClient, then one connection per thread) for \(n.resubmitSeconds) s each")
+        let replaced = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: false, state: host.state)
+        let persistent = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: true, state: host.state)
+        for (name, result) in [("new", fresh), ("replace", replaced), ("replace, persistent", persistent)] where result.refused > 0 {
+            report.note("submit (\(name)): \(result.refused) refused, first: \(result.firstRefusal ?? "?")")
+        }
+
+        usleep(1_000_000)
+        progress("submit: idle host CPU for \(n.idleSeconds) s (\(count(fresh.acknowledged)) requests pending, real clock, nothing due)")
+        let idle = host.idle(for: n.idleSeconds)
+
+        report.set("submit_per_s", fresh.perSecond, 1)
+        report.set("submit_threads", .int(n.submitThreads))
+        report.set("submit_acknowledged", .int(fresh.acknowledged))
+        report.set("sqlite_floor_per_s", batched, 1)
+        report.set("sqlite_floor_1tx_per_s", single, 1)
+        report.set("submit_over_floor", fresh.perSecond / batched, 4)
+        report.set("submit_over_floor_1tx", fresh.perSecond / single, 3)
+        report.set("resubmit_per_s", replaced.perSecond, 1)
+        report.set("resubmit_persistent_per_s", persistent.perSecond, 1)
+        report.set("idle_cpu_pct", idle.cpuPercent, 3)
+        report.set("idle_wakeups_per_s", idle.wakeupsPerSecond, 2)
+        report.set("idle_seconds", n.idleSeconds, 1)
+
+        report.row("SQLite floor, 1,000 rows per transaction", perSecond(batched), target: "floor")
+        report.row("SQLite floor, 1 row per transaction", perSecond(single), target: "floor")
+        report.row("submissions/s (new rows, ControlClient, \(n.submitThreads) threads)", perSecond(fresh.perSecond),
+                   floor: "batched \(perSecond(batched))", ratio: pct(fresh.perSecond / batched * 100),
+                   target: "≥ 20,000/s and ≥ 50 %",
+                   verdict: verdict(fresh.perSecond >= 20_000 && fresh.perSecond >= batched / 2,
+                                    missedBy: String(format: "%.0f× short of 20,000/s", 20_000 / fresh.perSecond)))
+        report.row("  same, against the 1-row-per-transaction floor", perSecond(fresh.perSecond), floor: "1 row/tx \(perSecond(single))",
+                   ratio: pct(fresh.perSecond / single * 100))
+        report.row("resubmissions/s (replace, ControlClient)", perSecond(replaced.perSecond), floor: "batched \(perSecond(batched))",
+                   ratio: pct(replaced.perSecond / batched * 100))
+        report.row("resubmissions/s (replace, one connection per thread)", perSecond(persistent.perSecond), floor: "batched \(perSecond(batched))",
+                   ratio: pct(persistent.perSecond / batched * 100))
+        report.row("idle host CPU (\(Int(n.idleSeconds)) s, real clock, \(count(fresh.acknowledged)) pending)", pct(idle.cpuPercent),
+                   floor: "0 %", ratio: String(format: "%.1f wakeups/s", idle.wakeupsPerSecond), target: "≈ 0",
+                   verdict: verdict(idle.cpuPercent < 0.1))
+    }
+
+    // MARK: Pending requests at scale
+
+    func pending() throws {
+        let n = iterations
+        let workload = PendingWorkload(count: n.pending, apps: n.pendingApps)
+        report.section("pending: a host with \(count(n.pending)) pending requests across \(count(n.pendingApps)) apps vs an empty host")
+        let directory = root.appendingPathComponent("pending")
+
+        // The floor: an empty host (no bundles, an empty store).
+        progress("pending: empty host")
+        let emptyPlugins = directory.appendingPathComponent("empty-plugins")
+        try FileManager.default.createDirectory(at: emptyPlugins, withIntermediateDirectories: true)
+        let empty = HostProcess(plugins: emptyPlugins, state: directory.appendingPathComponent("empty-state"),
+                                log: directory.appendingPathComponent("empty-host.log"), arguments: ["--clock", "virtual"])
+        try empty.start()
+        usleep(1_000_000)
+        let emptyRSS = ProcStat.rss(empty.pid).map(Double.init) ?? .nan
+        let emptyStore = try PendingRequestStore(directory: empty.state)
+        let emptyNextDue = try timeCalls(n.lookups) { _ = try emptyStore.nextDueDate(after: Date()) }
+        let emptyStatus = try timeCalls(n.lookups / 4) { _ = try empty.client.send(ControlRequest(verb: "status")) }
+        let emptyClock = try timeCalls(n.lookups / 4) { _ = try empty.client.send(ControlRequest(verb: "clock")) }
+        empty.stop()
+
+        progress("pending: writing \(count(workload.count)) requests and \(count(workload.apps)) bundles (setup, not measured)")
+        let plugins = directory.appendingPathComponent("plugins")
+        let state = directory.appendingPathComponent("state")
+        try workload.makeBundles(in: plugins)
+        let load = try workload.load(state: state)
+        let databaseBytes = (try? FileManager.default.attributesOfItem(atPath: state.appendingPathComponent("bgtask.sqlite").path)[.size] as? NSNumber)?.doubleValue ?? .nan
+
+        progress("pending: starting the host on them")
+        let host = HostProcess(plugins: plugins, state: state, log: directory.appendingPathComponent("host.log"), arguments: ["--clock", "virtual"])
+        try host.start()
+        defer { host.stop() }
+        usleep(1_000_000)
+        let startRSS = ProcStat.rss(host.pid).map(Double.init) ?? .nan
+
+        progress("pending: lookups (\(n.lookups) each)")
+        let store = try PendingRequestStore(directory: state)
+        let now = Date()
+        let nextDue = try timeCalls(n.lookups) { _ = try store.nextDueDate(after: now) }
+        let dueNone = try timeCalls(n.lookups) { _ = try store.dueApps(at: now) }
+        let thousandth = Date(timeIntervalSince1970: load.thousandthDue)
+        let dueAppsFound = try store.dueApps(at: thousandth).count
+        let due1000 = try timeCalls(n.lookups / 4) { _ = try store.dueApps(at: thousandth) }
+        let status = try timeCalls(n.lookups / 4) { _ = try host.client.send(ControlRequest(verb: "status")) }
+        let clock = try timeCalls(n.lookups / 4) { _ = try host.client.send(ControlRequest(verb: "clock")) }
+
+        let databasePath = state.appendingPathComponent("bgtask.sqlite").path
+        let nextDuePlan = try queryPlan(databasePath, nextDueDateSQL, [now.timeIntervalSince1970])
+        let dueAppsPlan = try queryPlan(databasePath, dueAppsSQL, [now.timeIntervalSince1970])
+        let scans = (nextDuePlan + dueAppsPlan).filter { $0.hasPrefix("SCAN") }
+
+        progress("pending: idle host CPU for \(n.idleSeconds) s")
+        let idle = host.idle(for: n.idleSeconds)
+        let rss = ProcStat.rss(host.pid).map(Double.init) ?? .nan
+        let hwm = ProcStat.peakRSS(host.pid).map(Double.init) ?? .nan
+        let threads = ProcStat.threadCount(host.pid)
+
+        // `bgtask apps` on this host: a finding, measured last (it reads every pending row).
+        progress("pending: the apps verb (reads every pending row)")
+        let appsStart = monotonicNs()
+        var appsOutcome: String
+        do {
+            let response = try host.client.send(ControlRequest(verb: "apps"))
+            appsOutcome = response.ok ? "ok, \(response.apps?.count ?? 0) apps" : "error: \(response.error?.message ?? "?")"
+        } catch {
+            appsOutcome = "failed: \(error)"
+        }
+        let appsMs = Double(monotonicNs() - appsStart) / 1e6
+        let appsRSS = ProcStat.rss(host.pid).map(Double.init) ?? .nan
+
+        report.set("pending_count", .int(workload.count))
+        report.set("pending_apps", .int(workload.apps))
+        report.set("pending_load_s", load.seconds, 2)
+        report.set("pending_db_mib", databaseBytes / 1_048_576, 1)
+        report.set("pending_1m_host_start_s", host.startSeconds, 3)
+        report.set("pending_1m_rss_mib", rss / 1_048_576, 1)
+        report.set("pending_1m_rss_at_start_mib", startRSS / 1_048_576, 1)
+        report.set("pending_1m_rss_hwm_mib", hwm / 1_048_576, 1)
+        report.set("pending_1m_host_threads", .int(threads))
+        report.set("empty_host_rss_mib", emptyRSS / 1_048_576, 1)
+        report.set("pending_1m_rss_over_empty", rss / emptyRSS, 2)
+        report.set("pending_1m_next_due_us", nextDue.p50, 1)
+        report.set("pending_1m_next_due_p99_us", nextDue.p99, 1)
+        report.set("empty_store_next_due_us", emptyNextDue.p50, 1)
+        report.set("pending_1m_next_due_over_empty", nextDue.p50 / emptyNextDue.p50, 2)
+        report.set("pending_1m_due_apps_us", dueNone.p50, 1)
+        report.set("pending_1m_due_apps_1000_us", due1000.p50, 1)
+        report.set("pending_1m_due_apps_1000_found", .int(dueAppsFound))
+        report.set("pending_1m_clock_verb_us", clock.p50, 1)
+        report.set("pending_1m_status_verb_us", status.p50, 1)
+        report.set("empty_host_clock_verb_us", emptyClock.p50, 1)
+        report.set("empty_host_status_verb_us", emptyStatus.p50, 1)
+        report.set("pending_1m_linear_scan", .bool(!scans.isEmpty))
+        report.set("pending_1m_plans", .object([
+            ("next_due", .string(nextDuePlan.joined(separator: "; "))), ("due_apps", .string(dueAppsPlan.joined(separator: "; "))),
+        ]))
+        report.set("idle_cpu_pct_1m", idle.cpuPercent, 3)
+        report.set("idle_wakeups_per_s_1m", idle.wakeupsPerSecond, 2)
+        report.set("pending_1m_apps_verb_ms", appsMs, 1)
+        report.set("pending_1m_apps_verb", .string(appsOutcome))
+        report.set("pending_1m_rss_after_apps_mib", appsRSS / 1_048_576, 1)
+
+        let label = n.pending == 1_000_000 ? "1M" : count(n.pending)
+        report.row("host RSS, \(label) pending / \(count(workload.apps)) apps", mib(rss), floor: "empty host \(mib(emptyRSS))",
+                   ratio: times(rss / emptyRSS), target: "documented")
+        report.row("nextDueDate (in-process) p50, \(label) pending", us(nextDue.p50), floor: "empty store \(us(emptyNextDue.p50))",
+                   ratio: times(nextDue.p50 / emptyNextDue.p50), target: "no linear scans",
+                   verdict: scans.isEmpty ? "yes (index search)" : "no: \(scans.joined(separator: "; "))")
+        report.row("dueApps (none due / 1,000 due) p50", "\(us(dueNone.p50)) / \(us(due1000.p50))", target: "no linear scans",
+                   verdict: scans.isEmpty ? "yes (index search)" : "no")
+        report.row("`clock` verb round trip p50 (host-side nextDueDate)", us(clock.p50), floor: "`status` verb \(us(status.p50))",
+                   ratio: times(clock.p50 / status.p50))
+        report.row("host start (catalog scan + store open), \(label) pending", String(format: "%.2f s", host.startSeconds))
+        report.row("idle host CPU (\(Int(n.idleSeconds)) s, virtual clock, \(label) pending)", pct(idle.cpuPercent), floor: "0 %",
+                   ratio: String(format: "%.1f wakeups/s", idle.wakeupsPerSecond), target: "≈ 0", verdict: verdict(idle.cpuPercent < 0.1))
+        report.row("`apps` verb with \(label) pending (finding)", String(format: "%.0f ms", appsMs), floor: "",
+                   ratio: "RSS after \(mib(appsRSS))", target: appsOutcome.count > 40 ? String(appsOutcome.prefix(40)) + "…" : appsOutcome)
+        if n.pending != 1_000_000 {
+            report.note("--quick: the pending_1m_* keys hold \(count(n.pending)) pending requests (pending_count), not 1,000,000")
+        }
+        report.note("pending rows are written straight into a store the product created (\(String(format: "%.1f", load.seconds)) s, \(mib(databaseBytes)) database): \(count(workload.apps)) apps × \(workload.perApp) requests is past Apple's 11-per-app limit, so submit could never build it")
+    }
+}
