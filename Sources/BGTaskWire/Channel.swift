@@ -37,6 +37,12 @@ public struct LaunchChannel: Sendable {
         guard socketpair(AF_UNIX, kind, 0, &fds) == 0 else {
             throw ChannelError(.system, "socketpair: \(String(cString: strerror(errno)))")
         }
+        // A packet must fit the send buffer whole (the default, ~208 KiB, is below the limit).
+        var size = Int32(maximumMessageBytes * 2)
+        for fd in fds {
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         return (LaunchChannel(fd: fds[0]), LaunchChannel(fd: fds[1]))
     }
 
@@ -50,6 +56,9 @@ public struct LaunchChannel: Sendable {
         }
         if sent < 0 {
             let e = errno
+            if e == EMSGSIZE {
+                throw ChannelError(.oversized, "message of \(data.count) bytes does not fit the channel's buffer")
+            }
             throw ChannelError(e == EPIPE || e == ECONNRESET ? .closed : .system,
                                "send: \(String(cString: strerror(e)))")
         }

@@ -70,7 +70,7 @@ struct BGTaskBench: ParsableCommand {
             """
         progress(header.replacingOccurrences(of: "\n", with: "\n             "))
 
-        let sections = only.isEmpty ? Section.allCases : only
+        let sections = Section.allCases.filter { only.isEmpty || only.contains($0) }
         let runner = SectionRunner(report: report, iterations: iterations, root: root)
         for section in sections {
             let t0 = monotonicNs()

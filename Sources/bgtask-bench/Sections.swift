@@ -24,9 +24,13 @@ struct SectionRunner {
 
         progress("launch: throughput (\(n.forkThroughput) forks, \(n.launchThroughput) launches; sequential and 2 threads)")
         let forkSeq = Floors.forkThroughput(n.forkThroughput, threads: 1)
-        let launchSeq = try bench.throughput(n.launchThroughput, threads: 1)
+        let seq = try bench.throughput(n.launchThroughput, threads: 1)
         let forkC2 = Floors.forkThroughput(n.forkThroughput, threads: 2)
-        let launchC2 = try bench.throughput(n.launchThroughput, threads: 2)
+        let c2 = try bench.throughput(n.launchThroughput, threads: 2)
+        let launchSeq = seq.perSecond, launchC2 = c2.perSecond
+        for (name, result) in [("sequential", seq), ("concurrency 2", c2)] where result.failures > 0 {
+            report.note("launch throughput, \(name): \(result.failures) of \(n.launchThroughput) no-op launches failed (not counted in the rate); first:\n      \(result.firstFailure?.replacingOccurrences(of: "\n", with: "\n      ") ?? "?")")
+        }
 
         let floor = fork.p50
         report.set("fork_floor_p50_us", floor, 1)
@@ -47,6 +51,8 @@ struct SectionRunner {
         report.set("fork_throughput_c2_per_s", forkC2, 1)
         report.set("launch_throughput_c2_per_s", launchC2, 1)
         report.set("launch_throughput_c2_over_floor", launchC2 / forkC2, 3)
+        report.set("launch_throughput_failures", .int(seq.failures))
+        report.set("launch_throughput_c2_failures", .int(c2.failures))
 
         report.row("fork floor p50 (fork+_exit+waitpid)", us(floor), target: "floor")
         report.row("launch p50 (spawn → handler entered)", us(latency.spawn.p50), floor: "fork p50 \(us(floor))",
@@ -81,6 +87,9 @@ struct SectionRunner {
 
         progress("limits: \(n.jetsam) launches touching memory under a 64 MiB limit (sampler)")
         let touch = Floors.touchRate()
+        // A spawned runner's ru_maxrss starts at this process's high-water RSS (see BENCHMARKS.md),
+        // and the record's peak_rss_bytes includes it: it must be below the limit to mean anything.
+        let benchPeak = Double(ProcStat.peakRSS(getpid()) ?? 0)
         let sampler = try bench.jetsamOvershoot(n.jetsam, cgroup: nil)
         var cgroup: (samples: Samples, mechanism: String)?
         var cgroupSkipped: String?
@@ -112,6 +121,10 @@ struct SectionRunner {
         report.set("watchdog_late_p99_over_floor", watchdog.p99 / killFloor.p99, 2)
         report.set("watchdog_samples", .int(watchdog.count))
         report.set("touch_rate_gib_per_s", touch, 2)
+        report.set("jetsam_bench_peak_rss_mib", benchPeak / 1_048_576, 1)
+        if benchPeak >= Double(64 << 20) {
+            report.note("this process's peak RSS (\(mib(benchPeak))) is over the 64 MiB limit: the jetsam peaks are inflated by it (ru_maxrss after posix_spawn)")
+        }
         func overshoot(_ samples: Samples) -> JSON {
             .object([("max", .num(samples.max, 2)), ("p50", .num(samples.p50, 2)), ("runs", .int(samples.count))])
         }
@@ -147,9 +160,20 @@ struct SectionRunner {
         report.section("submit: acknowledged durable submissions over the control socket vs raw SQLite inserts on the same disk")
         let n = iterations
         let directory = root.appendingPathComponent("submit")
+        if let t = ProcessInfo.processInfo.environment["XP"].flatMap(Int.init) {
+            for i in 0..<3 {
+                let a = try SQLiteFloor.singleRow(in: directory.appendingPathComponent("xf\(i)"), duration: 2)
+                let b = try storeSubmitRate(in: directory.appendingPathComponent("xs\(i)"), threads: t, duration: 2)
+                let c = try storeSubmitRate(in: directory.appendingPathComponent("xt\(i)"), threads: 1, duration: 2)
+                progress("XP floor1tx \(a) store(\(t)) \(b) store(1) \(c)")
+            }
+            return
+        }
         progress("submit: SQLite floors (\(count(n.sqliteBatchedRows)) rows in 1,000-row transactions; one-row transactions for \(n.sqliteSingleSeconds) s)")
         let batched = try SQLiteFloor.batched(in: directory.appendingPathComponent("floor-batched"), rows: n.sqliteBatchedRows)
         let single = try SQLiteFloor.singleRow(in: directory.appendingPathComponent("floor-single"), duration: n.sqliteSingleSeconds)
+        progress("submit: PendingRequestStore.submit in-process from \(n.submitThreads) threads for \(n.resubmitSeconds) s")
+        let storeOnly = try storeSubmitRate(in: directory.appendingPathComponent("store-only"), threads: n.submitThreads, duration: n.resubmitSeconds)
 
         let workload = SubmitWorkload(apps: n.submitApps)
         let plugins = directory.appendingPathComponent("plugins")
@@ -161,10 +185,10 @@ struct SectionRunner {
         defer { host.stop() }
 
         progress("submit: new requests from \(n.submitThreads) threads with ControlClient for up to \(n.submitSeconds) s")
-        let fresh = workload.submit(threads: n.submitThreads, duration: n.submitSeconds, persistent: false, state: host.state)
+        let fresh = workload.submit(threads: n.submitThreads, duration: n.submitSeconds, persistent: false, state: host.state, hostPID: host.pid)
         progress("submit: replacements (ControlClient, then one connection per thread) for \(n.resubmitSeconds) s each")
-        let replaced = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: false, state: host.state)
-        let persistent = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: true, state: host.state)
+        let replaced = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: false, state: host.state, hostPID: host.pid)
+        let persistent = workload.submit(threads: n.submitThreads, duration: n.resubmitSeconds, persistent: true, state: host.state, hostPID: host.pid)
         for (name, result) in [("new", fresh), ("replace", replaced), ("replace, persistent", persistent)] where result.refused > 0 {
             report.note("submit (\(name)): \(result.refused) refused, first: \(result.firstRefusal ?? "?")")
         }
@@ -180,6 +204,8 @@ struct SectionRunner {
         report.set("sqlite_floor_1tx_per_s", single, 1)
         report.set("submit_over_floor", fresh.perSecond / batched, 4)
         report.set("submit_over_floor_1tx", fresh.perSecond / single, 3)
+        report.set("store_submit_per_s", storeOnly, 1)
+        report.set("submit_host_cpu_us", fresh.hostCPUPerSubmitUs, 1)
         report.set("resubmit_per_s", replaced.perSecond, 1)
         report.set("resubmit_persistent_per_s", persistent.perSecond, 1)
         report.set("idle_cpu_pct", idle.cpuPercent, 3)
@@ -195,6 +221,9 @@ struct SectionRunner {
                                     missedBy: String(format: "%.0f× short of 20,000/s", 20_000 / fresh.perSecond)))
         report.row("  same, against the 1-row-per-transaction floor", perSecond(fresh.perSecond), floor: "1 row/tx \(perSecond(single))",
                    ratio: pct(fresh.perSecond / single * 100))
+        report.row("  PendingRequestStore.submit in-process (no host)", perSecond(storeOnly), floor: "1 row/tx \(perSecond(single))",
+                   ratio: pct(storeOnly / single * 100), target: "context")
+        report.row("  host CPU per acknowledged submission", us(fresh.hostCPUPerSubmitUs), target: "context")
         report.row("resubmissions/s (replace, ControlClient)", perSecond(replaced.perSecond), floor: "batched \(perSecond(batched))",
                    ratio: pct(replaced.perSecond / batched * 100))
         report.row("resubmissions/s (replace, one connection per thread)", perSecond(persistent.perSecond), floor: "batched \(perSecond(batched))",

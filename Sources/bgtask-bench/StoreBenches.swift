@@ -78,6 +78,31 @@ enum SQLiteFloor {
 
 // MARK: Submissions over the control socket
 
+/// `PendingRequestStore.submit` called in-process from `threads` threads for `duration` s (new
+/// rows, the same per-app read, delete and insert as the host's submit): the store's share of
+/// a submission, without the host, the socket or JSON.
+func storeSubmitRate(in directory: URL, threads: Int, duration: Double) throws -> Double {
+    let store = try PendingRequestStore(directory: directory)
+    let acknowledged = Locked(0)
+    let earliest = Date().timeIntervalSince1970 + 365 * 86_400
+    let t0 = monotonicNs()
+    let deadline = t0 + UInt64(duration * 1e9)
+    onThreads(threads) { thread in
+        var ok = 0
+        var index = thread
+        while monotonicNs() < deadline {
+            let app = SubmitWorkload.app(index)
+            for (identifier, kind) in SubmitWorkload.identifiers(index) where monotonicNs() < deadline {
+                let request = WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest)
+                if (try? store.submit(app: app, request: request, at: Date(), check: { _ in nil })) == .some(nil) { ok += 1 }
+            }
+            index += threads
+        }
+        acknowledged.withLock { $0 += ok }
+    }
+    return Double(acknowledged.current) / seconds(since: t0)
+}
+
 /// A control connection kept open for many requests (the server reads frames in a loop; the
 /// product's `ControlClient` opens one connection per request, as the CLI does).
 final class PersistentControlConnection {
@@ -119,6 +144,8 @@ final class PersistentControlConnection {
 
 struct SubmitResult {
     var perSecond: Double
+    /// The host's CPU time per acknowledged submission, µs.
+    var hostCPUPerSubmitUs: Double
     var acknowledged: Int
     var refused: Int
     var firstRefusal: String?
@@ -145,7 +172,8 @@ struct SubmitWorkload {
     /// Every (app, identifier) slot once, split over `threads`, until `duration` runs out. Each
     /// acknowledged submission is one committed transaction in the host's store: a new row on
     /// the first pass over a slot, a replacement (delete + insert) after.
-    func submit(threads: Int, duration: Double, persistent: Bool, state: URL) -> SubmitResult {
+    func submit(threads: Int, duration: Double, persistent: Bool, state: URL, hostPID: pid_t) -> SubmitResult {
+        let cpu0 = ProcStat.cpuSeconds(hostPID) ?? .nan
         let counts = Locked<(ok: Int, refused: Int, first: String?)>((0, 0, nil))
         let earliest = Date().timeIntervalSince1970 + 365 * 86_400
         let socketPath = state.appendingPathComponent("control.sock").path
@@ -176,7 +204,8 @@ struct SubmitWorkload {
         }
         let elapsed = seconds(since: t0)
         let result = counts.current
-        return SubmitResult(perSecond: Double(result.ok) / elapsed, acknowledged: result.ok, refused: result.refused, firstRefusal: result.first)
+        let hostCPU = (ProcStat.cpuSeconds(hostPID) ?? .nan) - cpu0
+        return SubmitResult(perSecond: Double(result.ok) / elapsed, hostCPUPerSubmitUs: hostCPU / Double(result.ok) * 1e6, acknowledged: result.ok, refused: result.refused, firstRefusal: result.first)
     }
 }
 

@@ -171,7 +171,7 @@ enum ProcStat {
     static func statusBytes(_ pid: pid_t, _ field: String) -> UInt64? {
         guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
         for line in text.split(separator: "\n") where line.hasPrefix(field + ":") {
-            let number = line.dropFirst(field.count + 1).split(separator: " ").first.flatMap { UInt64($0) }
+            let number = line.dropFirst(field.count + 1).split(whereSeparator: { $0 == " " || $0 == "\t" }).first.flatMap { UInt64($0) }
             return number.map { $0 * 1024 }
         }
         return nil

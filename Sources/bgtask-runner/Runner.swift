@@ -40,6 +40,8 @@ final class Runner: @unchecked Sendable {
     private var closed = false
     /// Tasks the parent added before the launch entry returned.
     private var deferredTasks: [TaskAssignment] = []
+    /// The whole launch was expired: tasks that start from now on are expired at once.
+    private var expiredAll = false
     private var nextSeq: UInt64 = 1
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
@@ -175,6 +177,7 @@ final class Runner: @unchecked Sendable {
             report(.taskNotRegistered(task: task.task))
             return
         }
+        let lateForExpiry = lock.withLock { expiredAll }
         // Owned by the runner until the process ends; only read from here on.
         nonisolated(unsafe) let info = pointer
         handlerQueue.async { [self] in
@@ -183,6 +186,8 @@ final class Runner: @unchecked Sendable {
             case let .abi(function, context): function(context, info)
             case let .mapped(call): call.invoke(task: info, runner: self)
             }
+            // The launch's time ran out before this task could start: it expires at once.
+            if lateForExpiry { expirationQueue.async { self.expire(only: info.pointee.task) } }
         }
     }
 
@@ -218,6 +223,7 @@ final class Runner: @unchecked Sendable {
     /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with
     /// no expiration handler is completed unsuccessfully, as on iOS.
     func expire(only: UInt64?) {
+        if only == nil { lock.withLock { expiredAll = true } }
         let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
             var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
             for (id, task) in tasks.sorted(by: { $0.key < $1.key })

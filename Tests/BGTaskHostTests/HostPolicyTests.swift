@@ -53,6 +53,27 @@ import Testing
         #expect(try host.send(ControlRequest(verb: "apps")).apps?.first?.penaltyLevel == 0, "a clean launch clears the penalty")
     }
 
+    @Test func oneHostPerStateDirectoryAndOversizedEventsFailCleanly() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
+        try host.start()
+        defer { host.stop() }
+        let second = try runCLI(["host", "--plugins", host.plugins.path, "--state", scratch.state.path], timeout: .seconds(30))
+        #expect(second.status == 1)
+        #expect(second.stderr.contains("another bgtask host"), "\(second.stderr)")
+        #expect(try host.send(ControlRequest(verb: "status")).ok, "the first host is untouched")
+
+        // An event too large for the launch channel fails the launch at once, not at the budget.
+        let event = "{\"action\": \"" + String(repeating: "x", count: 300_000) + "\"}"
+        let response = try host.send(ControlRequest(verb: "open", app: "com.example.feed", wait: true, event: event))
+        let record = try #require(response.record)
+        #expect(record.termination == .launchFailed)
+        #expect(record.error?.contains("could not send the launch") == true, "\(record.error ?? "")")
+        #expect(record.wallMs < 10_000)
+    }
+
     @Test func aCorruptDatabaseIsAClearErrorAtStart() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -136,7 +136,12 @@ public final class ControlServer: @unchecked Sendable {
 
     @discardableResult
     private func reply(_ response: ControlResponse, to fd: Int32) -> Bool {
-        guard let data = try? JSONEncoder.control.encode(response) else { return false }
+        guard var data = try? JSONEncoder.control.encode(response) else { return false }
+        if data.count > ControlFrame.maximumPayload {
+            let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (e.g. history --limit)")
+            guard let small = try? JSONEncoder.control.encode(tooLarge) else { return false }
+            data = small
+        }
         do { try ControlFrame.write(data, to: fd) } catch { return false }
         return true
     }

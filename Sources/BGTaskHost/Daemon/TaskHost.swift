@@ -78,6 +78,9 @@ public final class TaskHost: @unchecked Sendable {
     private var running: [String: RunningLaunch] = [:]
     private var finishedRecords: [String: RunRecord] = [:]
     private var continuedQueue: [QueuedContinued] = []
+    /// Apps whose last launch could not be started, and when to try again (real time).
+    private var retryAfter: [String: Date] = [:]
+    static let startFailureBackoff: TimeInterval = 30
     /// Continued tasks that ended in the last few seconds, for `bgtask progress`.
     private var recentlyEnded: [(status: ContinuedTaskStatus, until: Date)] = []
     private var stallTimer: DispatchSourceTimer?
@@ -85,12 +88,37 @@ public final class TaskHost: @unchecked Sendable {
     private var dueTimer: DispatchSourceTimer?
     private var conditionsTimer: DispatchSourceTimer?
     private var lastConditions: DeviceConditions?
-    private var unlockedSinceBoot = true
+    private let unlockLock = NSLock()
+    /// Read from control and launch threads, written on `queue`: behind `unlockLock`.
+    private var unlockedSinceBootValue = true
+    private var unlockedSinceBoot: Bool {
+        get { unlockLock.withLock { unlockedSinceBootValue } }
+        set { unlockLock.withLock { unlockedSinceBootValue = newValue } }
+    }
     private var server: ControlServer?
     private var watcher: PluginDirectoryWatcher?
     private var signalSources: [DispatchSourceSignal] = []
     private let stopped = DispatchSemaphore(value: 0)
     private let machine = MachineConditionsReader()
+    /// `STATE/bgtask.lock`, held (flock) for the host's life: one host per state directory.
+    private let lockFD: Int32
+
+    deinit { close(lockFD) }
+
+    /// Takes the state directory's lock, or says which host holds it.
+    private static func lockStateDirectory(_ directory: URL) throws(BGTaskError) -> Int32 {
+        let path = directory.appendingPathComponent("bgtask.lock").path
+        let fd = try syscall("open \(path)") { Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let holder = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+            close(fd)
+            throw BGTaskError(.invalidRequest, file: path, "another bgtask host (pid \(holder)) is running on this state directory")
+        }
+        ftruncate(fd, 0)
+        let pid = Array("\(getpid())\n".utf8)
+        _ = pwrite(fd, pid, pid.count, 0)
+        return fd
+    }
 
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
         self.configuration = configuration
@@ -100,6 +128,7 @@ public final class TaskHost: @unchecked Sendable {
         } catch {
             throw BGTaskError(.system, file: configuration.stateDirectory.path, "cannot create the state directory: \(error.localizedDescription)")
         }
+        lockFD = try Self.lockStateDirectory(configuration.stateDirectory)
         store = try PendingRequestStore(directory: configuration.stateDirectory)
         clock = try HostClock(mode: configuration.clock, store: store)
         supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
@@ -277,6 +306,10 @@ public final class TaskHost: @unchecked Sendable {
             for app in try store.dueApps(at: now) {
                 guard running.count < configuration.maximumConcurrentLaunches else { break }
                 guard !running.values.contains(where: { $0.app == app }), let bundle = catalog.apps[app] else { continue }
+                if let retry = retryAfter[app] {
+                    if retry > Date() { continue }
+                    retryAfter[app] = nil
+                }
                 let state = try store.appState(app)
                 var eligible: [StoredRequest] = []
                 for stored in try store.pending(app: app) {
@@ -390,6 +423,21 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func launchEnded(_ record: RunRecord) {
+        if record.pid == 0 && record.termination == .launchFailed {
+            // The host could not start the child (runner missing, out of descriptors): not the
+            // app's fault. Its requests stay pending, and the app is retried after a pause.
+            do { try store.recoverInterruptedLaunch(record) } catch {
+                logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+            }
+            retryAfter[record.app] = Date().addingTimeInterval(Self.startFailureBackoff)
+            queue.asyncAfter(deadline: .now() + Self.startFailureBackoff + 0.01) { [weak self] in self?.evaluate() }
+            logger.error("could not start a launch; retrying later", metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
+            let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+            if !waiters.isEmpty { finishedRecords[record.launchID] = record }
+            for waiter in waiters { waiter.signal() }
+            if shuttingDown { finishShutdownIfIdle() } else { evaluate() }
+            return
+        }
         do {
             try store.finishLaunch(record)
             var state = try store.appState(record.app)
@@ -412,8 +460,10 @@ public final class TaskHost: @unchecked Sendable {
         // Queued continued-processing requests die with the foreground launch that made them.
         continuedQueue.removeAll { $0.launchID == record.launchID }
         startQueuedContinued()
-        finishedRecords[record.launchID] = record
+        if !waiters.isEmpty { finishedRecords[record.launchID] = record }
         for waiter in waiters { waiter.signal() }
+        let now = Date()
+        recentlyEnded.removeAll { $0.until < now }
         if shuttingDown { finishShutdownIfIdle() } else { evaluate() }
     }
 
@@ -694,6 +744,9 @@ public final class TaskHost: @unchecked Sendable {
             return .failure("bad-request", "submit needs an app and a request")
         }
         if let delay = request.delay {
+            guard delay.isFinite, abs(delay) < 100 * 365 * 86_400 else {
+                return .failure("bad-request", "delay \(delay) s is not a usable offset")
+            }
             task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
         }
         guard let bundle = queue.sync(execute: { catalog.apps[app] }) else {

@@ -35,6 +35,14 @@ struct LaunchState {
     var peakRSS: UInt64 = 0
     var cgroup: CgroupV2.LaunchGroup?
     var launcher = "spawn"
+    /// Pids killed with the launch, to reap those that end up this process's children.
+    var killedDescendants: Set<pid_t> = []
+    /// Per task: when its expiration's grace ends (single-task expirations).
+    var taskKillAt: [UInt64: UInt64] = [:]
+    /// Per task: the last progress forwarded, and when.
+    var lastProgressForward: [UInt64: UInt64] = [:]
+    /// Per task: progress received but not yet forwarded.
+    var pendingProgress: [UInt64: (Int64, Int64)] = [:]
     /// Tasks added to a running (foreground) launch, in order.
     var addedTasks: [TaskAssignment] = []
 
@@ -80,10 +88,15 @@ struct LaunchState {
         }
     }
 
-    func appendLog(level: Int32, _ text: String, to file: URL) {
-        guard let handle = try? FileHandle(forWritingTo: file) else { return }
-        defer { try? handle.close() }
-        _ = try? handle.seekToEnd()
+    /// The launch log, opened once (a chatty plugin must not cost an open per line).
+    var logHandle: FileHandle?
+
+    mutating func appendLog(level: Int32, _ text: String, to file: URL) {
+        if logHandle == nil {
+            logHandle = try? FileHandle(forWritingTo: file)
+            _ = try? logHandle?.seekToEnd()
+        }
+        guard let handle = logHandle else { return }
         let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
         handle.write(Data("[bgtask \(tag)] \(text)\n".utf8))
     }
@@ -115,11 +128,13 @@ struct LaunchState {
             termination = .launchFailed
             error = launchFailure
         } else if let fatal {
-            termination = .crashed
+            // Breaking a registration rule during the launch entry is a failed launch; after it,
+            // a crash of the running app.
+            termination = phase == .launched ? .crashed : .launchFailed
             error = fatal
         } else if let forced = forcedTermination {
             termination = forced
-        } else if phase != .launched && (signaled || exitStatus != 0) {
+        } else if phase != .launched && (signaled || exitStatus != 0 || !finished) {
             termination = .launchFailed
             let how = signal.map { "crashed with \($0)" } ?? "exited with status \(exitStatus ?? -1)"
             error = phase == .loading

@@ -85,6 +85,7 @@ public struct LaunchSupervisor: Sendable {
         _ = bgtask_set_child_subreaper()
         let startNs = bgtask_monotonic_ns()
         let startedAt = Date()
+        Self.spawnLock.lock()
         var pid: pid_t = 0
         var spawnError: Int32 = 0
         var forked = false
@@ -107,12 +108,13 @@ public struct LaunchSupervisor: Sendable {
                 }
             }
         }
+        if spawnError == 0 { Self.activeRunners.insert(pid) }
+        Self.spawnLock.unlock()
         channels.child.close()
         childEndOpen = false
         guard spawnError == 0 else {
             throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
         }
-        Self.activeRunners.insert(pid)
         logger[metadataKey: "child.pid"] = "\(pid)"
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
@@ -146,7 +148,10 @@ public struct LaunchSupervisor: Sendable {
             memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
                 ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
         do { try channels.parent.send(ParentMessage.start(assignment)) } catch {
-            state.end(.crashed, error: "could not send the launch to the runner: \(error)")
+            // Without its launch the runner would wait for it until the budget ends.
+            state.end(.launchFailed, error: "could not send the launch to the runner: \(error)")
+            state.killed = .launchFailed
+            Self.terminate(pid, cgroup: cgroup, state: &state)
         }
 
         control?.onStart?(pid)
@@ -164,6 +169,12 @@ public struct LaunchSupervisor: Sendable {
         // Whatever the plugin left behind dies with the launch: its process group, and every
         // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
+        // Descendants killed with the launch were re-parented here when the runner died; some
+        // may already be zombies, which no environment test can recognise: reap them by pid.
+        for descendant in state.killedDescendants {
+            var ignored: Int32 = 0
+            _ = bgtask_wait4(descendant, &ignored, WNOHANG, nil)
+        }
         Self.reapOrphans()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
@@ -200,10 +211,18 @@ public struct LaunchSupervisor: Sendable {
                 killAt = now + UInt64(plan.limits.grace.nanoseconds)
                 logger.debug("expiration sent")
             }
-            if let deadline = killAt, now >= deadline, state.killed == nil {
+            if let deadline = killAt, now >= deadline, state.killed == nil, !state.finished {
                 state.killed = .watchdog
-                Self.terminate(pid, cgroup: state.cgroup)
+                Self.terminate(pid, cgroup: state.cgroup, state: &state)
                 logger.info("watchdog kill: grace period over")
+            }
+            // A task expired on its own (stalled, cancelled, conditions lost) that is still open
+            // when its grace ends takes the launch down with it, as on iOS.
+            if state.killed == nil, !state.finished,
+               let (task, _) = state.taskKillAt.first(where: { now >= $0.value && state.tasks[$0.key]?.completedNs == nil }) {
+                state.killed = .watchdog
+                Self.terminate(pid, cgroup: state.cgroup, state: &state)
+                logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
                 let rss = ProcessTree.residentBytes(of: pid)
@@ -218,7 +237,7 @@ public struct LaunchSupervisor: Sendable {
                 nextSampleNs = now + interval
                 if rss > plan.limits.memoryLimitBytes {
                     state.killed = .jetsam
-                    Self.terminate(pid, cgroup: nil)
+                    Self.terminate(pid, cgroup: nil, state: &state)
                     logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
                 }
             }
@@ -227,12 +246,15 @@ public struct LaunchSupervisor: Sendable {
             if state.killed != nil { next = UInt64.max }
             if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, max(nextSampleNs, now)) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
+            if state.killed == nil {
+                for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
+            }
             let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
 
             var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0)]
             if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
-            let ready = poll(&fds, nfds_t(fds.count), pidfd >= 0 ? timeoutMs : min(timeoutMs, 10))
+            let ready = poll(&fds, nfds_t(fds.count), pidfd >= 0 ? timeoutMs : (timeoutMs < 0 ? 10 : min(timeoutMs, 10)))
             if ready < 0 && errno != EINTR { break }
 
             if let control, fds[1].revents != 0 {
@@ -244,6 +266,9 @@ public struct LaunchSupervisor: Sendable {
                             let now = bgtask_monotonic_ns()
                             state.expiredAtNs = now
                             killAt = min(killAt ?? UInt64.max, now + UInt64(plan.limits.grace.nanoseconds))
+                        }
+                        if let task, state.taskKillAt[task] == nil {
+                            state.taskKillAt[task] = bgtask_monotonic_ns() + UInt64(plan.limits.grace.nanoseconds)
                         }
                         try? channel.send(ParentMessage.expire(task: task, reason: reason))
                         logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
@@ -276,7 +301,7 @@ public struct LaunchSupervisor: Sendable {
                 // it can no longer be trusted.
                 state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
                 state.killed = .crashed
-                Self.terminate(pid, cgroup: state.cgroup)
+                Self.terminate(pid, cgroup: state.cgroup, state: &state)
             }
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
@@ -287,16 +312,17 @@ public struct LaunchSupervisor: Sendable {
 
     /// Kills the launch: every descendant first (while the runner, their subreaper, still
     /// holds them), then the runner and its process group.
-    static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?) {
+    static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, state: inout LaunchState) {
         cgroup?.killAll()
-        ProcessTree.killTree(pid)
+        state.killedDescendants.formUnion(ProcessTree.killTree(pid))
         kill(-pid, SIGKILL)
     }
 
-    /// Reads every packet available. Returns false once the channel is closed or unusable.
+    /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
+    /// the loop from its deadlines). Returns false once the channel is closed or unusable.
     private func receive(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
-                         state: inout LaunchState) -> Bool {
-        while true {
+                         state: inout LaunchState, limit: Int = 64) -> Bool {
+        for _ in 0..<limit {
             let packet: [UInt8]?
             do {
                 packet = try channel.receivePacket(nonBlocking: true)
@@ -316,10 +342,11 @@ public struct LaunchSupervisor: Sendable {
             }
             handle(message, channel: channel, plan: plan, broker: broker, control: control, state: &state)
         }
+        return true
     }
 
     private func drain(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?, state: inout LaunchState) {
-        _ = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
+        _ = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state, limit: 100_000)
     }
 
     private func handle(_ message: ChildMessage, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
@@ -343,9 +370,22 @@ public struct LaunchSupervisor: Sendable {
         switch message {
         case .launched: onEvent(.launched)
         case .taskBegan(let task, _): onEvent(.taskBegan(task: task))
-        case .taskCompleted(let task, _, _): onEvent(.taskEnded(task: task))
+        case .taskCompleted(let task, _, _):
+            if let (completed, total) = state.pendingProgress.removeValue(forKey: task) {
+                onEvent(.progress(task: task, completed: completed, total: total))
+            }
+            onEvent(.taskEnded(task: task))
         case .taskNotRegistered(let task): onEvent(.taskEnded(task: task))
-        case .progress(let task, let completed, let total): onEvent(.progress(task: task, completed: completed, total: total))
+        case .progress(let task, let completed, let total):
+            // At most 20 updates a second per task reach the host: a plugin reporting in a
+            // tight loop must not flood it. The last one before completion always does.
+            let now = bgtask_monotonic_ns()
+            state.pendingProgress[task] = (completed, total)
+            if now >= (state.lastProgressForward[task] ?? 0) + 50_000_000 {
+                state.lastProgressForward[task] = now
+                state.pendingProgress[task] = nil
+                onEvent(.progress(task: task, completed: completed, total: total))
+            }
         case .title(let task, let title, let subtitle): onEvent(.title(task: task, title: title, subtitle: subtitle))
         default: break
         }
@@ -362,13 +402,20 @@ public struct LaunchSupervisor: Sendable {
     /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment. Other
     /// children of an embedding process are left alone.
     static func reapOrphans() {
-        for orphan in ProcessTree.children(of: getpid())
-        where !activeRunners.contains(orphan) && ProcessTree.isLaunchProcess(orphan) {
-            ProcessTree.killTree(orphan)
-            var status: Int32 = 0
-            _ = bgtask_wait4(orphan, &status, 0, nil)
+        // Under the lock that spawning holds, so a runner spawned a moment ago (not yet in
+        // activeRunners) is never taken for an orphan.
+        spawnLock.withLock {
+            for orphan in ProcessTree.children(of: getpid())
+            where !activeRunners.contains(orphan) && ProcessTree.isLaunchProcess(orphan) {
+                ProcessTree.killTree(orphan)
+                var status: Int32 = 0
+                _ = bgtask_wait4(orphan, &status, 0, nil)
+            }
         }
     }
+
+    /// Held from starting a runner until it is in `activeRunners`, and while reaping orphans.
+    static let spawnLock = NSLock()
 }
 
 private final class ActiveRunners: @unchecked Sendable {

@@ -14,6 +14,8 @@ public enum SubmissionRules {
 
     public static let maximumPendingRefresh = 1
     public static let maximumPendingProcessing = 10
+    /// Dates past the year 10000 (seconds since 1970) are nobody's schedule.
+    static let maximumDate: Double = 253_402_300_800
 
     public struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
         public var status: Status
@@ -29,6 +31,9 @@ public enum SubmissionRules {
         supportedResources: UInt32 = 0
     ) -> Rejection? {
         let id = request.identifier
+        if let date = request.earliestBeginDate, !date.isFinite || abs(date) > maximumDate {
+            return Rejection(status: .notPermitted, message: "earliestBeginDate of '\(id)' is not a usable date (\(date))")
+        }
         guard app.permits(id) else {
             return Rejection(status: .notPermitted, message: "'\(id)' is not in BGTaskSchedulerPermittedIdentifiers of \(app.identifier)")
         }

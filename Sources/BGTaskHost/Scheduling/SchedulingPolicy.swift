@@ -132,7 +132,7 @@ public struct Eligibility: Sendable {
     }
 
     static func format(_ interval: TimeInterval) -> String {
-        let seconds = Int(interval.rounded())
+        let seconds = Int(exactly: interval.rounded()) ?? (interval > 0 ? Int.max : 0)
         if seconds >= 3600 { return "\(seconds / 3600)h\(seconds % 3600 / 60)m" }
         if seconds >= 60 { return "\(seconds / 60)m\(seconds % 60)s" }
         return "\(seconds)s"

@@ -51,13 +51,24 @@ enum ProcessTree {
 
     /// SIGKILLs every descendant of `root`, repeating until none is left (a process being
     /// killed may have forked a moment before), then `root` itself. Does not reap.
-    static func killTree(_ root: pid_t) {
+    @discardableResult
+    static func killTree(_ root: pid_t) -> Set<pid_t> {
+        var killed = Set<pid_t>()
         for _ in 0..<64 {
-            let pids = descendants(of: root)
+            // Zombies are dead already; only their parent (or, later, this process) can reap them.
+            let pids = descendants(of: root).filter { !isZombie($0) }
             if pids.isEmpty { break }
             for pid in pids { kill(pid, SIGKILL) }
+            killed.formUnion(pids)
         }
         kill(root, SIGKILL)
+        return killed
+    }
+
+    static func isZombie(_ pid: pid_t) -> Bool {
+        let stat = readFile("/proc/\(pid)/stat")
+        guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return false }
+        return stat[close + 2] == UInt8(ascii: "Z")
     }
 
     /// True when `pid` runs with a launch's environment (`BGTASK_LAUNCH_ID`), i.e. it is a

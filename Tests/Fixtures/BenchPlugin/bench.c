@@ -46,6 +46,10 @@ static void block(void *context, const bgtask_task_info *task) {
     for (;;) pause();
 }
 
+/* The blocks stay reachable (a list through their first bytes): an allocation nobody can
+ * see is one the compiler may delete, loop and all. */
+static void *volatile blocks;
+
 static void alloc(void *context, const bgtask_task_info *task) {
     (void)context;
     (void)task;
@@ -56,6 +60,8 @@ static void alloc(void *context, const bgtask_task_info *task) {
             for (;;) pause(); /* the RLIMIT_DATA backstop: wait for the kill */
         }
         memset(p, 0xa5, block_size);
+        *(void **)p = blocks;
+        blocks = p;
     }
 }
 
