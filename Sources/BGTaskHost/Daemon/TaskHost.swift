@@ -634,25 +634,36 @@ public final class TaskHost: @unchecked Sendable {
         stallTimer = timer
     }
 
+    /// Registers a waiter for a launch just started (on `queue`).
+    private func waiter(for id: String) -> DispatchSemaphore {
+        let semaphore = DispatchSemaphore(value: 0)
+        running[id]?.waiters.append(semaphore)
+        if running[id] == nil { semaphore.signal() }
+        return semaphore
+    }
+
+    /// The response for a started launch: its id, and with `wait` its record once it ends
+    /// (blocking the calling control thread, never `queue`).
+    private func launched(_ id: String, _ semaphore: DispatchSemaphore, wait: Bool) -> ControlResponse {
+        var response = ControlResponse()
+        response.launchID = id
+        guard wait else { return response }
+        semaphore.wait()
+        response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
+        return response
+    }
+
     private func open(_ request: ControlRequest) -> ControlResponse {
         guard let app = request.app else { return .failure("bad-request", "open needs an app") }
         let started = queue.sync { () -> (String, DispatchSemaphore)? in
             guard !shuttingDown, let bundle = catalog.apps[app] else { return nil }
             let id = startLaunch(bundle, requests: [], reason: "foreground", role: .foreground, eventJSON: request.event)
-            let semaphore = DispatchSemaphore(value: 0)
-            running[id]?.waiters.append(semaphore)
-            if running[id] == nil { semaphore.signal() }
-            return (id, semaphore)
+            return (id, waiter(for: id))
         }
         guard let (id, semaphore) = started else {
             return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
         }
-        var response = ControlResponse()
-        response.launchID = id
-        guard request.wait == true else { return response }
-        semaphore.wait()
-        response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
-        return response
+        return launched(id, semaphore, wait: request.wait == true)
     }
 
     private func cancelTask(_ request: ControlRequest) -> ControlResponse {
@@ -880,20 +891,11 @@ public final class TaskHost: @unchecked Sendable {
                 return .failure(.failure("unavailable", "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
             }
             let id = startLaunch(bundle, requests: stored.map { [$0] } ?? [], forced: forced, reason: "simulated")
-            let semaphore = DispatchSemaphore(value: 0)
-            running[id]?.waiters.append(semaphore)
-            if running[id] == nil { semaphore.signal() }
-            return .success((id, semaphore))
+            return .success((id, waiter(for: id)))
         }
         switch started {
         case .failure(let response): return response
-        case .success(let (id, semaphore)):
-            var response = ControlResponse()
-            response.launchID = id
-            guard request.wait != false else { return response }
-            semaphore.wait()
-            response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
-            return response
+        case .success(let (id, semaphore)): return launched(id, semaphore, wait: request.wait != false)
         }
     }
 
@@ -911,20 +913,12 @@ public final class TaskHost: @unchecked Sendable {
                   let app = catalog.app(containingBundle: identifier),
                   let appex = app.extensions.first(where: { $0.identifier == identifier }) else { return nil }
             let id = startLaunch(appex, requests: [], reason: "extension", role: .extension, eventJSON: request.event)
-            let semaphore = DispatchSemaphore(value: 0)
-            running[id]?.waiters.append(semaphore)
-            if running[id] == nil { semaphore.signal() }
-            return (id, semaphore)
+            return (id, waiter(for: id))
         }
         guard let (id, semaphore) = started else {
             return .failure("not-found", "no app in \(configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)")
         }
-        var response = ControlResponse()
-        response.launchID = id
-        guard request.wait != false else { return response }
-        semaphore.wait()
-        response.record = queue.sync { finishedRecords.removeValue(forKey: id) }
-        return response
+        return launched(id, semaphore, wait: request.wait != false)
     }
 
     private func simulateExpire(_ request: ControlRequest) -> ControlResponse {
