@@ -160,6 +160,8 @@ public struct LaunchSupervisor: Sendable {
         var status: Int32 = 0
         var usage = rusage()
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
+        // The launch ends when its child is reaped; cleaning up after it is the host's time.
+        let endNs = bgtask_monotonic_ns()
         Self.activeRunners.remove(pid)
         if let cgroup {
             if cgroup.oomKills > 0, state.killed == nil { state.killed = .jetsam }
@@ -178,7 +180,6 @@ public struct LaunchSupervisor: Sendable {
         Self.reapOrphans()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
-        let endNs = bgtask_monotonic_ns()
         let record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
@@ -310,12 +311,14 @@ public struct LaunchSupervisor: Sendable {
     /// How long a child that closed its channel has to exit before it counts as hung up.
     static let exitAfterHangUp: UInt64 = 250_000_000
 
-    /// Kills the launch: every descendant first (while the runner, their subreaper, still
-    /// holds them), then the runner and its process group.
+    /// Kills the launch: its process group, then every descendant still under the runner.
     static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, state: inout LaunchState) {
         cgroup?.killAll()
-        state.killedDescendants.formUnion(ProcessTree.killTree(pid))
+        // The process group first: one syscall stops the runner and everything that stayed in
+        // its group. What left the group (setsid) is found under the runner while it is still
+        // unreaped, or re-parented to this process and reaped as an orphan after.
         kill(-pid, SIGKILL)
+        state.killedDescendants.formUnion(ProcessTree.killTree(pid))
     }
 
     /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
