@@ -61,12 +61,12 @@ struct BGTaskBench: ParsableCommand {
         report.set("machine", .object([
             ("nproc", .int(machine.cores)), ("cpu", .string(machine.cpu)), ("kernel", .string(machine.kernel)),
             ("swift", .string(machine.swift)), ("memory", .string(machine.memory)), ("build", .string(machine.build)),
-            ("scratch", .string(machine.scratch)), ("scratch_fs", .string(machine.scratchDevice)),
+            ("scratch", .string(machine.scratch)), ("scratch_fs", .string(machine.scratchDevice)), ("loadavg_at_start", .string(machine.load)),
         ]))
         let header = """
             bgtask-bench \(quick ? "--quick (fewer iterations; \(count(iterations.pending)) pending requests instead of 1,000,000)" : "(full run)")
             machine: \(machine.cores) cores, \(machine.cpu), \(machine.memory), Linux \(machine.kernel), \(machine.swift), \(machine.build) build
-            scratch: \(machine.scratch) on \(machine.scratchDevice)
+            scratch: \(machine.scratch) on \(machine.scratchDevice); load average at start \(machine.load)
             """
         progress(header.replacingOccurrences(of: "\n", with: "\n             "))
 

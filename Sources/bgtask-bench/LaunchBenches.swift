@@ -41,6 +41,21 @@ enum Floors {
         return Double(total / threads * threads) / seconds(since: t0)
     }
 
+    /// fork + exit + wait from a small C program: dash running `(exit)` subshells (a fork, an
+    /// exit and a wait each, no exec) minus the same loop without them, µs per fork (a mean:
+    /// the loop cannot time single iterations). NaN without /bin/dash.
+    static func smallParentFork(_ n: Int) -> Double {
+        guard access("/bin/dash", X_OK) == 0 else { return .nan }
+        func time(_ script: String) -> Double {
+            let t0 = monotonicNs()
+            guard let pid = try? spawn(["/bin/dash", "-c", script], stdout: nil, stderr: nil), waitFor(pid) == 0 else { return .nan }
+            return Double(monotonicNs() - t0) / 1000
+        }
+        let withForks = time("i=0; while [ $i -lt \(n) ]; do (exit); i=$((i+1)); done")
+        let without = time("i=0; while [ $i -lt \(n) ]; do i=$((i+1)); done")
+        return (withForks - without) / Double(n)
+    }
+
     /// How late a 50 ms poll(2) timeout wakes this process, in ms: the timer floor under
     /// expiration (the supervisor's deadlines are poll timeouts too).
     static func timerLateness(_ n: Int) -> Samples {
@@ -104,25 +119,35 @@ enum Floors {
 
 // MARK: Launches through the real supervisor and runner
 
-/// Launches of the BenchPlugin bundle with `LaunchSupervisor.run`: the real runner executable,
-/// spawned and supervised as `bgtask run` and the host do.
+/// Launches of the BenchPlugin bundle with `LaunchSupervisor.run`, supervised as `bgtask run`
+/// and the host do, through either launcher: `zygote` (forked from the pre-warmed
+/// `bgtask-runner --zygote`, the host's default) or `spawn` (posix_spawn of `bgtask-runner`).
 final class LaunchBench: @unchecked Sendable {
+    enum Launcher: String { case zygote, spawn }
+
     static let appIdentifier = "com.example.bench"
     static let identifiers = ["bench.noop", "bench.expire", "bench.block", "bench.alloc"]
 
     let root: URL
     let bundle: PluginBundle
     let supervisor: LaunchSupervisor
+    let launcher: Launcher
 
-    init(root: URL) throws {
+    init(root: URL, launcher: Launcher) throws {
         self.root = root
+        self.launcher = launcher
         let url = root.appendingPathComponent("Bench.app")
         try makeBenchBundle(at: url, identifier: Self.appIdentifier, permitted: Self.identifiers)
         bundle = try BundleReader.read(url)
         var logger = Logger(label: "bgtask-bench")
         logger.logLevel = .error
-        supervisor = LaunchSupervisor(runnerPath: Products.runner, logger: logger)
+        var supervisor = LaunchSupervisor(runnerPath: Products.runner, logger: logger)
+        if launcher == .zygote { supervisor.zygote = Zygote(runnerPath: Products.runner, logger: logger) }
+        self.supervisor = supervisor
     }
+
+    /// Ends the zygote, if any.
+    func stop() { supervisor.zygote?.stop() }
 
     struct Launch {
         var record: RunRecord
@@ -141,6 +166,9 @@ final class LaunchBench: @unchecked Sendable {
         supervisor.cgroupRoot = cgroup
         let called = Date()
         let record = try supervisor.run(plan, broker: InMemoryRequestBroker())
+        guard record.launcher == nil || record.launcher == launcher.rawValue else {
+            throw BenchError("a launch meant for the \(launcher.rawValue) launcher went through \(record.launcher ?? "?") (see \(record.log))")
+        }
         let fromCall = record.tasks.first?.startedMs.map { record.startedAt.timeIntervalSince(called) * 1e6 + $0 * 1000 }
         return Launch(record: record, fromCallUs: fromCall)
     }
@@ -156,16 +184,16 @@ final class LaunchBench: @unchecked Sendable {
         return launch
     }
 
-    /// Launch latencies (spawn → handler entered, and call → handler entered), µs.
-    func latency(_ n: Int) throws -> (spawn: Samples, call: Samples) {
-        for _ in 0..<3 { _ = try noop() } // warm the page cache
-        var spawn = Samples(), call = Samples()
+    /// Launch latencies (launch start → handler entered, and call → handler entered), µs.
+    func latency(_ n: Int) throws -> (start: Samples, call: Samples) {
+        for _ in 0..<3 { _ = try noop() } // warm the page cache (and start the zygote)
+        var start = Samples(), call = Samples()
         for _ in 0..<n {
             let launch = try noop()
-            spawn.append(launch.record.tasks[0].startedMs! * 1000)
+            start.append(launch.record.tasks[0].startedMs! * 1000)
             if let fromCall = launch.fromCallUs { call.append(fromCall) }
         }
-        return (spawn, call)
+        return (start, call)
     }
 
     struct Throughput {

@@ -11,25 +11,39 @@ struct SectionRunner {
 
     // MARK: Launch latency and throughput
 
+    struct LauncherFigures {
+        var latency: (start: Samples, call: Samples)
+        var sequential: LaunchBench.Throughput
+        var concurrent: LaunchBench.Throughput
+    }
+
     func launch() throws {
-        report.section("launch: fork floor vs LaunchSupervisor.run of the BenchPlugin (posix_spawn of bgtask-runner)")
+        report.section("launch: fork floor vs LaunchSupervisor.run of the BenchPlugin, through the zygote (default) and posix_spawn (fallback)")
         let n = iterations
         progress("launch: fork floor (\(n.forkLatency) × fork + _exit + waitpid)")
         let fork = try Floors.forkLatency(n.forkLatency)
-        let benchRSS = ProcStat.rss(getpid()).map(Double.init) ?? .nan
-
-        let bench = try LaunchBench(root: root.appendingPathComponent("launch"))
-        progress("launch: \(n.launchLatency) no-op launches for latency")
-        let latency = try bench.latency(n.launchLatency)
-
-        progress("launch: throughput (\(n.forkThroughput) forks, \(n.launchThroughput) launches; sequential and 2 threads)")
+        let benchRSS = ProcStat.rss(getpid()).map { Double($0) } ?? .nan
+        progress("launch: fork throughput (\(n.forkThroughput) forks, sequential and 2 threads)")
         let forkSeq = Floors.forkThroughput(n.forkThroughput, threads: 1)
-        let seq = try bench.throughput(n.launchThroughput, threads: 1)
         let forkC2 = Floors.forkThroughput(n.forkThroughput, threads: 2)
-        let c2 = try bench.throughput(n.launchThroughput, threads: 2)
-        let launchSeq = seq.perSecond, launchC2 = c2.perSecond
-        for (name, result) in [("sequential", seq), ("concurrency 2", c2)] where result.failures > 0 {
-            report.note("launch throughput, \(name): \(result.failures) of \(n.launchThroughput) no-op launches failed (not counted in the rate); first:\n      \(result.firstFailure?.replacingOccurrences(of: "\n", with: "\n      ") ?? "?")")
+        let smallParent = Floors.smallParentFork(n.forkLatency)
+
+        var figures: [LaunchBench.Launcher: LauncherFigures] = [:]
+        var zygoteRSS = Double.nan
+        for launcher in [LaunchBench.Launcher.zygote, .spawn] {
+            let bench = try LaunchBench(root: root.appendingPathComponent("launch-\(launcher.rawValue)"), launcher: launcher)
+            defer { bench.stop() }
+            progress("launch (\(launcher.rawValue)): \(n.launchLatency) no-op launches for latency, then \(n.launchThroughput) sequential and \(n.launchThroughput) on 2 threads")
+            let latency = try bench.latency(n.launchLatency)
+            if launcher == .zygote, let zygote = ProcStat.children(of: getpid()).first(where: { ProcStat.commandLine($0).contains("--zygote") }) {
+                zygoteRSS = ProcStat.rss(zygote).map { Double($0) } ?? .nan
+            }
+            let sequential = try bench.throughput(n.launchThroughput, threads: 1)
+            let concurrent = try bench.throughput(n.launchThroughput, threads: 2)
+            figures[launcher] = LauncherFigures(latency: latency, sequential: sequential, concurrent: concurrent)
+            for (name, result) in [("sequential", sequential), ("concurrency 2", concurrent)] where result.failures > 0 {
+                report.note("\(launcher.rawValue) launch throughput, \(name): \(result.failures) of \(n.launchThroughput) no-op launches failed (not counted in the rate); first:\n      \(result.firstFailure?.replacingOccurrences(of: "\n", with: "\n      ") ?? "?")")
+            }
         }
 
         let floor = fork.p50
@@ -37,44 +51,59 @@ struct SectionRunner {
         report.set("fork_floor_p99_us", fork.p99, 1)
         report.set("fork_floor_samples", .int(fork.count))
         report.set("fork_floor_parent_rss_mib", benchRSS / 1_048_576, 1)
-        report.set("launch_p50_us", latency.spawn.p50, 1)
-        report.set("launch_p50_over_floor", latency.spawn.p50 / floor, 2)
-        report.set("launch_p99_us", latency.spawn.p99, 1)
-        report.set("launch_p99_over_floor", latency.spawn.p99 / floor, 2)
-        report.set("launch_samples", .int(latency.spawn.count))
-        report.set("launch_from_call_p50_us", latency.call.p50, 1)
-        report.set("launch_from_call_p99_us", latency.call.p99, 1)
-        report.set("launch_from_call_p50_over_floor", latency.call.p50 / floor, 2)
+        report.set("fork_floor_small_parent_us", smallParent, 1)
         report.set("fork_throughput_per_s", forkSeq, 1)
-        report.set("launch_throughput_per_s", launchSeq, 1)
-        report.set("launch_throughput_over_floor", launchSeq / forkSeq, 3)
         report.set("fork_throughput_c2_per_s", forkC2, 1)
-        report.set("launch_throughput_c2_per_s", launchC2, 1)
-        report.set("launch_throughput_c2_over_floor", launchC2 / forkC2, 3)
-        report.set("launch_throughput_failures", .int(seq.failures))
-        report.set("launch_throughput_c2_failures", .int(c2.failures))
+        report.set("launch_launcher", .string("zygote"))
+        report.set("zygote_rss_mib", zygoteRSS / 1_048_576, 1)
+        for launcher in [LaunchBench.Launcher.zygote, .spawn] {
+            guard let f = figures[launcher] else { continue }
+            // The host's default launcher (zygote) gets the issue's keys; the fallback is prefixed.
+            let prefix = launcher == .zygote ? "launch" : "launch_spawn"
+            report.set("\(prefix)_p50_us", f.latency.start.p50, 1)
+            report.set("\(prefix)_p50_over_floor", f.latency.start.p50 / floor, 2)
+            report.set("\(prefix)_p99_us", f.latency.start.p99, 1)
+            report.set("\(prefix)_p99_over_floor", f.latency.start.p99 / floor, 2)
+            report.set("\(prefix)_samples", .int(f.latency.start.count))
+            report.set("\(prefix)_from_call_p50_us", f.latency.call.p50, 1)
+            report.set("\(prefix)_from_call_p99_us", f.latency.call.p99, 1)
+            report.set("\(prefix)_throughput_per_s", f.sequential.perSecond, 1)
+            report.set("\(prefix)_throughput_over_floor", f.sequential.perSecond / forkSeq, 3)
+            report.set("\(prefix)_throughput_c2_per_s", f.concurrent.perSecond, 1)
+            report.set("\(prefix)_throughput_c2_over_floor", f.concurrent.perSecond / forkC2, 3)
+            report.set("\(prefix)_throughput_failures", .int(f.sequential.failures + f.concurrent.failures))
+        }
 
-        report.row("fork floor p50 (fork+_exit+waitpid)", us(floor), target: "floor")
-        report.row("launch p50 (spawn → handler entered)", us(latency.spawn.p50), floor: "fork p50 \(us(floor))",
-                   ratio: times(latency.spawn.p50 / floor), target: "≤ 2× floor",
-                   verdict: verdict(latency.spawn.p50 <= 2 * floor, missedBy: times(latency.spawn.p50 / (2 * floor)) + " over"))
-        report.row("launch p99 (spawn → handler entered)", us(latency.spawn.p99), floor: "fork p50 \(us(floor))",
-                   ratio: times(latency.spawn.p99 / floor), target: "≤ 3× floor",
-                   verdict: verdict(latency.spawn.p99 <= 3 * floor, missedBy: times(latency.spawn.p99 / (3 * floor)) + " over"))
-        report.row("launch p50 (run() called → handler)", us(latency.call.p50), floor: "fork p50 \(us(floor))",
-                   ratio: times(latency.call.p50 / floor), target: "(includes pre-spawn setup)")
-        report.row("no-op launches/s, sequential", perSecond(launchSeq), floor: "forks/s \(perSecond(forkSeq))",
-                   ratio: pct(launchSeq / forkSeq * 100), target: "≥ 50 % of floor", verdict: verdict(launchSeq >= forkSeq / 2))
-        report.row("no-op launches/s, concurrency 2", perSecond(launchC2), floor: "forks/s \(perSecond(forkC2))",
-                   ratio: pct(launchC2 / forkC2 * 100), target: "≥ 50 % of floor", verdict: verdict(launchC2 >= forkC2 / 2))
+        report.row("fork floor p50 (fork+_exit+waitpid, this process)", us(floor), ratio: "RSS \(mib(benchRSS))", target: "floor")
+        report.row("fork floor mean, small C parent (dash subshell)", us(smallParent), ratio: times(floor / smallParent) + " below", target: "context")
+        for launcher in [LaunchBench.Launcher.zygote, .spawn] {
+            guard let f = figures[launcher] else { continue }
+            let p50 = f.latency.start.p50, p99 = f.latency.start.p99, call = f.latency.call.p50
+            let isDefault = launcher == .zygote
+            let name = launcher.rawValue + (isDefault ? "" : ", fallback")
+            report.row("launch p50 (\(name): start → handler)", us(p50), floor: "fork p50 \(us(floor))", ratio: times(p50 / floor),
+                       target: "≤ 2× floor", verdict: verdict(p50 <= 2 * floor, missedBy: times(p50 / (2 * floor)) + " over"))
+            report.row("launch p99 (\(name): start → handler)", us(p99), floor: "fork p50 \(us(floor))", ratio: times(p99 / floor),
+                       target: "≤ 3× floor", verdict: verdict(p99 <= 3 * floor, missedBy: times(p99 / (3 * floor)) + " over"))
+            report.row("launch p50 (\(name): run() called → handler)", us(call), floor: "fork p50 \(us(floor))", ratio: times(call / floor),
+                       target: "(+ pre-spawn setup)")
+            let seq = f.sequential.perSecond, c2 = f.concurrent.perSecond
+            report.row("no-op launches/s (\(name)), sequential", perSecond(seq), floor: "forks/s \(perSecond(forkSeq))",
+                       ratio: pct(seq / forkSeq * 100), target: "≥ 50 % of floor", verdict: verdict(seq >= forkSeq / 2))
+            report.row("no-op launches/s (\(name)), concurrency 2", perSecond(c2), floor: "forks/s \(perSecond(forkC2))",
+                       ratio: pct(c2 / forkC2 * 100), target: "≥ 50 % of floor", verdict: verdict(c2 >= forkC2 / 2))
+        }
     }
 
     // MARK: Expiration, watchdog, jetsam
 
     func limits() throws {
-        report.section("limits: expiration, watchdog and jetsam of real launches vs this machine's timer and kill floors")
+        report.section("limits: expiration, watchdog and jetsam of real launches (zygote) vs this machine's timer and kill floors")
         let n = iterations
-        let bench = try LaunchBench(root: root.appendingPathComponent("limits"))
+        // Through the host's default launcher.
+        let bench = try LaunchBench(root: root.appendingPathComponent("limits"), launcher: .zygote)
+        defer { bench.stop() }
+        report.set("limits_launcher", .string(bench.launcher.rawValue))
 
         progress("limits: timer and kill floors (\(n.timerFloor) × 50 ms deadlines each)")
         let timer = Floors.timerLateness(n.timerFloor)
@@ -160,15 +189,6 @@ struct SectionRunner {
         report.section("submit: acknowledged durable submissions over the control socket vs raw SQLite inserts on the same disk")
         let n = iterations
         let directory = root.appendingPathComponent("submit")
-        if let t = ProcessInfo.processInfo.environment["XP"].flatMap(Int.init) {
-            for i in 0..<3 {
-                let a = try SQLiteFloor.singleRow(in: directory.appendingPathComponent("xf\(i)"), duration: 2)
-                let b = try storeSubmitRate(in: directory.appendingPathComponent("xs\(i)"), threads: t, duration: 2)
-                let c = try storeSubmitRate(in: directory.appendingPathComponent("xt\(i)"), threads: 1, duration: 2)
-                progress("XP floor1tx \(a) store(\(t)) \(b) store(1) \(c)")
-            }
-            return
-        }
         progress("submit: SQLite floors (\(count(n.sqliteBatchedRows)) rows in 1,000-row transactions; one-row transactions for \(n.sqliteSingleSeconds) s)")
         let batched = try SQLiteFloor.batched(in: directory.appendingPathComponent("floor-batched"), rows: n.sqliteBatchedRows)
         let single = try SQLiteFloor.singleRow(in: directory.appendingPathComponent("floor-single"), duration: n.sqliteSingleSeconds)
@@ -193,7 +213,7 @@ struct SectionRunner {
             report.note("submit (\(name)): \(result.refused) refused, first: \(result.firstRefusal ?? "?")")
         }
 
-        usleep(1_000_000)
+        usleep(2_000_000) // connection threads and idle dispatch workers end
         progress("submit: idle host CPU for \(n.idleSeconds) s (\(count(fresh.acknowledged)) requests pending, real clock, nothing due)")
         let idle = host.idle(for: n.idleSeconds)
 
@@ -228,7 +248,7 @@ struct SectionRunner {
                    ratio: pct(replaced.perSecond / batched * 100))
         report.row("resubmissions/s (replace, one connection per thread)", perSecond(persistent.perSecond), floor: "batched \(perSecond(batched))",
                    ratio: pct(persistent.perSecond / batched * 100))
-        report.row("idle host CPU (\(Int(n.idleSeconds)) s, real clock, \(count(fresh.acknowledged)) pending)", pct(idle.cpuPercent),
+        report.row("idle host CPU (\(Int(n.idleSeconds)) s, real clock, \(count(fresh.acknowledged)) pending)", String(format: "%.3f %%", idle.cpuPercent),
                    floor: "0 %", ratio: String(format: "%.1f wakeups/s", idle.wakeupsPerSecond), target: "≈ 0",
                    verdict: verdict(idle.cpuPercent < 0.1))
     }
@@ -249,7 +269,7 @@ struct SectionRunner {
                                 log: directory.appendingPathComponent("empty-host.log"), arguments: ["--clock", "virtual"])
         try empty.start()
         usleep(1_000_000)
-        let emptyRSS = ProcStat.rss(empty.pid).map(Double.init) ?? .nan
+        let emptyRSS = ProcStat.rss(empty.pid).map { Double($0) } ?? .nan
         let emptyStore = try PendingRequestStore(directory: empty.state)
         let emptyNextDue = try timeCalls(n.lookups) { _ = try emptyStore.nextDueDate(after: Date()) }
         let emptyStatus = try timeCalls(n.lookups / 4) { _ = try empty.client.send(ControlRequest(verb: "status")) }
@@ -260,6 +280,13 @@ struct SectionRunner {
         let plugins = directory.appendingPathComponent("plugins")
         let state = directory.appendingPathComponent("state")
         try workload.makeBundles(in: plugins)
+        // The same catalog over an empty store: what the bundles cost, apart from the requests.
+        let catalogOnly = HostProcess(plugins: plugins, state: directory.appendingPathComponent("catalog-state"),
+                                      log: directory.appendingPathComponent("catalog-host.log"), arguments: ["--clock", "virtual"])
+        try catalogOnly.start()
+        usleep(1_000_000)
+        let catalogRSS = ProcStat.rss(catalogOnly.pid).map { Double($0) } ?? .nan
+        catalogOnly.stop()
         let load = try workload.load(state: state)
         let databaseBytes = (try? FileManager.default.attributesOfItem(atPath: state.appendingPathComponent("bgtask.sqlite").path)[.size] as? NSNumber)?.doubleValue ?? .nan
 
@@ -268,7 +295,7 @@ struct SectionRunner {
         try host.start()
         defer { host.stop() }
         usleep(1_000_000)
-        let startRSS = ProcStat.rss(host.pid).map(Double.init) ?? .nan
+        let startRSS = ProcStat.rss(host.pid).map { Double($0) } ?? .nan
 
         progress("pending: lookups (\(n.lookups) each)")
         let store = try PendingRequestStore(directory: state)
@@ -288,8 +315,8 @@ struct SectionRunner {
 
         progress("pending: idle host CPU for \(n.idleSeconds) s")
         let idle = host.idle(for: n.idleSeconds)
-        let rss = ProcStat.rss(host.pid).map(Double.init) ?? .nan
-        let hwm = ProcStat.peakRSS(host.pid).map(Double.init) ?? .nan
+        let rss = ProcStat.rss(host.pid).map { Double($0) } ?? .nan
+        let hwm = ProcStat.peakRSS(host.pid).map { Double($0) } ?? .nan
         let threads = ProcStat.threadCount(host.pid)
 
         // `bgtask apps` on this host: a finding, measured last (it reads every pending row).
@@ -303,7 +330,7 @@ struct SectionRunner {
             appsOutcome = "failed: \(error)"
         }
         let appsMs = Double(monotonicNs() - appsStart) / 1e6
-        let appsRSS = ProcStat.rss(host.pid).map(Double.init) ?? .nan
+        let appsRSS = ProcStat.rss(host.pid).map { Double($0) } ?? .nan
 
         report.set("pending_count", .int(workload.count))
         report.set("pending_apps", .int(workload.apps))
@@ -316,6 +343,7 @@ struct SectionRunner {
         report.set("pending_1m_host_threads", .int(threads))
         report.set("empty_host_rss_mib", emptyRSS / 1_048_576, 1)
         report.set("pending_1m_rss_over_empty", rss / emptyRSS, 2)
+        report.set("catalog_only_host_rss_mib", catalogRSS / 1_048_576, 1)
         report.set("pending_1m_next_due_us", nextDue.p50, 1)
         report.set("pending_1m_next_due_p99_us", nextDue.p99, 1)
         report.set("empty_store_next_due_us", emptyNextDue.p50, 1)
@@ -340,6 +368,8 @@ struct SectionRunner {
         let label = n.pending == 1_000_000 ? "1M" : count(n.pending)
         report.row("host RSS, \(label) pending / \(count(workload.apps)) apps", mib(rss), floor: "empty host \(mib(emptyRSS))",
                    ratio: times(rss / emptyRSS), target: "documented")
+        report.row("  same \(count(workload.apps)) bundles, empty store", mib(catalogRSS), floor: "empty host \(mib(emptyRSS))",
+                   ratio: times(catalogRSS / emptyRSS), target: "context")
         report.row("nextDueDate (in-process) p50, \(label) pending", us(nextDue.p50), floor: "empty store \(us(emptyNextDue.p50))",
                    ratio: times(nextDue.p50 / emptyNextDue.p50), target: "no linear scans",
                    verdict: scans.isEmpty ? "yes (index search)" : "no: \(scans.joined(separator: "; "))")
@@ -348,7 +378,7 @@ struct SectionRunner {
         report.row("`clock` verb round trip p50 (host-side nextDueDate)", us(clock.p50), floor: "`status` verb \(us(status.p50))",
                    ratio: times(clock.p50 / status.p50))
         report.row("host start (catalog scan + store open), \(label) pending", String(format: "%.2f s", host.startSeconds))
-        report.row("idle host CPU (\(Int(n.idleSeconds)) s, virtual clock, \(label) pending)", pct(idle.cpuPercent), floor: "0 %",
+        report.row("idle host CPU (\(Int(n.idleSeconds)) s, virtual clock, \(label) pending)", String(format: "%.3f %%", idle.cpuPercent), floor: "0 %",
                    ratio: String(format: "%.1f wakeups/s", idle.wakeupsPerSecond), target: "≈ 0", verdict: verdict(idle.cpuPercent < 0.1))
         report.row("`apps` verb with \(label) pending (finding)", String(format: "%.0f ms", appsMs), floor: "",
                    ratio: "RSS after \(mib(appsRSS))", target: appsOutcome.count > 40 ? String(appsOutcome.prefix(40)) + "…" : appsOutcome)

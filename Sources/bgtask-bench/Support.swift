@@ -100,9 +100,13 @@ enum Products {
     /// or so each when up to date) unless `rebuild` is false and they exist.
     static func ensure(rebuild: Bool) throws {
         let needed = [("bgtask", cli), ("bgtask-runner", runner), ("BenchPlugin", benchLibrary)]
-        for (product, path) in needed where rebuild || access(path, X_OK) != 0 && access(path, R_OK) != 0 {
+        for (product, path) in needed {
+            let missing = access(path, R_OK) != 0
+            guard rebuild || missing else { continue }
             guard let root = packageRoot else {
-                throw BenchError("\(path) is missing and the package root is unknown: run `swift build -c \(configuration)` in the package first")
+                if missing { throw BenchError("\(path) is missing and the package root is unknown: run `swift build -c \(configuration)` in the package first") }
+                progress("the package root is unknown: using \(path) as it is")
+                continue
             }
             progress("swift build -c \(configuration) --product \(product)")
             let status = try waitFor(spawn(["/usr/bin/env", "swift", "build", "--package-path", root.path,
@@ -190,17 +194,52 @@ enum ProcStat {
         return (utime + stime) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
-    /// Context switches (voluntary and not) summed over every thread: how often it woke up.
-    static func contextSwitches(_ pid: pid_t) -> UInt64 {
-        guard let tids = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return 0 }
-        var total: UInt64 = 0
+    /// Nanoseconds on a CPU of each thread, by thread id (/proc/PID/task/TID/schedstat: far finer
+    /// than the 10 ms ticks of /proc/PID/stat).
+    static func cpuNanoseconds(_ pid: pid_t) -> [String: UInt64] {
+        guard let tids = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return [:] }
+        var result: [String: UInt64] = [:]
+        for tid in tids {
+            let text = (try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8)) ?? ""
+            if let ns = text.split(separator: " ").first.flatMap({ UInt64($0) }) { result[tid] = ns }
+        }
+        return result
+    }
+
+    /// Context switches (voluntary and not) of each thread, by thread id: how often it woke up.
+    static func contextSwitches(_ pid: pid_t) -> [String: UInt64] {
+        guard let tids = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return [:] }
+        var result: [String: UInt64] = [:]
         for tid in tids {
             guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/status", encoding: .utf8) else { continue }
             for line in text.split(separator: "\n") where line.contains("ctxt_switches:") {
-                total += line.split(separator: ":").last.flatMap { UInt64($0.trimmingCharacters(in: .whitespaces)) } ?? 0
+                result[tid, default: 0] += line.split(separator: ":").last.flatMap { UInt64($0.trimmingCharacters(in: .whitespaces)) } ?? 0
             }
         }
-        return total
+        return result
+    }
+
+    /// The growth between two per-thread readings (a thread that ended in between takes its
+    /// share with it: a slight undercount).
+    static func growth(from start: [String: UInt64], to end: [String: UInt64]) -> UInt64 {
+        end.reduce(0) { total, entry in
+            let before = start[entry.key] ?? 0
+            return total + (entry.value >= before ? entry.value - before : 0)
+        }
+    }
+
+    /// Children of `pid` (every thread's), from /proc/PID/task/*/children.
+    static func children(of pid: pid_t) -> [pid_t] {
+        guard let tids = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return [] }
+        return tids.flatMap { tid in
+            ((try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/children", encoding: .utf8)) ?? "")
+                .split(separator: " ").compactMap { pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        }
+    }
+
+    static func commandLine(_ pid: pid_t) -> String {
+        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return "" }
+        return String(decoding: data.map { $0 == 0 ? UInt8(ascii: " ") : $0 }, as: UTF8.self)
     }
 
     static func threadCount(_ pid: pid_t) -> Int {
@@ -260,16 +299,16 @@ final class HostProcess {
         pid = 0
     }
 
-    /// Host CPU (% of one core) and wake-ups per second over `duration` seconds.
+    /// Host CPU (% of one core) and wake-ups (context switches) per second over `duration` s.
     func idle(for duration: Double) -> (cpuPercent: Double, wakeupsPerSecond: Double) {
-        let cpu0 = ProcStat.cpuSeconds(pid) ?? 0
+        let cpu0 = ProcStat.cpuNanoseconds(pid)
         let switches0 = ProcStat.contextSwitches(pid)
         let t0 = monotonicNs()
         usleep(UInt32(duration * 1_000_000))
         let elapsed = seconds(since: t0)
-        let cpu1 = ProcStat.cpuSeconds(pid) ?? 0
-        let switches1 = ProcStat.contextSwitches(pid)
-        return ((cpu1 - cpu0) / elapsed * 100, Double(switches1 - switches0) / elapsed)
+        let cpu = Double(ProcStat.growth(from: cpu0, to: ProcStat.cpuNanoseconds(pid))) / 1e9
+        let switches = Double(ProcStat.growth(from: switches0, to: ProcStat.contextSwitches(pid)))
+        return (cpu / elapsed * 100, switches / elapsed)
     }
 }
 
@@ -303,6 +342,8 @@ struct Machine {
     var scratch: String
     var scratchDevice: String
     var build: String
+    /// /proc/loadavg when the run began: other work on the machine skews every figure.
+    var load: String
 
     static func describe(scratch: URL) -> Machine {
         let cpuinfo = (try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8)) ?? ""
@@ -319,7 +360,8 @@ struct Machine {
         return Machine(
             cores: sysconf(Int32(_SC_NPROCESSORS_ONLN)), cpu: model, kernel: release, swift: swift,
             memory: total.map { String(format: "%.1f GiB", $0 / 1_048_576) } ?? "unknown",
-            scratch: scratch.path, scratchDevice: mountOf(scratch.path), build: Products.configuration)
+            scratch: scratch.path, scratchDevice: mountOf(scratch.path), build: Products.configuration,
+            load: ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "").split(separator: " ").prefix(3).joined(separator: " "))
     }
 
     /// The file system holding `path` (device and type), from /proc/self/mounts.
