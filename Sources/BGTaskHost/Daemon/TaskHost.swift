@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Glibc
 import Logging
+import _BGTaskSystemShims
 
 /// The host daemon: watches the plugin directory, keeps every request durable, decides when to
 /// launch each app, supervises launches, and answers the control socket. It never loads plugin
@@ -255,13 +256,20 @@ public final class TaskHost: @unchecked Sendable {
 
     // MARK: Conditions
 
+    /// The device conditions, read at most every 100 ms (a burst of submissions must not
+    /// re-read /sys and the settings for each one); `device` invalidates the cache.
     func conditions() -> DeviceConditions {
+        if let (at, cached) = conditionsCache.withLock({ $0 }), bgtask_monotonic_ns() < at + 100_000_000 { return cached }
         var overrides: [String: String] = [:]
         for key in DeviceOverrides.keys {
             if let value = try? store.setting("device.\(key)") { overrides[key] = value }
         }
-        return DeviceOverrides.resolve(overrides: overrides, machine: machine, unlockedSinceBoot: unlockedSinceBoot)
+        let fresh = DeviceOverrides.resolve(overrides: overrides, machine: machine, unlockedSinceBoot: unlockedSinceBoot)
+        conditionsCache.withLock { $0 = (bgtask_monotonic_ns(), fresh) }
+        return fresh
     }
+
+    private let conditionsCache = LockedValue<(UInt64, DeviceConditions)?>(nil)
 
     /// Expires running tasks whose conditions no longer hold: processing tasks that require
     /// power when power goes away, and processing tasks when the device stops being idle.
@@ -814,6 +822,8 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func device(_ request: ControlRequest) -> ControlResponse {
+        conditionsCache.withLock { $0 = nil }
+        defer { conditionsCache.withLock { $0 = nil } }
         if var changes = request.device {
             if let app = changes.removeValue(forKey: "app") {
                 guard let value = changes.removeValue(forKey: "refresh") else {
@@ -937,6 +947,14 @@ public final class TaskHost: @unchecked Sendable {
     }
 }
 
+
+/// A value behind a lock.
+final class LockedValue<Value>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Value
+    init(_ value: Value) { self.value = value }
+    func withLock<T>(_ body: (inout Value) -> T) -> T { lock.withLock { body(&value) } }
+}
 
 /// Requests from inside launches go to the host's store.
 ///

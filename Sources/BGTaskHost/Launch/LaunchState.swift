@@ -101,6 +101,14 @@ struct LaunchState {
         handle.write(Data("[bgtask \(tag)] \(text)\n".utf8))
     }
 
+    /// The launch's peak resident memory. ru_maxrss of a posix_spawned child starts at its
+    /// parent's size (the vfork shares the parent's memory until exec), so it counts only for
+    /// zygote children; the samples count always.
+    func peak(_ usage: rusage) -> UInt64 {
+        guard launcher == "zygote" else { return peakRSS }
+        return max(peakRSS, UInt64(max(usage.ru_maxrss, 0)) * 1024)
+    }
+
     private func ms(_ ns: UInt64?) -> Double? {
         guard let ns else { return nil }
         return (Double(ns > startNs ? ns - startNs : 0) / 1_000_000 * 1000).rounded() / 1000
@@ -122,7 +130,7 @@ struct LaunchState {
             if killed == .watchdog {
                 error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) still open"
             } else {
-                error = "resident memory crossed the limit of \(RunRecord.mib(plan.limits.memoryLimitBytes)) (peak \(RunRecord.mib(max(peakRSS, UInt64(usage.ru_maxrss) * 1024))))"
+                error = "resident memory crossed the limit of \(RunRecord.mib(plan.limits.memoryLimitBytes)) (peak \(RunRecord.mib(peak(usage))))"
             }
         } else if let launchFailure {
             termination = .launchFailed
@@ -179,7 +187,7 @@ struct LaunchState {
             app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason, tasks: taskRecords,
             termination: termination, signal: signal, exitStatus: exitStatus, error: error,
             wallMs: (Double(wallNs) / 1_000).rounded() / 1000, cpuMs: (cpuMs * 1000).rounded() / 1000,
-            peakRSSBytes: max(peakRSS, UInt64(max(usage.ru_maxrss, 0)) * 1024),
+            peakRSSBytes: peak(usage),
             memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: cgroup == nil ? "sampler" : "cgroup",
             budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
