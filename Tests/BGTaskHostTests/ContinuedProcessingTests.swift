@@ -7,9 +7,7 @@ import Testing
     @Test func anExportStartedInTheForegroundRunsWithLiveProgress() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.feed])
         defer { host.stop() }
         // Some stories to export: two refreshes, 10 items.
         for _ in 0..<2 {
@@ -39,9 +37,7 @@ import Testing
     @Test func stalledProgressExpiresAndTheUserCanCancel() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--stall", "500ms", "--max-continued", "1"])
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--stall", "500ms", "--max-continued", "1"], installing: [.misbehaving])
         defer { host.stop() }
 
         // One slot: "stall" runs, "slow" waits in the queue, "eager" (strategy .fail) is refused.
@@ -70,9 +66,7 @@ import Testing
     @Test func gpuTasksNeedTheEntitlementAndAGPU() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
         defer { host.stop() }
         _ = try host.cli(["device", "--gpu", "on"])
         let result = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["fast"], "gpu": true}"#, "--wait", "--json"])
@@ -85,9 +79,7 @@ import Testing
     @Test func continuedRequestsComeFromTheForeground() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
         defer { host.stop() }
         let result = try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.continued.fast", "--type", "continued-processing"])
         #expect(result.status == 1)

@@ -87,9 +87,7 @@ import Testing
     @Test func aLaunchRunningWhenTheHostDiesIsHostLostAndItsTaskPendingAgain() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--budget", "60s"])
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "60s"], installing: [.misbehaving])
 
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never"]).status == 0)
         var launchID: String?

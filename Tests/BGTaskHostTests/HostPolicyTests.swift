@@ -7,9 +7,7 @@ import Testing
     @Test func aProcessingTaskIsExpiredWhenPowerGoesAway() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--budget", "60s"])
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "60s"], installing: [.misbehaving])
         defer { host.stop() }
         _ = try host.cli(["device", "--power", "on"])
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never", "--type", "processing", "--requires-power"]).status == 0)
@@ -29,9 +27,7 @@ import Testing
     @Test func realisticPolicyPenalizesBadLaunchesAndWhySaysSo() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--policy", "realistic", "--budget", "300ms", "--grace", "200ms"])
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--policy", "realistic", "--budget", "300ms", "--grace", "200ms"], installing: [.misbehaving])
         defer { host.stop() }
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.spin"]).status == 0)
         let records = try host.waitForHistory(count: 1)
@@ -56,9 +52,7 @@ import Testing
     @Test func oneHostPerStateDirectoryAndOversizedEventsFailCleanly() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.feed])
         defer { host.stop() }
         let second = try runCLI(["host", "--plugins", host.plugins.path, "--state", scratch.state.path], timeout: .seconds(30))
         #expect(second.status == 1)
@@ -89,8 +83,7 @@ import Testing
     func aPeerWithOtherCredentialsIsRefused() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.start()
+        let host = try HostProcess.started(scratch)
         defer { host.stop() }
         chmod(scratch.url.path, 0o755)
         chmod(scratch.state.path, 0o755)

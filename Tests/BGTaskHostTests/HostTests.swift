@@ -106,6 +106,26 @@ final class HostProcess: @unchecked Sendable {
     }
 }
 
+/// An example or fixture bundle a test host runs.
+struct TestBundle: Sendable {
+    var library: String
+    var info: String
+    var name: String
+    static let feed = TestBundle(library: "Feed", info: "Plugins/Feed/Info.plist", name: "Feed.app")
+    static let counter = TestBundle(library: "Counter", info: "Plugins/Counter/Info.plist", name: "Counter.app")
+    static let misbehaving = TestBundle(library: "Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app")
+}
+
+extension HostProcess {
+    /// A host with `bundles` moved into its plugin directory, started.
+    static func started(_ scratch: Scratch, arguments: [String] = ["--clock", "virtual"], installing bundles: [TestBundle] = []) throws -> HostProcess {
+        let host = try HostProcess(scratch: scratch, arguments: arguments)
+        for bundle in bundles { try host.install(bundle.library, info: bundle.info, as: bundle.name) }
+        try host.start()
+        return host
+    }
+}
+
 struct HostTestError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
@@ -115,9 +135,7 @@ struct HostTestError: Error, CustomStringConvertible {
     @Test func aRefreshSubmittedFromALaunchRunsAfterTheVirtualClockAdvances() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.feed])
         defer { host.stop() }
 
         let apps = try host.send(ControlRequest(verb: "apps")).apps ?? []
@@ -160,10 +178,7 @@ struct HostTestError: Error, CustomStringConvertible {
     @Test func conditionsHoldRequestsBackAndWhyNamesThem() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Counter", info: "Plugins/Counter/Info.plist", as: "Counter.app")
-        try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.counter, .feed])
         defer { host.stop() }
 
         _ = try host.cli(["device", "--power", "off", "--network", "off", "--low-power", "on"])
@@ -188,9 +203,7 @@ struct HostTestError: Error, CustomStringConvertible {
     @Test func apiSemanticsThroughTheCLI() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.install("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", as: "M.app")
-        try host.start()
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
         defer { host.stop() }
         let app = "com.example.misbehaving"
 
@@ -242,8 +255,7 @@ struct HostTestError: Error, CustomStringConvertible {
     @Test func badFramesAndPeersGetErrorsAndTheHostServesOn() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try host.start()
+        let host = try HostProcess.started(scratch)
         defer { host.stop() }
         let path = scratch.state.appendingPathComponent("control.sock").path
         var info = stat()
