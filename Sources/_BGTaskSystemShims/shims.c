@@ -2,6 +2,7 @@
 #include "bgtask_system_shims.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -200,4 +201,11 @@ int bgtask_set_process_title(const char *title) {
     memset(area, 0, length);
     strncpy(area, title, length - 1);
     return 0;
+}
+
+int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) {
+    /* ppoll: deadlines to the microsecond, where poll rounds them up to whole milliseconds. */
+    if (timeout_ns < 0) return ppoll(fds, (nfds_t)count, NULL, NULL);
+    struct timespec timeout = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
+    return ppoll(fds, (nfds_t)count, &timeout, NULL);
 }

@@ -250,12 +250,13 @@ public struct LaunchSupervisor: Sendable {
             if state.killed == nil {
                 for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
             }
-            let timeoutMs: Int32 = next == UInt64.max ? -1 : Int32(clamping: next > now ? (next - now + 999_999) / 1_000_000 : 0)
+            let timeoutNs: Int64 = next == UInt64.max ? -1 : Int64(clamping: next > now ? next - now : 0)
 
             var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0)]
             if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
-            let ready = poll(&fds, nfds_t(fds.count), pidfd >= 0 ? timeoutMs : (timeoutMs < 0 ? 10 : min(timeoutMs, 10)))
+            // Without a pidfd the child's exit cannot wake the loop: look every 10 ms.
+            let ready = bgtask_poll_ns(&fds, UInt(fds.count), pidfd >= 0 ? timeoutNs : (timeoutNs < 0 ? 10_000_000 : min(timeoutNs, 10_000_000)))
             if ready < 0 && errno != EINTR { break }
 
             if let control, fds[1].revents != 0 {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/resource.h>
+#include <poll.h>
 
 /* Spawns `path` as the leader of a new process group with `channel_fd` as fd 3, `stdin_fd`,
  * `out_fd` and `err_fd` as 0/1/2 and every other descriptor closed; signal mask cleared and
@@ -42,6 +43,9 @@ int bgtask_accept_cloexec(int fd);
 
 /* pipe2(fds, O_CLOEXEC). */
 int bgtask_pipe_cloexec(int fds[2]);
+
+/* ppoll with a timeout in nanoseconds (negative: none). */
+int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns);
 
 /* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
 uint64_t bgtask_monotonic_ns(void);
