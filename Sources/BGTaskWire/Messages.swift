@@ -206,3 +206,18 @@ public enum RunnerExitStatus {
     /// Plugin code closed or broke the launch channel; the runner ended the launch.
     public static let channelLost: Int32 = 75
 }
+
+/// `BGTaskSchedulerPermittedIdentifiers` matching, shared by the host (validation, submission
+/// rules) and the runner (registration): an entry is an identifier, or `prefix.*`, which
+/// permits continued-processing identifiers under the prefix.
+public enum PermittedIdentifiers {
+    public static func pattern(_ pattern: String, matches identifier: String) -> Bool {
+        if isWildcard(pattern) {
+            let prefix = pattern.dropLast(1)
+            return identifier.count > prefix.count && identifier.hasPrefix(prefix)
+        }
+        return pattern == identifier
+    }
+
+    public static func isWildcard(_ pattern: String) -> Bool { pattern.hasSuffix(".*") }
+}

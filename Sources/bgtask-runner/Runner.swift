@@ -85,18 +85,15 @@ final class Runner: @unchecked Sendable {
     // MARK: Registration
 
     func isPermitted(_ identifier: String) -> Bool {
-        assignment.permittedIdentifiers.contains { permitted in
-            if permitted.hasSuffix(".*") {
-                return identifier.hasPrefix(String(permitted.dropLast(1))) && identifier.count > permitted.count - 1
-            }
-            return permitted == identifier
-        }
+        assignment.permittedIdentifiers.contains { PermittedIdentifiers.pattern($0, matches: identifier) }
     }
 
     /// Continued-processing identifiers are the ones matched by a wildcard entry; only they may
     /// be registered after launch.
     func isContinuedProcessing(_ identifier: String) -> Bool {
-        assignment.permittedIdentifiers.contains { $0.hasSuffix(".*") && identifier.hasPrefix(String($0.dropLast(1))) }
+        assignment.permittedIdentifiers.contains {
+            PermittedIdentifiers.isWildcard($0) && PermittedIdentifiers.pattern($0, matches: identifier)
+        }
     }
 
     func register(_ identifier: String, _ handler: Handler) -> Bool {

@@ -57,7 +57,7 @@ struct EarliestArgument: ExpressibleByArgument {
         }
         let text = argument.hasPrefix("+") ? String(argument.dropFirst()) : argument
         guard let duration = DurationArgument(argument: text) else { return nil }
-        value = .relative(Double(duration.duration.components.seconds) + Double(duration.duration.components.attoseconds) / 1e18)
+        value = .relative(duration.duration.timeInterval)
     }
 }
 
@@ -302,7 +302,7 @@ extension BGTaskCommand {
         }
 
         func run() throws {
-            let seconds = amount.map { Double($0.duration.components.seconds) + Double($0.duration.components.attoseconds) / 1e18 }
+            let seconds = amount?.duration.timeInterval
             guard let clock = try host.send(ControlRequest(verb: "clock", advance: seconds)).clock else { return }
             if host.json { return try host.printJSON(clock) }
             print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
@@ -390,7 +390,7 @@ extension BGTaskCommand {
 
         func run() throws {
             let interactive = isatty(1) == 1 && !host.json
-            let deadline = Date().addingTimeInterval(wait.map { Double($0.duration.components.seconds) + Double($0.duration.components.attoseconds) / 1e18 } ?? 0)
+            let deadline = Date().addingTimeInterval(wait?.duration.timeInterval ?? 0)
             var shown: [String: ContinuedTaskStatus] = [:]
             var drawnLines = 0
             var seenAny = false

@@ -40,11 +40,7 @@ public struct PluginBundle: Sendable, Equatable {
     }
 
     static func pattern(_ pattern: String, matches identifier: String) -> Bool {
-        if pattern.hasSuffix(".*") {
-            let prefix = pattern.dropLast(1)
-            return identifier.count > prefix.count && identifier.hasPrefix(prefix)
-        }
-        return pattern == identifier
+        PermittedIdentifiers.pattern(pattern, matches: identifier)
     }
 
     /// The background mode a task kind needs.

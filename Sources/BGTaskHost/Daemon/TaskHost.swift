@@ -362,8 +362,8 @@ public final class TaskHost: @unchecked Sendable {
         }
         guard conditionsTimer == nil else { return }
         let timer = DispatchSource.makeTimerSource(queue: queue)
-        let interval = configuration.conditionsInterval.components.seconds * 1000 + configuration.conditionsInterval.components.attoseconds / 1_000_000_000_000_000
-        timer.schedule(deadline: .now() + .milliseconds(Int(interval)), repeating: .milliseconds(Int(interval)))
+        let interval = configuration.conditionsInterval.timeInterval
+        timer.schedule(deadline: .now() + interval, repeating: interval)
         timer.setEventHandler { [weak self] in
             guard let self else { return }
             if self.conditions() != self.lastConditions { self.evaluate() }
@@ -575,7 +575,7 @@ public final class TaskHost: @unchecked Sendable {
         case .launched:
             running[launchID]?.launched = true
             if running[launchID]?.role == .foreground {
-                let stay = Double(configuration.foregroundStay.components.seconds) + Double(configuration.foregroundStay.components.attoseconds) / 1e18
+                let stay = configuration.foregroundStay.timeInterval
                 running[launchID]?.staysUntil = Date().addingTimeInterval(stay)
                 queue.asyncAfter(deadline: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
             }
@@ -615,8 +615,7 @@ public final class TaskHost: @unchecked Sendable {
     /// Expires continued tasks whose progress has not moved for `progressStallInterval`.
     private func armStallTimer() {
         guard stallTimer == nil else { return }
-        let stall = Double(configuration.progressStallInterval.components.seconds)
-            + Double(configuration.progressStallInterval.components.attoseconds) / 1e18
+        let stall = configuration.progressStallInterval.timeInterval
         let period = max(0.05, min(1, stall / 4))
         let timer = DispatchSource.makeTimerSource(queue: queue)
         timer.schedule(deadline: .now() + period, repeating: period)
@@ -947,14 +946,6 @@ public final class TaskHost: @unchecked Sendable {
     }
 }
 
-
-/// A value behind a lock.
-final class LockedValue<Value>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Value
-    init(_ value: Value) { self.value = value }
-    func withLock<T>(_ body: (inout Value) -> T) -> T { lock.withLock { body(&value) } }
-}
 
 /// Requests from inside launches go to the host's store.
 ///

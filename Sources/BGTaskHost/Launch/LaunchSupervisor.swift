@@ -108,7 +108,7 @@ public struct LaunchSupervisor: Sendable {
                 }
             }
         }
-        if spawnError == 0 { Self.activeRunners.insert(pid) }
+        if spawnError == 0 { _ = Self.activeRunners.withLock { $0.insert(pid) } }
         Self.spawnLock.unlock()
         channels.child.close()
         childEndOpen = false
@@ -162,7 +162,7 @@ public struct LaunchSupervisor: Sendable {
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
         // The launch ends when its child is reaped; cleaning up after it is the host's time.
         let endNs = bgtask_monotonic_ns()
-        Self.activeRunners.remove(pid)
+        _ = Self.activeRunners.withLock { $0.remove(pid) }
         if let cgroup {
             if cgroup.oomKills > 0, state.killed == nil { state.killed = .jetsam }
             state.peakRSS = max(state.peakRSS, cgroup.peakBytes ?? 0)
@@ -399,7 +399,7 @@ public struct LaunchSupervisor: Sendable {
 
     /// Runner pids of launches this process is supervising, so that orphan reaping never
     /// touches another launch's runner.
-    private static let activeRunners = ActiveRunners()
+    private static let activeRunners = LockedValue(Set<pid_t>())
 
     /// Kills and reaps processes re-parented to this process (it is a child subreaper) that
     /// are descendants of launches whose runner died: children that are not the runner of a
@@ -410,7 +410,7 @@ public struct LaunchSupervisor: Sendable {
         // activeRunners) is never taken for an orphan.
         spawnLock.withLock {
             for orphan in ProcessTree.children(of: getpid())
-            where !activeRunners.contains(orphan) && ProcessTree.isLaunchProcess(orphan) {
+            where !activeRunners.withLock({ $0.contains(orphan) }) && ProcessTree.isLaunchProcess(orphan) {
                 ProcessTree.killTree(orphan)
                 var status: Int32 = 0
                 _ = bgtask_wait4(orphan, &status, 0, nil)
@@ -422,15 +422,8 @@ public struct LaunchSupervisor: Sendable {
     static let spawnLock = NSLock()
 }
 
-private final class ActiveRunners: @unchecked Sendable {
-    private let lock = NSLock()
-    private var pids = Set<pid_t>()
-    func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
-    func remove(_ pid: pid_t) { _ = lock.withLock { pids.remove(pid) } }
-    func contains(_ pid: pid_t) -> Bool { lock.withLock { pids.contains(pid) } }
-}
-
-private func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {
+/// Lends `strings` as a NULL-terminated C array (argv, envp) for the duration of `body`.
+func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {
     let pointers = strings.map { strdup($0) } + [nil]
     defer { pointers.forEach { free($0) } }
     return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
@@ -442,4 +435,6 @@ extension Duration {
         return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
     var milliseconds: Double { Double(nanoseconds) / 1_000_000 }
+    /// In seconds, for Date and Dispatch arithmetic.
+    public var timeInterval: TimeInterval { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

@@ -63,13 +63,13 @@ public final class Zygote: @unchecked Sendable {
         defer { close(null) }
         var environment = ProcessInfo.processInfo.environment
         environment["BGTASK_LAUNCH_ID"] = nil
-        let arguments: [String] = [runnerPath, "--zygote"]
-        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
         var child: pid_t = 0
         // The zygote's own output goes nowhere; each launch's goes to its log.
-        let rc = bgtask_spawn(runnerPath, argv, envp, fds[1], null, null, 2, &child)
+        let rc = withCStrings([runnerPath, "--zygote"]) { argv in
+            withCStrings(environment.map { "\($0.key)=\($0.value)" }) { envp in
+                bgtask_spawn(runnerPath, argv, envp, fds[1], null, null, 2, &child)
+            }
+        }
         guard rc == 0 else {
             close(fds[0])
             throw BGTaskError(.launch, file: runnerPath, errno: rc, "cannot spawn the zygote")
