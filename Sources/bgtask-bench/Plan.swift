@@ -25,6 +25,8 @@ struct Iterations {
     /// per submission phase.
     var submitApps: Int
     var submitThreads: Int
+    /// Concurrent clients for the many-clients figure.
+    var submitClients: Int
     var submitSeconds: Double
     var resubmitSeconds: Double
     /// pending requests spread over `pendingApps` apps.
@@ -38,12 +40,12 @@ struct Iterations {
     static let full = Iterations(
         quick: false, forkLatency: 5000, forkThroughput: 3000, launchLatency: 500, launchThroughput: 300,
         timerFloor: 100, expiry: 100, watchdog: 200, jetsam: 50, sqliteBatchedRows: 200_000, sqliteSingleSeconds: 5,
-        submitApps: 3000, submitThreads: 4, submitSeconds: 10, resubmitSeconds: 5,
+        submitApps: 3000, submitThreads: 4, submitClients: 32, submitSeconds: 10, resubmitSeconds: 5,
         pending: 1_000_000, pendingApps: 10_000, lookups: 1000, idleSeconds: 10)
 
     static let quickRun = Iterations(
         quick: true, forkLatency: 1000, forkThroughput: 600, launchLatency: 100, launchThroughput: 100,
         timerFloor: 20, expiry: 12, watchdog: 20, jetsam: 10, sqliteBatchedRows: 50_000, sqliteSingleSeconds: 1.5,
-        submitApps: 1000, submitThreads: 4, submitSeconds: 3, resubmitSeconds: 2,
+        submitApps: 1000, submitThreads: 4, submitClients: 32, submitSeconds: 3, resubmitSeconds: 2,
         pending: 100_000, pendingApps: 10_000, lookups: 200, idleSeconds: 3)
 }

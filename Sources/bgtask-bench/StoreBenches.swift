@@ -169,10 +169,21 @@ struct SubmitWorkload {
         }
     }
 
-    /// Every (app, identifier) slot once, split over `threads`, until `duration` runs out. Each
-    /// acknowledged submission is one committed transaction in the host's store: a new row on
-    /// the first pass over a slot, a replacement (delete + insert) after.
-    func submit(threads: Int, duration: Double, persistent: Bool, state: URL, hostPID: pid_t) -> SubmitResult {
+    /// The (app, identifier) slots split over `threads`, round and round until `duration` runs
+    /// out. Each acknowledged submission is durable in the host's store (committed and synced):
+    /// a new row on the first pass over a slot, a replacement (delete + insert) after.
+    /// How a client thread sends its submissions.
+    enum Mode {
+        /// `ControlClient.send(_:)`: one connection per request, as the CLI does.
+        case connectionPerRequest
+        /// One connection kept open, one request at a time.
+        case persistent
+        /// `ControlClient.send(_:window:)`: `window` requests written at once on a connection,
+        /// then their answers read.
+        case pipelined(window: Int)
+    }
+
+    func submit(threads: Int, duration: Double, mode: Mode, state: URL, hostPID: pid_t) -> SubmitResult {
         let cpu0 = ProcStat.cpuSeconds(hostPID) ?? .nan
         let counts = Locked<(ok: Int, refused: Int, first: String?)>((0, 0, nil))
         let earliest = Date().timeIntervalSince1970 + 365 * 86_400
@@ -181,17 +192,25 @@ struct SubmitWorkload {
         let deadline = t0 + UInt64(duration * 1e9)
         onThreads(threads) { thread in
             let client = ControlClient(stateDirectory: state)
-            let connection = persistent ? try? PersistentControlConnection(path: socketPath) : nil
+            var connection: PersistentControlConnection?
+            if case .persistent = mode { connection = try? PersistentControlConnection(path: socketPath) }
+            var window = 1
+            if case .pipelined(let size) = mode { window = size }
             var ok = 0, refused = 0
             var first: String?
-            outer: for index in stride(from: thread, to: apps, by: threads) {
-                for (identifier, kind) in Self.identifiers(index) {
-                    if monotonicNs() >= deadline { break outer }
-                    let request = ControlRequest(
-                        verb: "submit", app: Self.app(index),
-                        request: WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok)))
-                    let response: ControlResponse?
-                    if let connection { response = try? connection.send(request) } else { response = try? client.send(request) }
+            var batch: [ControlRequest] = []
+            func flush() {
+                guard !batch.isEmpty else { return }
+                let responses: [ControlResponse?]
+                if let connection {
+                    responses = batch.map { try? connection.send($0) }
+                } else if case .pipelined = mode {
+                    let answers = try? client.send(batch, window: window)
+                    responses = answers ?? batch.map { _ in nil }
+                } else {
+                    responses = batch.map { try? client.send($0) }
+                }
+                for response in responses {
                     if response?.ok == true {
                         ok += 1
                     } else {
@@ -199,7 +218,22 @@ struct SubmitWorkload {
                         first = first ?? response?.error.map { "\($0.code): \($0.message)" } ?? "no answer"
                     }
                 }
+                batch.removeAll(keepingCapacity: true)
             }
+            // This thread's slots, round and round: a new row the first time, a replacement
+            // (delete + insert) after; both are durable submissions.
+            outer: while true {
+                for index in stride(from: thread, to: apps, by: threads) {
+                    for (identifier, kind) in Self.identifiers(index) {
+                        if monotonicNs() >= deadline { break outer }
+                        batch.append(ControlRequest(
+                            verb: "submit", app: Self.app(index),
+                            request: WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok + batch.count))))
+                        if batch.count >= window { flush() }
+                    }
+                }
+            }
+            flush()
             counts.withLock { $0 = ($0.ok + ok, $0.refused + refused, $0.first ?? first) }
         }
         let elapsed = seconds(since: t0)
@@ -297,4 +331,12 @@ func queryPlan(_ path: String, _ sql: String, _ arguments: StatementArguments) t
     return try queue.read { db in
         try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + sql, arguments: arguments).map { $0["detail"] as String? ?? "" }
     }
+}
+
+/// How many pending requests the host's store holds (read-only, beside the running host).
+func countPending(state: URL) throws -> Int {
+    var configuration = Configuration()
+    configuration.readonly = true
+    let queue = try DatabaseQueue(path: state.appendingPathComponent("bgtask.sqlite").path, configuration: configuration)
+    return try queue.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM request WHERE running_launch IS NULL") ?? 0 }
 }

@@ -342,4 +342,93 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #expect(error?.code == .oversized)
         #expect(pair.pending(on: pair.b).isEmpty)
     }
+
+    // MARK: The buffered reader (pipelined frames)
+
+    @Test func readerTakesPipelinedFramesFromOneReadAndNeverWaitsInNextIfReady() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let messages = [Data("{\"verb\":\"submit\"}".utf8), Data(), payload(3000, seed: 1), Data("{}".utf8)]
+        try ControlFrame.write(payloads: messages, to: pair.a)
+        var reader = ControlFrameReader(fd: pair.b)
+        #expect(try reader.next() == messages[0])
+        // The rest arrived with the first read: handed out without touching the socket.
+        #expect(pair.pending(on: pair.b).isEmpty, "the reader took every frame in one read")
+        for message in messages.dropFirst() { #expect(try reader.nextIfReady() == message) }
+        // Nothing more: nil at once (the writer is still open, a blocking read would hang).
+        #expect(try reader.nextIfReady() == nil)
+        // Half a frame stays buffered for `next`, which waits for the rest.
+        let frame = Array(try ControlFrame.encode(Data("{\"verb\":\"status\"}".utf8)))
+        pair.rawWrite(Array(frame.prefix(5)))
+        #expect(try reader.nextIfReady() == nil)
+        let writer = Background { [a = pair.a] in
+            usleep(20_000)
+            return frame.dropFirst(5).withUnsafeBytes { send(a, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        }
+        #expect(try reader.next() == Data("{\"verb\":\"status\"}".utf8))
+        #expect(writer.wait() == frame.count - 5)
+        pair.closeA()
+        #expect(try reader.next() == nil, "clean end of stream between frames")
+    }
+
+    @Test func readerGrowsForTheMaximumPayloadAndSurvivesOneByteWrites() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        let big = payload(ControlFrame.maximumPayload, seed: 9)
+        let writer = Background { [a = pair.a] in writeFrame(big, to: a) }
+        var reader = ControlFrameReader(fd: pair.b)
+        #expect(try reader.next() == big)
+        #expect(writer.wait() == nil)
+
+        let small = Data("{\"verb\":\"pending\"}".utf8)
+        let bytes = Array(try ControlFrame.encode(small)) + Array(try ControlFrame.encode(Data("{}".utf8)))
+        let trickle = Background { [a = pair.a] in
+            for byte in bytes {
+                var one = byte
+                _ = send(a, &one, 1, Int32(MSG_NOSIGNAL))
+                usleep(200)
+            }
+        }
+        #expect(try reader.next() == small)
+        #expect(try reader.next() == Data("{}".utf8))
+        trickle.wait()
+    }
+
+    @Test func readerReportsBadFramesLikeRead() throws {
+        for (bytes, code, words) in [
+            (Array("ABCDEFGH{}".utf8), ControlFrame.FrameError.Code.badMagic, "0x4142"),
+            (header(length: .max) + Array("tail".utf8), .oversized, "\(UInt32.max)"),
+            ([0x42, 0x47, 1], .truncated, "3 of 8"),
+            (header(length: 10) + Array("{\"a\"".utf8), .truncated, "4 of 10"),
+        ] {
+            let pair = try StreamPair()
+            defer { pair.close() }
+            pair.rawWrite(bytes)
+            pair.closeA()
+            var reader = ControlFrameReader(fd: pair.b)
+            let error = #expect(throws: ControlFrame.FrameError.self) { try reader.next() }
+            #expect(error?.code == code)
+            #expect(error?.description.contains(words) == true, "\(error!)")
+        }
+        // A good frame, then garbage: the good one is read; the garbage is an error after it.
+        let pair = try StreamPair()
+        defer { pair.close() }
+        pair.rawWrite(Array(try ControlFrame.encode(Data("{}".utf8))) + Array("XXXXXXXX".utf8))
+        var reader = ControlFrameReader(fd: pair.b)
+        #expect(try reader.next() == Data("{}".utf8))
+        let error = #expect(throws: ControlFrame.FrameError.self) { try reader.nextIfReady() }
+        #expect(error?.code == .badMagic)
+    }
+
+    @Test func readerReceiveTimeout() throws {
+        let pair = try StreamPair()
+        defer { pair.close() }
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        #expect(setsockopt(pair.b, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size)) == 0)
+        var reader = ControlFrameReader(fd: pair.b)
+        pair.rawWrite(header(length: 100) + Array("{\"op\"".utf8))
+        let stalled = #expect(throws: ControlFrame.FrameError.self) { try reader.next() }
+        #expect(stalled?.code == .closed)
+        #expect(stalled?.description.contains("timed out after 5 of 100 bytes of a frame payload") == true, "\(stalled!)")
+    }
 }

@@ -38,7 +38,7 @@ import Testing
         let host = try HostProcess(scratch: scratch)
         let apps = try installApps(host, count: 4)
         let all = apps.flatMap { app in app.identifiers.map { (app.app, $0) } }
-        let acknowledged = LockedSet()
+        let acknowledged = LockedSet(), refusals = LockedSet()
         let later = Date().addingTimeInterval(3600).timeIntervalSince1970
 
         for round in 0..<5 {
@@ -51,8 +51,19 @@ import Testing
                     defer { done.leave() }
                     for (offset, (app, identifier)) in all.enumerated() where offset % 2 == worker {
                         let request = WireTaskRequest(kind: .processing, identifier: identifier, earliestBeginDate: later + Double(round))
-                        guard let response = try? host.send(ControlRequest(verb: "submit", app: app, request: request)) else { return }
-                        if response.ok { acknowledged.insert("\(app) \(identifier) \(round)") }
+                        let response: ControlResponse
+                        do {
+                            response = try host.send(ControlRequest(verb: "submit", app: app, request: request))
+                        } catch {
+                            // The host died under this submission: its fate is unknown.
+                            refusals.insert("\(error)")
+                            return
+                        }
+                        if response.ok {
+                            acknowledged.insert("\(app) \(identifier) \(round)")
+                        } else {
+                            refusals.insert("\(response.error?.code ?? "?"): \(response.error?.message ?? "?")")
+                        }
                     }
                 }
             }
@@ -74,7 +85,7 @@ import Testing
             let key = "\(parts[0]) \(parts[1])"
             latest[key] = max(latest[key] ?? -1, Int(parts[2])!)
         }
-        #expect(!latest.isEmpty, "no submission was acknowledged before the first kill")
+        #expect(!latest.isEmpty, "no submission was acknowledged before a kill; refusals: \(refusals.values)")
         for (key, round) in latest {
             let stored = pending.first { "\($0.app) \($0.request.identifier)" == key }
             #expect(stored != nil, "acknowledged request \(key) (round \(round)) was lost")

@@ -296,6 +296,36 @@ struct HostTestError: Error, CustomStringConvertible {
         #expect(try host.send(ControlRequest(verb: "status")).ok, "the host still serves")
     }
 
+    @Test func pipelinedRequestsAreAnsweredInOrderAndSubmissionsShareACommit() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [.feed])
+        defer { host.stop() }
+        let feed = "com.example.feed"
+        func submit(_ identifier: String, _ kind: TaskKind, app: String = feed) -> ControlRequest {
+            ControlRequest(verb: "submit", app: app, request: WireTaskRequest(kind: kind, identifier: identifier), delay: 3600)
+        }
+        // One connection, every frame written before any answer is read.
+        let responses = try ControlClient(stateDirectory: scratch.state).send([
+            submit("\(feed).refresh", .refresh),
+            submit("\(feed).cleanup", .processing),
+            submit("\(feed).not-permitted", .processing),
+            ControlRequest(verb: "format-disk"),
+            submit("\(feed).refresh", .refresh, app: "com.example.nobody"),
+            ControlRequest(verb: "pending", app: feed),
+            submit("\(feed).cleanup", .processing),
+        ])
+        #expect(responses.count == 7)
+        #expect(responses[0].ok && responses[1].ok)
+        #expect(responses[2].error?.code == "notPermitted", "\(responses[2])")
+        #expect(responses[3].error?.code == "unknown-verb")
+        #expect(responses[4].error?.code == "not-found")
+        // The pending answer comes after the submissions before it, and before the one after it.
+        #expect(responses[5].pending?.map(\.request.identifier) == ["\(feed).refresh", "\(feed).cleanup"])
+        #expect(responses[6].ok)
+        #expect(try host.send(ControlRequest(verb: "pending", app: feed)).pending?.map(\.request.identifier) == ["\(feed).refresh", "\(feed).cleanup"])
+    }
+
     @Test func invalidBundlesAreReportedAndDroppedBundlesLoadWhileRunning() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

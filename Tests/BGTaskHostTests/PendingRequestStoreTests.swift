@@ -599,6 +599,67 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(Set(pending.map { "\($0.app) \($0.request.identifier)" }).count == 20)
     }
 
+    @Test func concurrentSubmissionsShareCommitsAndEachSeesTheOnesBefore() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        // 16 threads race 240 distinct submissions into one app whose check allows 100: however
+        // they are grouped, each check must see every submission committed or queued before it
+        // in its group, so exactly 100 are kept.
+        let accepted = Mutex(0), rejected = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 16) { thread in
+            for index in 0..<15 {
+                let request = processing("\(feed).t\(thread).\(index)")
+                let rejection = try? store.submit(app: feed, request: request, at: t0) { current in
+                    current.count >= 100 ? .init(status: .tooManyPendingTaskRequests, message: "full") : nil
+                }
+                if rejection == .some(nil) { accepted.withLock { $0 += 1 } } else { rejected.withLock { $0 += 1 } }
+            }
+        }
+        #expect(accepted.withLock { $0 } == 100)
+        #expect(rejected.withLock { $0 } == 140)
+        #expect(try store.pending(app: feed).count == 100)
+        let statistics = store.submissionStatistics
+        #expect(statistics.writes == 240)
+        // Group commit: submissions that arrive during a commit share the next one.
+        #expect(statistics.commits < statistics.writes, "\(statistics)")
+        #expect(statistics.largestGroup > 1, "\(statistics)")
+    }
+
+    @Test func aFailingSubmissionFailsAloneInItsGroup() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        // An app whose stored state cannot be decoded: its submissions fail with an error naming
+        // the database; every other app's submissions, grouped with them or not, are kept.
+        let queue = try DatabaseQueue(path: scratch.databasePath)
+        try queue.write { db in
+            try db.execute(sql: """
+                INSERT INTO app_state (app, refresh_enabled, penalty_level, last_registered)
+                VALUES ('com.example.broken', 1, 0, 'not json')
+                """)
+        }
+        try queue.close()
+        let errors = Mutex<[String]>([]), kept = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 40) { index in
+            let app = index % 4 == 0 ? "com.example.broken" : "com.example.app\(index % 4)"
+            do {
+                let rejection = try store.submit(
+                    app: app, request: processing("\(app).t\(index)"), at: t0,
+                    admit: { _ in nil }, check: { _ in nil })
+                if rejection == nil { kept.withLock { $0 += 1 } }
+            } catch {
+                errors.withLock { $0.append("\(error)") }
+            }
+        }
+        #expect(kept.withLock { $0 } == 30)
+        let messages = errors.withLock { $0 }
+        #expect(messages.count == 10)
+        #expect(messages.allSatisfy { $0.contains(scratch.databasePath) && $0.contains("submit com.example.broken.t") }, "\(messages)")
+        #expect(try store.pending(app: "com.example.broken").isEmpty)
+        #expect(try store.pending(app: nil).count == 30)
+    }
+
     // MARK: App state and settings
 
     @Test func appStateDefaultsAndRoundTrips() throws {

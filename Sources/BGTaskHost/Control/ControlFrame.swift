@@ -74,13 +74,23 @@ public enum ControlFrame {
 
     /// Writes one frame to a blocking socket (all bytes, retrying EINTR and short writes).
     public static func write(_ payload: Data, to fd: Int32) throws(FrameError) {
-        let frame = try encode(payload)
+        try send(try encode(payload), to: fd, what: "a frame (\(payload.count)-byte payload)")
+    }
+
+    /// Writes several frames with one `send` (answers to pipelined requests).
+    public static func write(payloads: [Data], to fd: Int32) throws(FrameError) {
+        var frames = Data(capacity: payloads.reduce(0) { $0 + headerSize + $1.count })
+        for payload in payloads { frames.append(try encode(payload)) }
+        try send(frames, to: fd, what: "\(payloads.count) frames (\(frames.count) bytes)")
+    }
+
+    static func send(_ frame: Data, to fd: Int32, what: String) throws(FrameError) {
         var failure: FrameError?
         frame.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
             var offset = 0
             while offset < buffer.count {
                 // MSG_NOSIGNAL: a closed peer is EPIPE, not a SIGPIPE that kills the process.
-                let sent = send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
+                let sent = Glibc.send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
                 if sent >= 0 {
                     offset += sent
                     continue
@@ -92,13 +102,13 @@ public enum ControlFrame {
                 case EAGAIN, EWOULDBLOCK:
                     // SO_SNDTIMEO expired (or a non-blocking descriptor): the peer stopped reading.
                     failure = FrameError(code: .closed, description:
-                        "peer stopped reading the control socket: send timed out after \(offset) of \(buffer.count) bytes of a frame (\(payload.count)-byte payload)")
+                        "peer stopped reading the control socket: send timed out after \(offset) of \(buffer.count) bytes of \(what)")
                 case EPIPE, ECONNRESET:
                     failure = FrameError(code: .closed, description:
-                        "peer closed the control socket after \(offset) of \(buffer.count) bytes of a frame (\(payload.count)-byte payload) were written: \(describe(error))")
+                        "peer closed the control socket after \(offset) of \(buffer.count) bytes of \(what) were written: \(describe(error))")
                 default:
                     failure = FrameError(code: .closed, description:
-                        "cannot write a frame (\(payload.count)-byte payload) to descriptor \(fd) after \(offset) of \(buffer.count) bytes: send: \(describe(error))")
+                        "cannot write \(what) to descriptor \(fd) after \(offset) of \(buffer.count) bytes: send: \(describe(error))")
                 }
                 return
             }
@@ -178,5 +188,99 @@ public enum ControlFrame {
 
     static func hex(_ bytes: ArraySlice<UInt8>) -> String {
         bytes.map { hex($0, digits: 2) }.joined(separator: " ")
+    }
+}
+
+/// Reads frames from a stream through a buffer, so that frames a peer pipelines (sends without
+/// waiting for each answer) arrive in one read and can be handled together. The same checks and
+/// errors as `ControlFrame.read`.
+public struct ControlFrameReader {
+    public let fd: Int32
+    /// Received bytes live in `storage[start..<end]`; the rest is room for the next read.
+    private var storage = [UInt8](repeating: 0, count: ControlFrameReader.chunk)
+    private var start = 0
+    private var end = 0
+    static let chunk = 64 * 1024
+
+    public init(fd: Int32) { self.fd = fd }
+
+    private var available: Int { end - start }
+
+    /// The next frame's payload, waiting for it; nil when the stream ends between frames.
+    public mutating func next() throws(ControlFrame.FrameError) -> Data? {
+        while true {
+            if let frame = try bufferedFrame() { return frame }
+            let needed = try neededBytes()
+            switch receive(wait: true, needed: needed) {
+            case .complete:
+                continue
+            case .ended:
+                if available == 0 { return nil }
+                if available < ControlFrame.headerSize {
+                    throw .init(code: .truncated, description:
+                        "stream ended inside a frame header: \(available) of \(ControlFrame.headerSize) bytes (\(ControlFrame.hex(storage[start..<end])))")
+                }
+                throw .init(code: .truncated, description:
+                    "stream ended inside a frame payload: \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes")
+            case .failed(_, let error):
+                let position = available < ControlFrame.headerSize
+                    ? "after \(available) of \(ControlFrame.headerSize) bytes of a frame header"
+                    : "after \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes of a frame payload"
+                throw ControlFrame.readFailure(error, position)
+            }
+        }
+    }
+
+    /// The next frame if it has already arrived (in the buffer, or readable without waiting),
+    /// else nil: a partial frame stays buffered for `next`.
+    public mutating func nextIfReady() throws(ControlFrame.FrameError) -> Data? {
+        if let frame = try bufferedFrame() { return frame }
+        guard case .complete = receive(wait: false, needed: try neededBytes()) else { return nil }
+        return try bufferedFrame()
+    }
+
+    /// The frame's total size (header included) once its header is buffered, else the header's.
+    private func neededBytes() throws(ControlFrame.FrameError) -> Int {
+        guard available >= ControlFrame.headerSize else { return ControlFrame.headerSize }
+        let header = Array(storage[start..<start + ControlFrame.headerSize])
+        return ControlFrame.headerSize + (try ControlFrame.payloadLength(header: header))
+    }
+
+    /// A whole frame from the buffer, consumed; nil when the buffer holds less.
+    private mutating func bufferedFrame() throws(ControlFrame.FrameError) -> Data? {
+        let needed = try neededBytes()
+        guard available >= ControlFrame.headerSize, available >= needed else { return nil }
+        let payload = storage.withUnsafeBytes { Data(bytes: $0.baseAddress! + start + ControlFrame.headerSize, count: needed - ControlFrame.headerSize) }
+        start += needed
+        if start == end { (start, end) = (0, 0) }
+        return payload
+    }
+
+    /// One read into the buffer, with room for at least `needed` bytes from `start`:
+    /// `.complete` when bytes arrived, `.ended` at end of stream, `.failed` on an error (EAGAIN
+    /// without waiting: nothing there yet).
+    private mutating func receive(wait: Bool, needed: Int) -> ControlFrame.Fill {
+        if storage.count - start < max(needed, Self.chunk / 2) {
+            // Move what is buffered to the front, and grow for a frame bigger than the buffer.
+            let kept = available
+            storage.withUnsafeMutableBytes { raw in
+                _ = memmove(raw.baseAddress!, raw.baseAddress! + start, kept)
+            }
+            (start, end) = (0, kept)
+            if storage.count < needed { storage += [UInt8](repeating: 0, count: needed - storage.count) }
+        }
+        while true {
+            let room = storage.count - end
+            let count = storage.withUnsafeMutableBytes { raw in
+                recv(fd, raw.baseAddress! + end, room, wait ? 0 : Int32(MSG_DONTWAIT))
+            }
+            let error = errno
+            if count > 0 {
+                end += count
+                return .complete
+            }
+            if count < 0 && error == EINTR { continue }
+            return count == 0 ? .ended(0) : .failed(0, error)
+        }
     }
 }

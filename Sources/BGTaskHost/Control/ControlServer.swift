@@ -16,10 +16,13 @@ public struct PeerCredentials: Sendable, Equatable {
 /// ends only its own connection.
 public final class ControlServer: @unchecked Sendable {
     public typealias Handler = @Sendable (ControlRequest, _ peer: PeerCredentials) -> ControlResponse
+    /// Answers several pipelined requests, in order (one response each, in the same order).
+    public typealias BatchHandler = @Sendable ([ControlRequest], _ peer: PeerCredentials) -> [ControlResponse]
 
     public let path: String
     private let listenFD: Int32
     private let handler: Handler
+    private let batchHandler: BatchHandler
     private let logger: Logger
     private let lock = NSLock()
     private var stopped = false
@@ -29,9 +32,11 @@ public final class ControlServer: @unchecked Sendable {
     /// The uid allowed to connect (default: this process's effective uid).
     public var allowedUID: uid_t = geteuid()
 
-    public init(path: String, logger: Logger, handler: @escaping Handler) throws(BGTaskError) {
+    /// `batch` answers pipelined requests together; by default each goes to `handler` in turn.
+    public init(path: String, logger: Logger, handler: @escaping Handler, batch: BatchHandler? = nil) throws(BGTaskError) {
         self.path = path
         self.handler = handler
+        self.batchHandler = batch ?? { requests, peer in requests.map { handler($0, peer) } }
         self.logger = logger
         var address = try unixAddress(path)
         let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
@@ -108,41 +113,84 @@ public final class ControlServer: @unchecked Sendable {
             reply(.failure("permission-denied", "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
             return
         }
+        var reader = ControlFrameReader(fd: fd)
         while true {
-            let payload: Data?
+            let first: Data?
             do {
-                payload = try ControlFrame.read(from: fd)
+                first = try reader.next()
             } catch {
                 if error.code != .closed {
                     reply(.failure("bad-frame", "\(error)"), to: fd)
                 }
                 return
             }
-            guard let payload else { return }
-            let request: ControlRequest
-            do {
-                request = try JSONDecoder.control.decode(ControlRequest.self, from: payload)
-            } catch {
-                reply(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"), to: fd)
-                return
+            guard let first else { return }
+            // Pipelining: frames the peer sent without waiting for answers are handled together
+            // (consecutive submissions share one commit) and answered in order, in one write.
+            var payloads = [first]
+            var frameError: ControlFrame.FrameError?
+            while payloads.count < Self.pipelineDepth {
+                do {
+                    guard let next = try reader.nextIfReady() else { break }
+                    payloads.append(next)
+                } catch {
+                    frameError = error
+                    break
+                }
             }
-            guard ControlRequest.verbs.contains(request.verb) else {
-                reply(.failure("unknown-verb", "unknown verb '\(request.verb)' (known: \(ControlRequest.verbs.joined(separator: ", ")))"), to: fd)
-                continue
+            var requests: [ControlRequest] = []
+            var answers: [ControlResponse?] = []
+            var close = false
+            for payload in payloads {
+                let request: ControlRequest
+                do {
+                    request = try JSONDecoder.control.decode(ControlRequest.self, from: payload)
+                } catch {
+                    answers.append(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"))
+                    close = true
+                    break
+                }
+                if ControlRequest.verbs.contains(request.verb) {
+                    requests.append(request)
+                    answers.append(nil)
+                } else {
+                    answers.append(.failure("unknown-verb", "unknown verb '\(request.verb)' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
+                }
             }
-            guard reply(handler(request, credentials), to: fd) else { return }
+            var handled = (requests.count == 1 ? [handler(requests[0], credentials)] : batchHandler(requests, credentials))[...]
+            var responses = answers.map { answer in
+                answer ?? handled.popFirst() ?? .failure("internal", "the host gave no answer")
+            }
+            if let frameError, !close {
+                if frameError.code != .closed { responses.append(.failure("bad-frame", "\(frameError)")) }
+                close = true
+            }
+            guard reply(responses, to: fd), !close else { return }
         }
     }
 
+    /// At most this many pipelined frames are handled together.
+    static let pipelineDepth = 256
+
     @discardableResult
     private func reply(_ response: ControlResponse, to fd: Int32) -> Bool {
-        guard var data = try? JSONEncoder.control.encode(response) else { return false }
-        if data.count > ControlFrame.maximumPayload {
-            let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (e.g. history --limit)")
-            guard let small = try? JSONEncoder.control.encode(tooLarge) else { return false }
-            data = small
+        reply([response], to: fd)
+    }
+
+    /// Encodes and sends `responses`, one frame each, in one write.
+    private func reply(_ responses: [ControlResponse], to fd: Int32) -> Bool {
+        let encoder = JSONEncoder.control
+        var payloads: [Data] = []
+        for response in responses {
+            guard var data = try? encoder.encode(response) else { return false }
+            if data.count > ControlFrame.maximumPayload {
+                let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (e.g. history --limit)")
+                guard let small = try? encoder.encode(tooLarge) else { return false }
+                data = small
+            }
+            payloads.append(data)
         }
-        do { try ControlFrame.write(data, to: fd) } catch { return false }
+        do { try ControlFrame.write(payloads: payloads, to: fd) } catch { return false }
         return true
     }
 
@@ -166,6 +214,13 @@ public struct ControlClient: Sendable {
     }
 
     public func send(_ request: ControlRequest) throws(BGTaskError) -> ControlResponse {
+        try send([request])[0]
+    }
+
+    /// Sends `requests` on one connection, pipelined: `window` frames are written at once and
+    /// their answers read after, so the host can handle them together (consecutive submissions
+    /// share one commit). One response each, in order.
+    public func send(_ requests: [ControlRequest], window: Int = 256) throws(BGTaskError) -> [ControlResponse] {
         var address = try unixAddress(path)
         let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         defer { close(fd) }
@@ -181,17 +236,30 @@ public struct ControlClient: Sendable {
                               "no bgtask host is listening (start one with `bgtask host --state \(URL(fileURLWithPath: path).deletingLastPathComponent().path)`)")
         }
         do {
-            do {
-                try ControlFrame.write(try JSONEncoder.control.encode(request), to: fd)
-            } catch let error as ControlFrame.FrameError where error.code == .closed {
-                // The host may have answered before reading (a refused peer): read that answer.
-                guard let payload = try? ControlFrame.read(from: fd) else { throw error }
-                return try JSONDecoder.control.decode(ControlResponse.self, from: payload)
+            let encoder = JSONEncoder.control, decoder = JSONDecoder.control
+            var reader = ControlFrameReader(fd: fd)
+            var responses: [ControlResponse] = []
+            responses.reserveCapacity(requests.count)
+            var start = requests.startIndex
+            while start < requests.endIndex {
+                let chunk = requests[start..<min(requests.endIndex, start + max(1, window))]
+                do {
+                    try ControlFrame.write(payloads: try chunk.map { try encoder.encode($0) }, to: fd)
+                } catch let error as ControlFrame.FrameError where error.code == .closed {
+                    // The host may have answered before reading (a refused peer): read that answer.
+                    guard let payload = try? reader.next() else { throw error }
+                    let refusal = try decoder.decode(ControlResponse.self, from: payload)
+                    return responses + requests[start...].map { _ in refusal }
+                }
+                for _ in chunk {
+                    guard let payload = try reader.next() else {
+                        throw BGTaskError(.system, file: path, "the host closed the connection without answering")
+                    }
+                    responses.append(try decoder.decode(ControlResponse.self, from: payload))
+                }
+                start = chunk.endIndex
             }
-            guard let payload = try ControlFrame.read(from: fd) else {
-                throw BGTaskError(.system, file: path, "the host closed the connection without answering")
-            }
-            return try JSONDecoder.control.decode(ControlResponse.self, from: payload)
+            return responses
         } catch let error as BGTaskError {
             throw error
         } catch {

@@ -167,6 +167,9 @@ public final class TaskHost: @unchecked Sendable {
         ) { [weak self] request, peer in
             guard let self else { return .failure("unavailable", "the host is stopping") }
             return self.handle(request, peer: peer)
+        } batch: { [weak self] requests, peer in
+            guard let self else { return requests.map { _ in .failure("unavailable", "the host is stopping") } }
+            return self.handle(requests, peer: peer)
         }
         self.server = server
         server.start()
@@ -477,17 +480,13 @@ public final class TaskHost: @unchecked Sendable {
 
     // MARK: Submissions
 
-    /// Host-level admission: the switches and Low Power Mode make scheduling unavailable.
-    func admissionRejection(_ request: WireTaskRequest, app: String) -> SubmissionRules.Rejection? {
-        let conditions = self.conditions()
-        let state = (try? store.appState(app)) ?? AppState(app: app)
-        if request.kind != .continuedProcessing {
-            if !conditions.backgroundRefresh {
-                return .init(status: .unavailable, message: "Background App Refresh is off for the device")
-            }
-            if !state.refreshEnabled {
-                return .init(status: .unavailable, message: "Background App Refresh is off for \(app)")
-            }
+    // Admission: the Background App Refresh switches and Low Power Mode make scheduling
+    // unavailable.
+
+    /// The device's part of admission: its Background App Refresh switch and Low Power Mode.
+    private func deviceAdmission(_ request: WireTaskRequest, _ conditions: DeviceConditions) -> SubmissionRules.Rejection? {
+        if request.kind != .continuedProcessing && !conditions.backgroundRefresh {
+            return .init(status: .unavailable, message: "Background App Refresh is off for the device")
         }
         if request.kind == .refresh && conditions.lowPowerMode {
             return .init(status: .unavailable, message: "Low Power Mode is on: refresh requests are unavailable")
@@ -495,20 +494,69 @@ public final class TaskHost: @unchecked Sendable {
         return nil
     }
 
+    /// The app's part of admission: its own Background App Refresh switch.
+    static func appAdmission(_ request: WireTaskRequest, state: AppState) -> SubmissionRules.Rejection? {
+        if request.kind != .continuedProcessing && !state.refreshEnabled {
+            return .init(status: .unavailable, message: "Background App Refresh is off for \(state.app)")
+        }
+        return nil
+    }
+
     func submit(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String? = nil) -> SubmissionRules.Rejection? {
         if request.kind == .continuedProcessing { return submitContinued(request, app: bundle, fromLaunch: launchID) }
-        if let rejection = admissionRejection(request, app: bundle.identifier) { return rejection }
-        let supported = conditions().supportedResources
-        do {
-            let rejection = try store.submit(app: bundle.identifier, request: request, at: clock.now) { existing in
-                SubmissionRules.check(request, app: bundle, pending: existing, supportedResources: supported)
+        return submitAll([(request, bundle)])[0]
+    }
+
+    /// Submits requests (not continued-processing ones) in one group commit: the rejection of
+    /// each, or nil once it is durable. The app's switch and Apple's per-app rules are checked
+    /// inside the store's write transaction, in order, so each sees the ones before it.
+    func submitAll(_ items: [(request: WireTaskRequest, app: PluginBundle)]) -> [SubmissionRules.Rejection?] {
+        let conditions = self.conditions()
+        let supported = conditions.supportedResources
+        var rejections: [SubmissionRules.Rejection?] = Array(repeating: nil, count: items.count)
+        var submissions: [PendingRequestStore.Submission] = []
+        var positions: [Int] = []
+        for (position, (request, bundle)) in items.enumerated() {
+            if let rejection = deviceAdmission(request, conditions) {
+                rejections[position] = rejection
+                continue
             }
-            if rejection == nil { queue.async { self.evaluate() } }
-            return rejection
-        } catch {
-            return .init(status: .unavailable, message: "the host could not store the request: \(error)")
+            submissions.append(.init(
+                app: bundle.identifier, request: request, at: clock.now,
+                admit: { Self.appAdmission(request, state: $0) },
+                check: { SubmissionRules.check(request, app: bundle, pending: $0, supportedResources: supported) }))
+            positions.append(position)
+        }
+        var accepted = false
+        for (position, outcome) in zip(positions, store.submitAll(submissions)) {
+            switch outcome {
+            case .success(let rejection):
+                rejections[position] = rejection
+                if rejection == nil { accepted = true }
+            case .failure(let error):
+                rejections[position] = .init(status: .unavailable, message: "the host could not store the request: \(error)")
+            }
+        }
+        if accepted { requestEvaluation() }
+        return rejections
+    }
+
+    /// Queues one `evaluate()` on `queue` unless one is queued already: a burst of submissions
+    /// costs one scheduling pass, not one each. Any thread.
+    private func requestEvaluation() {
+        let first = evaluationQueued.withLock { queued in
+            defer { queued = true }
+            return !queued
+        }
+        guard first else { return }
+        queue.async {
+            // Cleared before the pass: a submission committed during it queues another.
+            self.evaluationQueued.withLock { $0 = false }
+            self.evaluate()
         }
     }
+
+    private let evaluationQueued = LockedValue(false)
 
     // MARK: Continued processing
 
@@ -701,7 +749,7 @@ public final class TaskHost: @unchecked Sendable {
         switch request.verb {
         case "status": return ControlResponse()
         case "apps": return apps()
-        case "submit": return controlSubmit(request)
+        case "submit": return controlSubmit([request])[0]
         case "pending":
             return respond { var r = ControlResponse(); r.pending = try store.pending(app: request.app); return r }
         case "cancel", "cancel-all":
@@ -757,23 +805,60 @@ public final class TaskHost: @unchecked Sendable {
         }
     }
 
-    private func controlSubmit(_ request: ControlRequest) -> ControlResponse {
-        guard let app = request.app, var task = request.request else {
-            return .failure("bad-request", "submit needs an app and a request")
-        }
-        if let delay = request.delay {
-            guard delay.isFinite, abs(delay) < 100 * 365 * 86_400 else {
-                return .failure("bad-request", "delay \(delay) s is not a usable offset")
+    /// `submit` requests, pipelined ones together: one answer each, in order.
+    private func controlSubmit(_ requests: [ControlRequest]) -> [ControlResponse] {
+        let apps = queue.sync { requests.map { $0.app.flatMap { catalog.apps[$0] } } }
+        var responses: [ControlResponse?] = Array(repeating: nil, count: requests.count)
+        var items: [(request: WireTaskRequest, app: PluginBundle)] = []
+        var positions: [Int] = []
+        for (position, request) in requests.enumerated() {
+            guard let app = request.app, var task = request.request else {
+                responses[position] = .failure("bad-request", "submit needs an app and a request")
+                continue
             }
-            task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
+            if let delay = request.delay {
+                guard delay.isFinite, abs(delay) < 100 * 365 * 86_400 else {
+                    responses[position] = .failure("bad-request", "delay \(delay) s is not a usable offset")
+                    continue
+                }
+                task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
+            }
+            guard let bundle = apps[position] else {
+                responses[position] = .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+                continue
+            }
+            if task.kind == .continuedProcessing {
+                responses[position] = Self.response(submitContinued(task, app: bundle, fromLaunch: nil))
+            } else {
+                items.append((task, bundle))
+                positions.append(position)
+            }
         }
-        guard let bundle = queue.sync(execute: { catalog.apps[app] }) else {
-            return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+        for (position, rejection) in zip(positions, submitAll(items)) { responses[position] = Self.response(rejection) }
+        return responses.map { $0 ?? .failure("internal", "no answer") }
+    }
+
+    static func response(_ rejection: SubmissionRules.Rejection?) -> ControlResponse {
+        rejection.map { .failure(code($0.status), $0.message) } ?? ControlResponse()
+    }
+
+    /// Pipelined requests: runs of consecutive submissions share one commit; every other request
+    /// is handled on its own, in order.
+    func handle(_ requests: [ControlRequest], peer: PeerCredentials) -> [ControlResponse] {
+        var responses: [ControlResponse] = []
+        var index = requests.startIndex
+        while index < requests.endIndex {
+            var end = index
+            while end < requests.endIndex, requests[end].verb == "submit" { end += 1 }
+            if end > index {
+                responses += controlSubmit(Array(requests[index..<end]))
+                index = end
+            } else {
+                responses.append(handle(requests[index], peer: peer))
+                index += 1
+            }
         }
-        if let rejection = submit(task, app: bundle) {
-            return .failure(Self.code(rejection.status), rejection.message)
-        }
-        return ControlResponse()
+        return responses
     }
 
     static func code(_ status: SubmissionRules.Status) -> String {

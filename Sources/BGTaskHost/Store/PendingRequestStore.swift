@@ -66,6 +66,9 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// The connections: one writer (synchronous = FULL), concurrent readers (WAL snapshots).
     let pool: DatabasePool
 
+    /// Concurrent `submit` calls, gathered into shared transactions.
+    private let submissionGroups = GroupCommit<PendingSubmission, Result<SubmissionRules.Rejection?, BGTaskError>>()
+
     /// How long a statement waits for a lock another connection or process holds.
     static let busyTimeout: TimeInterval = 5
 
@@ -103,25 +106,100 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     // MARK: Requests
 
-    /// Submits `request` for `app` in one transaction: `check` sees the app's current requests
-    /// (pending and running) and may reject; otherwise the request replaces any *pending*
-    /// request with the same identifier (a running one stays with its launch). Returns the
-    /// rejection, or nil once the request is durable.
+    /// Submits `request` for `app` in one transaction: `admit` sees the app's state and `check`
+    /// its current requests (pending and running), and either may reject; otherwise the request
+    /// replaces any *pending* request with the same identifier (a running one stays with its
+    /// launch). Returns the rejection, or nil once the request is durable.
+    ///
+    /// Concurrent submissions share a transaction (group commit, `GroupCommit`): each runs in
+    /// its own savepoint, in arrival order, so each sees the ones before it, and an error in one
+    /// fails only that one. All are acknowledged after the one commit (and sync) that makes them
+    /// durable together. `admit` and `check` run inside the write transaction, possibly on
+    /// another submitter's thread while this one waits: they must be quick and must not call
+    /// back into the store.
     public func submit(
         app: String, request: WireTaskRequest, at date: Date,
+        admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
         check: ([WireTaskRequest]) -> SubmissionRules.Rejection?
     ) throws(BGTaskError) -> SubmissionRules.Rejection? {
-        try write("submit \(request.identifier) for \(app)") { db in
-            let current = try Self.fetchRequests(db, where: "app = ?", [app])
-            // `check` runs inside the write transaction (so nothing changes between the check and
-            // the insert): it must be quick and must not call back into the store.
-            if let rejection = check(current.map(\.request)) { return rejection }
-            try db.execute(
-                sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL",
-                arguments: [app, request.identifier])
-            try Self.insert(db, app: app, request: request, submittedAt: date)
-            return nil
+        let outcomes = withoutActuallyEscaping(check) { check in
+            submitAll([Submission(app: app, request: request, at: date, admit: admit, check: check)])
         }
+        return try outcomes[0].get()
+    }
+
+    /// A submission for `submitAll`: what `submit` takes.
+    public struct Submission {
+        public var app: String
+        public var request: WireTaskRequest
+        public var date: Date
+        public var admit: ((AppState) -> SubmissionRules.Rejection?)?
+        public var check: ([WireTaskRequest]) -> SubmissionRules.Rejection?
+
+        public init(app: String, request: WireTaskRequest, at date: Date,
+                    admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
+                    check: @escaping ([WireTaskRequest]) -> SubmissionRules.Rejection?) {
+            self.app = app
+            self.request = request
+            self.date = date
+            self.admit = admit
+            self.check = check
+        }
+    }
+
+    /// Several submissions, in order, in the same group commit (a client that pipelines its
+    /// requests): the outcome of each, as `submit` would give it.
+    public func submitAll(_ submissions: [Submission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
+        submissionGroups.perform(submissions.map { submission in
+            PendingSubmission(operation: "submit \(submission.request.identifier) for \(submission.app)") { db in
+                let (app, request) = (submission.app, submission.request)
+                if let admit = submission.admit, let rejection = admit(try Self.appState(db, app)) { return rejection }
+                let current = try Self.fetchRequests(db, where: "app = ?", [app])
+                if let rejection = submission.check(current.map(\.request)) { return rejection }
+                try db.cachedStatement(sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL")
+                    .execute(arguments: [app, request.identifier])
+                try Self.insert(db, app: app, request: request, submittedAt: submission.date)
+                return nil
+            }
+        }, commit: commitSubmissions)
+    }
+
+    /// Writes and commits taken so far by `submit`, and the largest group committed at once.
+    public var submissionStatistics: (writes: Int, commits: Int, largestGroup: Int) { submissionGroups.statistics }
+
+    /// One group of submissions in one transaction, each in its own savepoint.
+    private func commitSubmissions(_ group: [PendingSubmission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
+        let path = databaseURL.path
+        var outcomes: [Result<SubmissionRules.Rejection?, BGTaskError>] = []
+        outcomes.reserveCapacity(group.count)
+        do {
+            try pool.write { db in
+                for submission in group {
+                    do {
+                        // A savepoint each (cached statements: GRDB's `inSavepoint` compiles
+                        // its SAVEPOINT and RELEASE every time), so a failure undoes only its own
+                        // submission's changes.
+                        try db.cachedStatement(sql: "SAVEPOINT submission").execute()
+                        let rejection: SubmissionRules.Rejection?
+                        do {
+                            rejection = try submission.body(db)
+                        } catch {
+                            try db.cachedStatement(sql: "ROLLBACK TO submission").execute()
+                            try db.cachedStatement(sql: "RELEASE submission").execute()
+                            throw error
+                        }
+                        try db.cachedStatement(sql: "RELEASE submission").execute()
+                        outcomes.append(.success(rejection))
+                    } catch {
+                        outcomes.append(.failure(StoreErrors.wrap(error, file: path, operation: submission.operation)))
+                    }
+                }
+            }
+        } catch {
+            // The commit failed: nothing of the group is durable.
+            return group.map { .failure(StoreErrors.wrap(error, file: path, operation: $0.operation)) }
+        }
+        return outcomes
     }
 
     /// Cancels the pending request `identifier` of `app` (all of them for nil). Returns how
@@ -178,7 +256,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     public func dueApps(at now: Date) throws(BGTaskError) -> [String] {
         try read("find the apps with requests due") { db in
             // Sorted here rather than in SQL: an ORDER BY tempts SQLite into scanning by app.
-            try String.fetchAll(db, sql: Self.dueAppsSQL, arguments: [now.timeIntervalSince1970]).sorted()
+            try String.fetchAll(db.cachedStatement(sql: Self.dueAppsSQL), arguments: [now.timeIntervalSince1970]).sorted()
         }
     }
 
@@ -186,7 +264,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// must look), or nil. Indexed.
     public func nextDueDate(after now: Date) throws(BGTaskError) -> Date? {
         try read("find the next due date") { db in
-            try Double.fetchOne(db, sql: Self.nextDueDateSQL, arguments: [now.timeIntervalSince1970])
+            try Double.fetchOne(db.cachedStatement(sql: Self.nextDueDateSQL), arguments: [now.timeIntervalSince1970])
                 .map(Date.init(timeIntervalSince1970:))
         }
     }
@@ -313,21 +391,23 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     /// The app's state (a default one for an app never seen).
     public func appState(_ app: String) throws(BGTaskError) -> AppState {
-        try read("read the state of \(app)") { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM app_state WHERE app = ?", arguments: [app]) else {
-                return AppState(app: app)
-            }
-            var state = AppState(app: app)
-            state.refreshEnabled = try row.decode(Bool.self, forColumn: "refresh_enabled")
-            state.penaltyLevel = try row.decode(Int.self, forColumn: "penalty_level")
-            state.penaltyUntil = try row.decode(Double?.self, forColumn: "penalty_until").map(Date.init(timeIntervalSince1970:))
-            state.lastLaunchAt = try row.decode(Double?.self, forColumn: "last_launch_at").map(Date.init(timeIntervalSince1970:))
-            state.lastLaunchID = try row.decode(String?.self, forColumn: "last_launch_id")
-            state.lastRegistered = try row.decode(String?.self, forColumn: "last_registered").map {
-                try JSONDecoder().decode([String].self, from: Data($0.utf8))
-            }
-            return state
+        try read("read the state of \(app)") { db in try Self.appState(db, app) }
+    }
+
+    static func appState(_ db: Database, _ app: String) throws -> AppState {
+        guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM app_state WHERE app = ?"), arguments: [app]) else {
+            return AppState(app: app)
         }
+        var state = AppState(app: app)
+        state.refreshEnabled = try row.decode(Bool.self, forColumn: "refresh_enabled")
+        state.penaltyLevel = try row.decode(Int.self, forColumn: "penalty_level")
+        state.penaltyUntil = try row.decode(Double?.self, forColumn: "penalty_until").map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchAt = try row.decode(Double?.self, forColumn: "last_launch_at").map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchID = try row.decode(String?.self, forColumn: "last_launch_id")
+        state.lastRegistered = try row.decode(String?.self, forColumn: "last_registered").map {
+            try JSONDecoder().decode([String].self, from: Data($0.utf8))
+        }
+        return state
     }
 
     public func saveAppState(_ state: AppState) throws(BGTaskError) {
@@ -352,7 +432,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// Small named settings: device overrides, the virtual clock. nil deletes.
     public func setting(_ key: String) throws(BGTaskError) -> String? {
         try read("read the setting \(key)") { db in
-            try String.fetchOne(db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [key])
+            try String.fetchOne(db.cachedStatement(sql: "SELECT value FROM setting WHERE key = ?"), arguments: [key])
         }
     }
 
@@ -370,6 +450,12 @@ public final class PendingRequestStore: @unchecked Sendable {
 }
 
 // MARK: - Internals
+
+/// One `submit` waiting for its group's transaction.
+struct PendingSubmission {
+    var operation: String
+    var body: (Database) throws -> SubmissionRules.Rejection?
+}
 
 extension PendingRequestStore {
     /// One write transaction (BEGIN IMMEDIATE ... COMMIT); every error becomes a `BGTaskError`
@@ -399,48 +485,50 @@ extension PendingRequestStore {
     static func fetchRequests(
         _ db: Database, where condition: String, _ arguments: StatementArguments, order: String = "seq"
     ) throws -> [StoredRequest] {
+        // Cached statements: compiling one costs more than running it (GRDB's authorizer
+        // inspects every column at compile time), and these run for every submission.
         try Row.fetchAll(
-            db, sql: "SELECT \(requestColumns) FROM request WHERE \(condition) ORDER BY \(order)", arguments: arguments
+            db.cachedStatement(sql: "SELECT \(requestColumns) FROM request WHERE \(condition) ORDER BY \(order)"), arguments: arguments
         ).map(storedRequest)
     }
 
+    /// A row of `requestColumns`, decoded by position (in that order).
     static func storedRequest(_ row: Row) throws -> StoredRequest {
-        let seq = try row.decode(Int64.self, forColumn: "seq")
-        let kindName = try row.decode(String.self, forColumn: "kind")
+        let seq = try row.decode(Int64.self, atIndex: 0)
+        let kindName = try row.decode(String.self, atIndex: 3)
         guard let kind = TaskKind(rawValue: kindName) else {
             throw StoreCorruption("request \(seq) has the unknown task kind '\(kindName)'")
         }
         let request = WireTaskRequest(
             kind: kind,
-            identifier: try row.decode(String.self, forColumn: "identifier"),
-            earliestBeginDate: try row.decode(Double?.self, forColumn: "earliest"),
-            requiresNetworkConnectivity: try row.decode(Bool.self, forColumn: "requires_network"),
-            requiresExternalPower: try row.decode(Bool.self, forColumn: "requires_power"),
-            protectionType: try row.decode(Int32.self, forColumn: "protection_type"),
-            title: try row.decode(String?.self, forColumn: "title"),
-            subtitle: try row.decode(String?.self, forColumn: "subtitle"),
-            strategyFail: try row.decode(Bool.self, forColumn: "strategy_fail"),
-            requiredResources: try row.decode(UInt32.self, forColumn: "required_resources"))
+            identifier: try row.decode(String.self, atIndex: 2),
+            earliestBeginDate: try row.decode(Double?.self, atIndex: 4),
+            requiresNetworkConnectivity: try row.decode(Bool.self, atIndex: 5),
+            requiresExternalPower: try row.decode(Bool.self, atIndex: 6),
+            protectionType: try row.decode(Int32.self, atIndex: 7),
+            title: try row.decode(String?.self, atIndex: 8),
+            subtitle: try row.decode(String?.self, atIndex: 9),
+            strategyFail: try row.decode(Bool.self, atIndex: 10),
+            requiredResources: try row.decode(UInt32.self, atIndex: 11))
         return StoredRequest(
-            app: try row.decode(String.self, forColumn: "app"),
+            app: try row.decode(String.self, atIndex: 1),
             request: request,
-            submittedAt: Date(timeIntervalSince1970: try row.decode(Double.self, forColumn: "submitted_at")),
-            runningLaunch: try row.decode(String?.self, forColumn: "running_launch"))
+            submittedAt: Date(timeIntervalSince1970: try row.decode(Double.self, atIndex: 12)),
+            runningLaunch: try row.decode(String?.self, atIndex: 13))
     }
 
     static func insert(_ db: Database, app: String, request: WireTaskRequest, submittedAt: Date) throws {
-        try db.execute(
-            sql: """
+        try db.cachedStatement(sql: """
                 INSERT INTO request (app, identifier, kind, earliest, requires_network, requires_power,
                     protection_type, title, subtitle, strategy_fail, required_resources, submitted_at)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                """,
-            arguments: [
-                app, request.identifier, request.kind.rawValue, request.earliestBeginDate,
-                request.requiresNetworkConnectivity, request.requiresExternalPower, request.protectionType,
-                request.title, request.subtitle, request.strategyFail, Int64(request.requiredResources),
-                submittedAt.timeIntervalSince1970,
-            ])
+                """
+        ).execute(arguments: [
+            app, request.identifier, request.kind.rawValue, request.earliestBeginDate,
+            request.requiresNetworkConnectivity, request.requiresExternalPower, request.protectionType,
+            request.title, request.subtitle, request.strategyFail, Int64(request.requiredResources),
+            submittedAt.timeIntervalSince1970,
+        ])
     }
 
     /// Marks a launch ended with its record, inserting the launch when it was never begun.
