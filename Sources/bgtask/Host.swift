@@ -37,6 +37,9 @@ extension BGTaskCommand {
         @Option(name: .customLong("foreground-stay"), help: ArgumentHelp("How long an opened app stays in the foreground after launching. Default: 1 s.", valueName: "duration"))
         var foregroundStay: DurationArgument?
 
+        @Option(name: .customLong("history-per-app"), help: "Ended launches kept in each app's history (`bgtask history`); older ones and their records are deleted as launches end.")
+        var historyPerApp = 1000
+
         @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).")
         var launcher: String = "zygote"
 
@@ -48,6 +51,7 @@ extension BGTaskCommand {
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
             guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
+            guard historyPerApp >= 1 else { throw ValidationError("--history-per-app must be at least 1") }
         }
 
         func run() throws {
@@ -59,6 +63,7 @@ extension BGTaskCommand {
             configuration.maximumConcurrentLaunches = maxLaunches
             configuration.maximumContinuedTasks = maxContinued
             configuration.useZygote = launcher == "zygote"
+            configuration.historyPerApp = historyPerApp
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

@@ -64,15 +64,32 @@ struct EarliestArgument: ExpressibleByArgument {
 extension BGTaskCommand {
     struct Apps: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List the host's apps, with bundles that failed validation.")
+        /// Apps asked for per request: an answer must fit a control frame (1 MiB), so the
+        /// catalog comes in pages (the host makes a page smaller still if its apps are large).
+        @Option(name: .customLong("page-size"), help: .hidden) var pageSize = 500
         @OptionGroup var host: HostOptions
 
+        func validate() throws {
+            guard pageSize >= 1 else { throw ValidationError("--page-size must be at least 1") }
+        }
+
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "apps"))
+            var apps: [AppSummary] = []
+            var invalid: [InvalidBundle] = []
+            var after: String?
+            while true {
+                let response = try host.send(ControlRequest(verb: "apps", limit: pageSize, after: after))
+                apps += response.apps ?? []
+                if after == nil { invalid = response.invalid ?? [] }
+                // A host from before paging answers everything at once, without `next`.
+                guard let next = response.next, after.map({ next > $0 }) ?? true else { break }
+                after = next
+            }
             if host.json {
                 struct Body: Encodable { var apps: [AppSummary]; var invalid: [InvalidBundle] }
-                return try host.printJSON(Body(apps: response.apps ?? [], invalid: response.invalid ?? []))
+                return try host.printJSON(Body(apps: apps, invalid: invalid))
             }
-            for app in response.apps ?? [] {
+            for app in apps {
                 var line = "\(app.identifier)  \(app.pending) pending"
                 if let running = app.running { line += ", running \(running)" }
                 if !app.refreshEnabled { line += ", refresh off" }
@@ -81,7 +98,7 @@ extension BGTaskCommand {
                 print("  \(app.path)")
                 print("  permitted: \(app.permittedIdentifiers.joined(separator: ", "))")
             }
-            for bad in response.invalid ?? [] { print("invalid: \(bad.error)") }
+            for bad in invalid { print("invalid: \(bad.error)") }
         }
     }
 

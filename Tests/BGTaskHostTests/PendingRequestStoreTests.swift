@@ -68,6 +68,20 @@ extension PendingRequestStore {
         #expect(rejection == nil, sourceLocation: sourceLocation)
     }
 
+    /// The EXPLAIN QUERY PLAN details of `sql`.
+    fileprivate func plan(_ sql: String, _ arguments: StatementArguments = []) throws -> [String] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + sql, arguments: arguments).map { try $0.decode(String.self, forColumn: "detail") }
+        }
+    }
+
+    /// Launch ids of `app` in the launch table, running and ended, newest first.
+    fileprivate func launchIDs(app: String) throws -> [String] {
+        try pool.read { db in
+            try String.fetchAll(db, sql: "SELECT id FROM launch WHERE app = ? ORDER BY started_at DESC, id DESC", arguments: [app])
+        }
+    }
+
     /// Every row of the request table (pending and running), for duplicate checks.
     fileprivate func allRows() throws -> [StoredRequest] {
         try pool.read { db in try Self.fetchRequests(db, where: "1", []) }
@@ -350,6 +364,77 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         }
     }
 
+    @Test func pendingCountsCountPendingRequestsPerAppNotRunningOnes() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        #expect(try store.pendingCounts().isEmpty)
+        let r = refresh("\(feed).refresh"), c = processing("\(feed).clean"), c2 = processing("\(feed).clean2")
+        try store.accept(r, app: feed)
+        try store.accept(c, app: feed)
+        try store.accept(c2, app: feed)
+        try store.accept(refresh("\(mail).refresh"), app: mail)
+        try store.accept(processing("\(mail).clean"), app: mail)
+        try store.accept(refresh("c.x.refresh"), app: "c.x")
+        #expect(try store.pendingCounts() == [feed: 3, mail: 2, "c.x": 1])
+
+        // Requests a launch took are running, not pending; a resubmission during it is pending.
+        try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([r, c]), at: t0)
+        try store.beginLaunch(id: "L2", app: "c.x", reason: "scheduled", tasks: assignments([refresh("c.x.refresh")]), at: t0)
+        #expect(try store.pendingCounts() == [feed: 1, mail: 2])
+        try store.accept(refresh(r.identifier, earliest: t0.addingTimeInterval(900)), app: feed)
+        #expect(try store.pendingCounts() == [feed: 2, mail: 2])
+        #expect(try store.pendingCounts() == Dictionary(grouping: try store.pending(app: nil), by: \.app).mapValues(\.count))
+
+        // Of some apps only: unknown apps and apps with nothing pending are absent.
+        #expect(try store.pendingCounts(apps: [mail, "c.x", "nobody.x"]) == [mail: 2])
+        #expect(try store.pendingCounts(apps: [feed]) == [feed: 2])
+        #expect(try store.pendingCounts(apps: []).isEmpty)
+    }
+
+    @Test func pendingCountsOfManyAppsSpanSeveralStatements() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let apps = (0..<(PendingRequestStore.inListSize * 2 + 7)).map { "app\($0).x" }
+        try store.pool.write { db in
+            for (index, app) in apps.enumerated() {
+                for task in 0..<(index % 3) {
+                    try PendingRequestStore.insert(db, app: app, request: refresh("\(app).t\(task)"), submittedAt: t0)
+                }
+            }
+        }
+        let counts = try store.pendingCounts(apps: apps)
+        #expect(counts.count == apps.indices.filter { $0 % 3 != 0 }.count)
+        #expect(apps.enumerated().allSatisfy { counts[$0.element, default: 0] == $0.offset % 3 })
+        #expect(counts == (try store.pendingCounts()))
+    }
+
+    @Test func pendingCountsSearchThePendingIndexNeverTheTable() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        for index in 0..<50 { try store.put(refresh("r\(index)"), app: "app\(index % 7).x") }
+        let all = try store.plan(PendingRequestStore.pendingCountsSQL)
+        #expect(all == ["SCAN request USING INDEX request_pending_unique"]
+                || all == ["SCAN request USING COVERING INDEX request_pending_unique"], "\(all)")
+        // The table itself is never read: the index holds app, and its WHERE is the query's.
+        let program = try store.pool.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN " + PendingRequestStore.pendingCountsSQL).map { row in
+                (opcode: try row.decode(String.self, forColumn: "opcode"), cursor: try row.decode(Int.self, forColumn: "p1"),
+                 keyInfo: String.fromDatabaseValue(row["p4"] as DatabaseValue)?.hasPrefix("k(") == true)
+            }
+        }
+        // An index cursor is opened with its key description (p4 "k(...)"), a table's without.
+        let tableCursors = Set(program.filter { $0.opcode == "OpenRead" && !$0.keyInfo }.map(\.cursor))
+        #expect(!tableCursors.isEmpty && !program.contains { $0.opcode == "Column" && tableCursors.contains($0.cursor) },
+                "\(program)")
+
+        let some = try store.plan(PendingRequestStore.pendingCountsSQL(apps: 3), ["app1.x", "app2.x", "nobody"])
+        #expect(some.contains { $0.hasPrefix("SEARCH request USING") && $0.contains("INDEX request_pending_unique (app=?)") }, "\(some)")
+        #expect(!some.contains { $0.contains("SCAN request") || $0.contains("request_app") }, "\(some)")
+    }
+
     @Test func aDatabaseWithTheFirstSchemaIsMigratedAndKeepsItsRequests() throws {
         let scratch = try StoreScratch()
         defer { scratch.remove() }
@@ -455,6 +540,81 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         // Same start time: the greater id first.
         try store.finishLaunch(runRecord("L0", app: mail, startedAt: t0.addingTimeInterval(30), tasks: []))
         #expect(try store.history(app: mail, limit: 10).map(\.launchID) == ["L3", "L0"])
+    }
+
+    @Test func pruneHistoryKeepsTheNewestEndedLaunchesOfTheAppOnly() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        // feed: F0 (oldest) ... F9 ended, a running launch R-old among the old ones, a running
+        // R-new newest of all, and F10/F11 sharing a start time (ordered by id).
+        for index in 0..<10 {
+            try store.finishLaunch(runRecord("F\(index)", app: feed, startedAt: t0.addingTimeInterval(Double(index * 10)), tasks: []))
+        }
+        try store.beginLaunch(id: "R-old", app: feed, reason: "scheduled", tasks: [], at: t0.addingTimeInterval(15))
+        try store.beginLaunch(id: "R-new", app: feed, reason: "scheduled", tasks: [], at: t0.addingTimeInterval(1000))
+        try store.finishLaunch(runRecord("F11", app: feed, startedAt: t0.addingTimeInterval(200), tasks: []))
+        try store.finishLaunch(runRecord("F10", app: feed, startedAt: t0.addingTimeInterval(200), tasks: []))
+        for index in 0..<5 {
+            try store.finishLaunch(runRecord("M\(index)", app: mail, startedAt: t0.addingTimeInterval(Double(index)), tasks: []))
+        }
+        #expect(try store.launchIDs(app: feed) == ["R-new", "F11", "F10", "F9", "F8", "F7", "F6", "F5", "F4", "F3", "F2", "R-old", "F1", "F0"])
+
+        // Nothing to prune while an app has `keep` ended launches or fewer.
+        #expect(try store.pruneHistory(app: feed, keep: 12) == 0)
+        #expect(try store.pruneHistory(app: feed, keep: 100) == 0)
+        #expect(try store.pruneHistory(app: "nobody.x", keep: 1) == 0)
+        #expect(try store.launchIDs(app: feed).count == 14)
+
+        // The newest 4 ended launches stay; running launches neither count nor go.
+        #expect(try store.pruneHistory(app: feed, keep: 4) == 8)
+        #expect(try store.launchIDs(app: feed) == ["R-new", "F11", "F10", "F9", "F8", "R-old"])
+        #expect(try store.history(app: feed, limit: 100).map(\.launchID) == ["F11", "F10", "F9", "F8"])
+        #expect(try store.interruptedLaunches().map(\.launchID).sorted() == ["R-new", "R-old"])
+        #expect(try store.history(app: mail, limit: 100).count == 5, "other apps are untouched")
+        #expect(try store.pruneHistory(app: feed, keep: 4) == 0, "pruning again changes nothing")
+
+        // A tie on the start time is broken by id, as history orders it.
+        #expect(try store.pruneHistory(app: feed, keep: 1) == 3)
+        #expect(try store.launchIDs(app: feed) == ["R-new", "F11", "R-old"])
+        #expect(try store.interruptedLaunches().count == 2)
+
+        // finishLaunch prunes in its own transaction; the requests the launch ran are gone too.
+        let r = refresh("\(mail).refresh")
+        try store.accept(r, app: mail)
+        try store.beginLaunch(id: "M9", app: mail, reason: "scheduled", tasks: assignments([r]), at: t0.addingTimeInterval(50))
+        try store.finishLaunch(runRecord("M9", app: mail, startedAt: t0.addingTimeInterval(50), tasks: [r]), keepHistory: 2)
+        #expect(try store.launchIDs(app: mail) == ["M9", "M4"])
+        #expect(try store.allRows().isEmpty)
+        #expect(try store.launchIDs(app: feed) == ["R-new", "F11", "R-old"])
+
+        // So does the recovery of an interrupted launch, which ends it (host-lost).
+        let lost = try #require(try store.interruptedLaunches().first { $0.launchID == "R-old" })
+        try store.recoverInterruptedLaunch(.hostLost(lost, bundlePath: "/plugins/feed.app", log: "/state/logs/R-old.log", detail: "test"), keepHistory: 1)
+        #expect(try store.launchIDs(app: feed) == ["R-new", "F11"])
+    }
+
+    @Test func pruneHistorySearchesLaunchIndexesNeverScansTheTable() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        for index in 0..<20 {
+            try store.finishLaunch(runRecord("L\(index)", app: index % 2 == 0 ? feed : mail, startedAt: t0.addingTimeInterval(Double(index)), tasks: []))
+        }
+        let arguments: [(String, String, StatementArguments)] = [
+            ("boundary", PendingRequestStore.historyBoundarySQL, [feed, 3]),
+            ("running", PendingRequestStore.runningNewerSQL, [feed, t0.timeIntervalSince1970, "L4"]),
+            ("delete", PendingRequestStore.pruneHistorySQL, [feed, t0.timeIntervalSince1970, "L4"]),
+        ]
+        var plans: [String: [String]] = [:]
+        for (name, sql, values) in arguments { plans[name] = try store.plan(sql, values) }
+        #expect(plans["boundary"] == ["SEARCH launch USING COVERING INDEX launch_app_started (app=?)"], "\(plans)")
+        #expect(plans["running"] == ["SEARCH launch USING INDEX launch_state (state=?)"], "\(plans)")
+        // The delete: a range of the app's launches, and the foreign key's check that no request
+        // still points at a deleted launch, through request_running.
+        #expect(plans["delete"] == ["SEARCH launch USING INDEX launch_app_started (app=? AND (started_at,id)<(?,?))",
+                                    "SEARCH request USING COVERING INDEX request_running (running_launch=?)"], "\(plans)")
+        #expect(plans.values.joined().allSatisfy { !$0.contains("SCAN") }, "\(plans)")
     }
 
     @Test func interruptedLaunchRecoversItsRequestsExactlyOnce() throws {
@@ -686,6 +846,40 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         state.lastRegistered = ["\(feed).refresh"]
         try store.saveAppState(state)
         #expect(try store.appState(feed) == state)
+    }
+
+    @Test func appStatesReadEveryAppAtOnce() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        #expect(try store.appStates().isEmpty)
+        var feedState = AppState(app: feed)
+        feedState.penaltyLevel = 2
+        feedState.penaltyUntil = t0.addingTimeInterval(60)
+        feedState.lastLaunchAt = t0
+        feedState.lastLaunchID = "L1"
+        feedState.lastRegistered = ["\(feed).refresh"]
+        var mailState = AppState(app: mail)
+        mailState.refreshEnabled = false
+        let others = (0..<(PendingRequestStore.inListSize + 3)).map { index in
+            var state = AppState(app: "app\(index).x")
+            state.penaltyLevel = index
+            return state
+        }
+        for state in [feedState, mailState] + others { try store.saveAppState(state) }
+
+        let all = try store.appStates()
+        #expect(all.count == others.count + 2)
+        #expect(all[feed] == feedState && all[mail] == mailState)
+        #expect(others.allSatisfy { all[$0.app] == $0 })
+        #expect(all.allSatisfy { (try? store.appState($0.key)) == $0.value })
+
+        // Of some apps only (several statements past inListSize); never-saved apps are absent.
+        #expect(try store.appStates(apps: [mail, "nobody.x"]) == [mail: mailState])
+        #expect(try store.appStates(apps: []).isEmpty)
+        #expect(try store.appStates(apps: others.map(\.app)) == Dictionary(uniqueKeysWithValues: others.map { ($0.app, $0) }))
+        #expect(try store.plan("SELECT * FROM app_state WHERE app IN (?, ?)", [feed, mail])
+                == ["SEARCH app_state USING INDEX sqlite_autoindex_app_state_1 (app=?)"])
     }
 
     @Test func settingsSetGetDelete() throws {

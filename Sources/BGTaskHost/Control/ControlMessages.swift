@@ -14,14 +14,20 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     public var device: [String: String]?
     /// `clock`: seconds to advance.
     public var advance: Double?
+    /// `history`: records at most (default 50). `apps`: apps per page; with it (or `after`) the
+    /// answer is one page and `ControlResponse.next` says where the next one starts.
     public var limit: Int?
     public var event: String?
     /// `submit`: earliestBeginDate as seconds from the host's now (its clock may be virtual).
     public var delay: Double?
+    /// `apps`: only apps whose identifier sorts after this one (the previous page's
+    /// `ControlResponse.next`). Without `limit` or `after` the answer holds every app, as
+    /// before paging existed.
+    public var after: String?
 
     public init(verb: String, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
-                limit: Int? = nil, event: String? = nil, delay: Double? = nil) {
+                limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
         self.verb = verb
         self.app = app
         self.identifier = identifier
@@ -33,6 +39,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
         self.limit = limit
         self.event = event
         self.delay = delay
+        self.after = after
     }
 
     public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",
@@ -144,6 +151,9 @@ public struct ControlResponse: Codable, Sendable {
     public var clock: ClockReport?
     public var removed: Int?
     public var continued: [ContinuedTaskStatus]?
+    /// A paged `apps` answer with more apps after it: the `after` of the next page (the last
+    /// identifier of this one). nil on the last page. `invalid` comes with the first page only.
+    public var next: String?
 
     public init(ok: Bool = true) { self.ok = ok }
 

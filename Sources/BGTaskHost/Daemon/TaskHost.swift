@@ -35,6 +35,9 @@ public final class TaskHost: @unchecked Sendable {
         /// How long an opened app stays in the foreground after its launch entry returns (the
         /// time a user looks at it); then it leaves, and its process ends with its last task.
         public var foregroundStay: Duration = .seconds(1)
+        /// Ended launches (with their run records) kept per app: when a launch ends, its app's
+        /// older ended launches are deleted. Running launches are never deleted.
+        public var historyPerApp = 1000
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -225,7 +228,8 @@ public final class TaskHost: @unchecked Sendable {
             }
             let log = configuration.stateDirectory.appendingPathComponent("logs/\(launch.launchID).log").path
             let bundlePath = configuration.pluginsDirectory.appendingPathComponent("?").path
-            try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail))
+            try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail),
+                                               keepHistory: configuration.historyPerApp)
             logger.warning("recovered a launch interrupted by a host crash", metadata: ["launch.id": "\(launch.launchID)", "bundle.id": "\(launch.app)"])
         }
     }
@@ -437,7 +441,7 @@ public final class TaskHost: @unchecked Sendable {
         if record.pid == 0 && record.termination == .launchFailed {
             // The host could not start the child (runner missing, out of descriptors): not the
             // app's fault. Its requests stay pending, and the app is retried after a pause.
-            do { try store.recoverInterruptedLaunch(record) } catch {
+            do { try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp) } catch {
                 logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
             }
             retryAfter[record.app] = Date().addingTimeInterval(Self.startFailureBackoff)
@@ -450,7 +454,7 @@ public final class TaskHost: @unchecked Sendable {
             return
         }
         do {
-            try store.finishLaunch(record)
+            try store.finishLaunch(record, keepHistory: configuration.historyPerApp)
             var state = try store.appState(record.app)
             state.lastLaunchAt = clock.now
             state.lastLaunchID = record.launchID
@@ -748,7 +752,7 @@ public final class TaskHost: @unchecked Sendable {
     func handle(_ request: ControlRequest, peer: PeerCredentials) -> ControlResponse {
         switch request.verb {
         case "status": return ControlResponse()
-        case "apps": return apps()
+        case "apps": return apps(request)
         case "submit": return controlSubmit([request])[0]
         case "pending":
             return respond { var r = ControlResponse(); r.pending = try store.pending(app: request.app); return r }
@@ -787,22 +791,64 @@ public final class TaskHost: @unchecked Sendable {
         do { return try body() } catch { return .failure("internal", "\(error)") }
     }
 
-    private func apps() -> ControlResponse {
-        queue.sync {
-            var response = ControlResponse()
-            let pendingCounts = Dictionary(grouping: (try? store.pending(app: nil)) ?? [], by: \.app).mapValues(\.count)
-            response.apps = catalog.apps.values.sorted { $0.identifier < $1.identifier }.map { bundle in
-                let state = (try? store.appState(bundle.identifier)) ?? AppState(app: bundle.identifier)
-                return AppSummary(
-                    identifier: bundle.identifier, path: bundle.url.path, permittedIdentifiers: bundle.permittedIdentifiers,
-                    backgroundModes: bundle.backgroundModes.sorted(), extensions: bundle.extensions.map(\.identifier),
-                    running: running.values.first { $0.app == bundle.identifier }?.id,
-                    refreshEnabled: state.refreshEnabled, penaltyLevel: state.penaltyLevel, penaltyUntil: state.penaltyUntil,
-                    pending: pendingCounts[bundle.identifier] ?? 0)
+    /// A page of `apps` stops before its estimated JSON passes this, so that it fits a control
+    /// frame whatever the apps hold (long paths, many permitted identifiers).
+    static let appsPageBytes = ControlFrame.maximumPayload / 2
+
+    /// An upper estimate of an app's JSON in an `apps` answer: its strings, doubled for
+    /// escapes (JSONEncoder writes `/` as `\/`), and room for the keys and the fixed fields.
+    static func estimatedBytes(_ bundle: PluginBundle, running: String?) -> Int {
+        var strings: [String] = [bundle.identifier, bundle.url.path, running ?? ""]
+        strings += bundle.permittedIdentifiers
+        strings += bundle.backgroundModes
+        strings += bundle.extensions.map(\.identifier)
+        return 256 + strings.reduce(0) { $0 + 2 * $1.utf8.count + 3 }
+    }
+
+    /// The catalog sorted by identifier, with per-app state: every app, or (with `limit` or
+    /// `after`) one page of at most `limit` apps after `after`, with `next` set when more
+    /// follow. Two indexed store queries whatever the number of requests; invalid bundles come
+    /// with the first page.
+    private func apps(_ request: ControlRequest) -> ControlResponse {
+        if let limit = request.limit, limit < 1 { return .failure("bad-request", "apps: limit must be at least 1, not \(limit)") }
+        let paged = request.limit != nil || request.after != nil
+        // The catalog and the running launches are the queue's; the store is read off it.
+        let (page, runningByApp, invalid, next) = queue.sync { () -> ([PluginBundle], [String: String], [InvalidBundle]?, String?) in
+            var runningByApp: [String: String] = [:]
+            for launch in running.values where runningByApp[launch.app] == nil { runningByApp[launch.app] = launch.id }
+            var bundles = Array(catalog.apps.values)
+            if let after = request.after { bundles.removeAll { $0.identifier <= after } }
+            bundles.sort { $0.identifier < $1.identifier }
+            let invalid = request.after == nil
+                ? catalog.invalid.sorted { $0.key < $1.key }.map { InvalidBundle(path: $0.key, error: $0.value.description) }
+                : nil
+            guard paged else { return (bundles, runningByApp, invalid, nil) }
+            var count = 0
+            var bytes = (invalid ?? []).reduce(0) { $0 + 2 * ($1.path.utf8.count + $1.error.utf8.count) + 32 }
+            while count < min(bundles.count, request.limit ?? .max) {
+                bytes += Self.estimatedBytes(bundles[count], running: runningByApp[bundles[count].identifier])
+                if count > 0 && bytes > Self.appsPageBytes { break }
+                count += 1
             }
-            response.invalid = catalog.invalid.sorted { $0.key < $1.key }.map { InvalidBundle(path: $0.key, error: $0.value.description) }
-            return response
+            let next = count < bundles.count ? bundles[count - 1].identifier : nil
+            return (Array(bundles.prefix(count)), runningByApp, invalid, next)
         }
+        let identifiers = page.map(\.identifier)
+        let pendingCounts = (try? paged ? store.pendingCounts(apps: identifiers) : store.pendingCounts()) ?? [:]
+        let states = (try? paged ? store.appStates(apps: identifiers) : store.appStates()) ?? [:]
+        var response = ControlResponse()
+        response.apps = page.map { bundle in
+            let state = states[bundle.identifier] ?? AppState(app: bundle.identifier)
+            return AppSummary(
+                identifier: bundle.identifier, path: bundle.url.path, permittedIdentifiers: bundle.permittedIdentifiers,
+                backgroundModes: bundle.backgroundModes.sorted(), extensions: bundle.extensions.map(\.identifier),
+                running: runningByApp[bundle.identifier],
+                refreshEnabled: state.refreshEnabled, penaltyLevel: state.penaltyLevel, penaltyUntil: state.penaltyUntil,
+                pending: pendingCounts[bundle.identifier] ?? 0)
+        }
+        response.invalid = invalid
+        response.next = next
+        return response
     }
 
     /// `submit` requests, pipelined ones together: one answer each, in order.

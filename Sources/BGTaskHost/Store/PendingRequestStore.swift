@@ -269,6 +269,43 @@ public final class PendingRequestStore: @unchecked Sendable {
         }
     }
 
+    /// The statement behind `pendingCounts()`: a walk of request_pending_unique alone. The
+    /// partial index holds exactly the pending rows and starts with app, so SQLite groups along
+    /// it without reading the table (nor the running rows).
+    static let pendingCountsSQL = "SELECT app, COUNT(*) FROM request WHERE running_launch IS NULL GROUP BY app"
+
+    /// The statement behind `pendingCounts(apps:)` for `count` apps: a search of
+    /// request_pending_unique per app. (Left to itself SQLite takes request_app, which walks the
+    /// running rows too and reads every row from the table.)
+    static func pendingCountsSQL(apps count: Int) -> String {
+        """
+        SELECT app, COUNT(*) FROM request INDEXED BY request_pending_unique
+        WHERE running_launch IS NULL AND app IN (\(placeholders(count))) GROUP BY app
+        """
+    }
+
+    /// Pending requests (not running) per app, of every app or of `apps`; an app with none is
+    /// absent. One indexed query (up to `inListSize` apps a statement), never a load of the
+    /// requests themselves.
+    public func pendingCounts(apps: [String]? = nil) throws(BGTaskError) -> [String: Int] {
+        try read("count the pending requests") { db in
+            var counts: [String: Int] = [:]
+            func collect(_ rows: RowCursor) throws {
+                while let row = try rows.next() {
+                    counts[try row.decode(String.self, atIndex: 0)] = try row.decode(Int.self, atIndex: 1)
+                }
+            }
+            guard let apps else {
+                try collect(Row.fetchCursor(db.cachedStatement(sql: Self.pendingCountsSQL)))
+                return counts
+            }
+            for chunk in Self.chunks(apps) {
+                try collect(Row.fetchCursor(db, sql: Self.pendingCountsSQL(apps: chunk.count), arguments: StatementArguments(chunk)))
+            }
+            return counts
+        }
+    }
+
     /// Drops every pending request of `app` (its bundle was removed). Returns how many.
     @discardableResult
     public func removeApp(_ app: String) throws(BGTaskError) -> Int {
@@ -316,12 +353,15 @@ public final class PendingRequestStore: @unchecked Sendable {
     }
 
     /// Ends a launch: stores its record, deletes the requests it ran (those still marked with
-    /// its id; resubmissions made during the launch are new pending rows and stay).
-    public func finishLaunch(_ record: RunRecord) throws(BGTaskError) {
+    /// its id; resubmissions made during the launch are new pending rows and stay). With
+    /// `keepHistory`, prunes the app's history to its newest `keepHistory` ended launches in the
+    /// same transaction (`pruneHistory`).
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) {
         let path = databaseURL.path
         try write("finish launch \(record.launchID) of \(record.app)") { db in
             try Self.end(db, record, file: path)
             try db.execute(sql: "DELETE FROM request WHERE running_launch = ?", arguments: [record.launchID])
+            if let keepHistory { _ = try Self.pruneHistory(db, app: record.app, keep: keepHistory) }
         }
     }
 
@@ -345,7 +385,8 @@ public final class PendingRequestStore: @unchecked Sendable {
     }
 
     /// Ends an interrupted launch with its `host-lost` record and makes its requests pending again.
-    public func recoverInterruptedLaunch(_ record: RunRecord) throws(BGTaskError) {
+    /// With `keepHistory`, prunes the app's history as `finishLaunch` does.
+    public func recoverInterruptedLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) {
         let path = databaseURL.path
         try write("recover interrupted launch \(record.launchID) of \(record.app)") { db in
             try Self.end(db, record, file: path)
@@ -363,6 +404,7 @@ public final class PendingRequestStore: @unchecked Sendable {
                 try db.execute(sql: "DELETE FROM request WHERE seq = ?", arguments: [pendingSeq > seq ? seq : pendingSeq])
             }
             try db.execute(sql: "UPDATE request SET running_launch = NULL WHERE running_launch = ?", arguments: [record.launchID])
+            if let keepHistory { _ = try Self.pruneHistory(db, app: record.app, keep: keepHistory) }
         }
     }
 
@@ -387,6 +429,58 @@ public final class PendingRequestStore: @unchecked Sendable {
         }
     }
 
+    /// `pruneHistory`, step 1: the launch of `app` that comes after the `?` newest (newest
+    /// first, running ones included). A walk of launch_app_started alone (covering: app,
+    /// started_at and id are its columns), never the table.
+    static let historyBoundarySQL = "SELECT started_at, id FROM launch WHERE app = ? ORDER BY started_at DESC, id DESC LIMIT 1 OFFSET ?"
+
+    /// `pruneHistory`, step 2: running launches of `app` newer than a launch. A search of
+    /// launch_state for the few running rows; left to itself SQLite would read every newer launch
+    /// of the app through launch_app_started.
+    static let runningNewerSQL = """
+        SELECT COUNT(*) FROM launch INDEXED BY launch_state
+        WHERE state = 'running' AND app = ? AND (started_at, id) > (?, ?)
+        """
+
+    /// `pruneHistory`, step 3: the ended launches of `app` at or before a launch. A range of
+    /// launch_app_started from the app's oldest launch: it reads only the rows it deletes (and
+    /// running ones among them).
+    static let pruneHistorySQL = "DELETE FROM launch WHERE app = ? AND (started_at, id) <= (?, ?) AND state = 'ended'"
+
+    /// Deletes the ended launches of `app` (with their run records) older than its newest `keep`
+    /// ended ones. Running launches are never deleted and do not count towards `keep`; other
+    /// apps are untouched. Returns how many were deleted.
+    ///
+    /// Indexed: finding the boundary walks at most `keep` + (running launches) entries of
+    /// launch_app_started without reading the table, and the delete reads only the rows it
+    /// deletes: never a scan of the launch table.
+    @discardableResult
+    public func pruneHistory(app: String, keep: Int) throws(BGTaskError) -> Int {
+        try write("prune the launch history of \(app)") { db in try Self.pruneHistory(db, app: app, keep: keep) }
+    }
+
+    static func pruneHistory(_ db: Database, app: String, keep: Int) throws -> Int {
+        let keep = max(0, keep)
+        // The boundary is the newest launch that has `keep` ended launches before it (newest
+        // first): it and every ended launch older than it go. Running launches among the newer
+        // ones push it further back, and a boundary further back can only have more running
+        // launches before it, so this settles within (running launches of the app) + 1 rounds.
+        var skip = keep
+        while true {
+            guard let boundary = try Row.fetchOne(db.cachedStatement(sql: historyBoundarySQL), arguments: [app, skip]) else {
+                return 0 // `keep` ended launches or fewer
+            }
+            let startedAt = try boundary.decode(Double.self, atIndex: 0)
+            let id = try boundary.decode(String.self, atIndex: 1)
+            let runningNewer = try Int.fetchOne(db.cachedStatement(sql: runningNewerSQL), arguments: [app, startedAt, id]) ?? 0
+            if keep + runningNewer == skip {
+                try db.cachedStatement(sql: pruneHistorySQL).execute(arguments: [app, startedAt, id])
+                return db.changesCount
+            }
+            skip = keep + runningNewer
+        }
+    }
+
     // MARK: App state and settings
 
     /// The app's state (a default one for an app never seen).
@@ -398,6 +492,34 @@ public final class PendingRequestStore: @unchecked Sendable {
         guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM app_state WHERE app = ?"), arguments: [app]) else {
             return AppState(app: app)
         }
+        return try appState(row, app: app)
+    }
+
+    /// The stored states of every app, or of `apps`, by app, in one read; an app never saved
+    /// is absent (its state is `AppState(app:)`). All apps: one pass over app_state; given
+    /// apps: one search of its primary key per app, up to `inListSize` apps a statement.
+    public func appStates(apps: [String]? = nil) throws(BGTaskError) -> [String: AppState] {
+        try read("read the states of the apps") { db in
+            var states: [String: AppState] = [:]
+            func collect(_ rows: RowCursor) throws {
+                while let row = try rows.next() {
+                    let app = try row.decode(String.self, forColumn: "app")
+                    states[app] = try Self.appState(row, app: app)
+                }
+            }
+            guard let apps else {
+                try collect(Row.fetchCursor(db, sql: "SELECT * FROM app_state"))
+                return states
+            }
+            for chunk in Self.chunks(apps) {
+                try collect(Row.fetchCursor(db, sql: "SELECT * FROM app_state WHERE app IN (\(Self.placeholders(chunk.count)))",
+                                            arguments: StatementArguments(chunk)))
+            }
+            return states
+        }
+    }
+
+    static func appState(_ row: Row, app: String) throws -> AppState {
         var state = AppState(app: app)
         state.refreshEnabled = try row.decode(Bool.self, forColumn: "refresh_enabled")
         state.penaltyLevel = try row.decode(Int.self, forColumn: "penalty_level")
@@ -475,6 +597,18 @@ extension PendingRequestStore {
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
+    }
+
+    /// Apps per `IN (...)` list: far below SQLite's limit on bound parameters.
+    static let inListSize = 500
+
+    static func chunks(_ apps: [String]) -> [ArraySlice<String>] {
+        stride(from: 0, to: apps.count, by: inListSize).map { apps[$0..<min($0 + inListSize, apps.count)] }
+    }
+
+    /// `?, ?, ?` for `count` parameters.
+    static func placeholders(_ count: Int) -> String {
+        Array(repeating: "?", count: count).joined(separator: ", ")
     }
 
     static let requestColumns = """
