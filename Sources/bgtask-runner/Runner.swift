@@ -7,9 +7,10 @@ import _BGTaskSystemShims
 /// The child side of one launch: serves the plugin ABI to the bundle it loads and reports every
 /// step to the parent over the launch channel (fd 3).
 ///
-/// Threads: the main thread loads the plugin and calls its launch function; launch handlers run
-/// on `handlerQueue`; expiration is delivered on `expirationQueue`; `ParentReader` receives on
-/// its own thread. All state is behind `lock`.
+/// Threads: the main thread loads the plugin, calls its launch function, then runs the launch
+/// handlers one at a time (`serveHandlers`); expiration is delivered on `expirationQueue`; the
+/// launch is ended on `finishQueue` once every task has ended (a handler may still be blocked);
+/// the parent reader receives on its own thread. All state is behind `lock`.
 final class Runner: @unchecked Sendable {
     enum Handler {
         case abi(bgtask_launch_handler, UnsafeMutableRawPointer?)
@@ -26,7 +27,9 @@ final class Runner: @unchecked Sendable {
 
     let assignment: LaunchAssignment
     let channel: LaunchChannel
-    let handlerQueue = DispatchQueue(label: "bgtask.runner.handlers")
+    /// Launch handlers waiting for the handler thread (see `serveHandlers`).
+    private var handlerWork: [() -> Void] = []
+    private let handlerWorkAvailable = DispatchSemaphore(value: 0)
     let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
     let allTasksEnded = DispatchSemaphore(value: 0)
 
@@ -42,6 +45,9 @@ final class Runner: @unchecked Sendable {
     private var deferredTasks: [TaskAssignment] = []
     /// The whole launch was expired: tasks that start from now on are expired at once.
     private var expiredAll = false
+    /// Tasks the parent expired before they began (the host may expire a task as soon as the
+    /// launch exists): each is expired as soon as it begins.
+    private var expiredBeforeBegin = Set<UInt64>()
     private var nextSeq: UInt64 = 1
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
@@ -174,10 +180,10 @@ final class Runner: @unchecked Sendable {
             report(.taskNotRegistered(task: task.task))
             return
         }
-        let lateForExpiry = lock.withLock { expiredAll }
+        let lateForExpiry = lock.withLock { expiredAll || expiredBeforeBegin.remove(task.task) != nil }
         // Owned by the runner until the process ends; only read from here on.
         nonisolated(unsafe) let info = pointer
-        handlerQueue.async { [self] in
+        runOnHandlerThread { [self] in
             report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
             switch handler {
             case let .abi(function, context): function(context, info)
@@ -185,6 +191,23 @@ final class Runner: @unchecked Sendable {
             }
             // The launch's time ran out before this task could start: it expires at once.
             if lateForExpiry { expirationQueue.async { self.expire(only: info.pointee.task) } }
+        }
+    }
+
+    /// Queues a launch handler for the handler thread.
+    private func runOnHandlerThread(_ work: @escaping () -> Void) {
+        lock.withLock { handlerWork.append(work) }
+        handlerWorkAvailable.signal()
+    }
+
+    /// The handler thread (the main thread, once the launch entry returned): runs launch
+    /// handlers one at a time, in order, as a serial queue would, without a hand-off to another
+    /// thread for the first. It never returns: the launch ends from `finishQueue`.
+    func serveHandlers() -> Never {
+        while true {
+            handlerWorkAvailable.wait()
+            let work = lock.withLock { handlerWork.removeFirst() }
+            work()
         }
     }
 
@@ -220,7 +243,13 @@ final class Runner: @unchecked Sendable {
     /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with
     /// no expiration handler is completed unsuccessfully, as on iOS.
     func expire(only: UInt64?) {
-        if only == nil { lock.withLock { expiredAll = true } }
+        lock.withLock {
+            if let only {
+                if tasks[only] == nil { expiredBeforeBegin.insert(only) }
+            } else {
+                expiredAll = true
+            }
+        }
         let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
             var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
             for (id, task) in tasks.sorted(by: { $0.key < $1.key })

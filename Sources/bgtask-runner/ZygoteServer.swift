@@ -3,23 +3,50 @@ import Foundation
 import Glibc
 import _BGTaskSystemShims
 
-/// `bgtask-runner --zygote`: a launcher the host starts once and asks to fork one child per
-/// launch, so a launch costs a fork instead of an exec and a Swift runtime start-up.
+/// `bgtask-runner --zygote`: a launcher the host starts once and asks for one child per launch,
+/// so a launch costs a hand-off instead of an exec and a Swift runtime start-up.
 ///
-/// Protocol on fd 3 (SOCK_SEQPACKET): the zygote first sends `ready N` (N: its thread count;
-/// the host uses it only if N is 1). Each request is one packet of environment overrides
-/// (`KEY=VALUE` separated by NULs) carrying three descriptors (SCM_RIGHTS): the launch
-/// channel, stdin, and the log for stdout and stderr. The zygote answers `pid P` or
-/// `error TEXT`. End of stream: the host is gone, and so is the zygote.
+/// Protocol on fd 3 (SOCK_SEQPACKET): the zygote first sends `ready N spare S` (N: its thread
+/// count, which the host requires to be 1; S: the pid of its first spare, or 0). Each request is
+/// one packet of environment overrides (`KEY=VALUE` separated by NULs) carrying three
+/// descriptors (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The
+/// zygote answers `pid P spare S` (P: the launch's process; S: the next spare, or 0) or
+/// `error TEXT`. End of stream: the host is gone, and so are the zygote and its spare.
+///
+/// A spare is a child forked *before* it is needed (like Android's unspecialized app process
+/// pool): it has already reset its signals and made its process group, and waits on a socket of
+/// its own. A request hands it the launch's descriptors and environment, and the zygote forks the
+/// next spare after answering, so the fork is off the launch's critical path. Without a spare
+/// (it could not be forked, or it died), the zygote forks the launch directly.
 ///
 /// The zygote must stay single-threaded: nothing here may start a thread (no Dispatch queues,
-/// no Foundation run loops). The child it forks (with CLONE_PARENT, so the host is the child's
-/// parent) returns from `serve()` and becomes an ordinary runner.
+/// no Foundation run loops). Children are forked with CLONE_PARENT, so the host is their parent
+/// (it waits for them, and gets their rusage and a pidfd); a child returns from `serve()` and
+/// becomes an ordinary runner.
 enum ZygoteServer {
+    static let control: Int32 = 3
+
+    /// A request: the environment overrides and the three descriptors.
+    private struct Request {
+        var payload: [UInt8]
+        var fds: [Int32]
+    }
+
+    /// Whether spares are made at idle priority: only if this process can leave SCHED_IDLE
+    /// again (an unprivileged process can, within its RLIMIT_NICE).
+    nonisolated(unsafe) static var idleSpares = false
+
     static func serve() {
-        let control: Int32 = 3
         warmUp()
-        reply(control, "ready \(bgtask_thread_count())")
+        idleSpares = bgtask_sched_idle(1) == 0 && bgtask_sched_idle(0) == 0
+        let threads = bgtask_thread_count()
+        var spare: Spare?
+        switch forkSpare() {
+        case .becameLaunch: return
+        case let .forked(forked): spare = forked
+        case .failed: spare = nil
+        }
+        reply(control, "ready \(threads) spare \(spare?.pid ?? 0)")
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while true {
             var fds: [Int32] = [-1, -1, -1]
@@ -28,34 +55,156 @@ enum ZygoteServer {
                 bgtask_recv_fds(control, &fds, &count, raw.baseAddress, raw.count)
             }
             if received <= 0 { _exit(0) }
-            let received3 = Int(count) == 3
-            guard received3 else {
+            guard Int(count) == 3 else {
                 for fd in fds.prefix(Int(count)) { close(fd) }
                 reply(control, "error expected 3 descriptors, got \(count)")
                 continue
             }
-            let environment = buffer[0..<received].split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-            let pid = bgtask_clone_parent()
-            if pid == 0 {
-                becomeLaunch(channel: fds[0], stdin: fds[1], log: fds[2], environment: environment)
-                return
+            let request = Request(payload: Array(buffer[0..<received]), fds: fds)
+            var launched: pid_t = 0
+            if let current = spare {
+                spare = nil
+                let sent = request.payload.withUnsafeBytes { raw in
+                    request.fds.withUnsafeBufferPointer { bgtask_send_fds(current.socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
+                }
+                close(current.socket)
+                // A spare that died cannot take it (the host reaps it: it is the host's child).
+                if sent == 0 { launched = current.pid }
             }
-            for fd in fds { close(fd) }
-            reply(control, pid > 0 ? "pid \(pid)" : "error clone: \(String(cString: strerror(errno)))")
+            if launched == 0 {
+                launched = bgtask_clone_parent()
+                if launched == 0 {
+                    prepare()
+                    becomeLaunch(request)
+                    return
+                }
+            }
+            for fd in request.fds { close(fd) }
+            guard launched > 0 else {
+                reply(control, "error clone: \(String(cString: strerror(errno)))")
+                continue
+            }
+            // Answer first, then fork the next spare: the fork overlaps the launch.
+            var nextSpare: pid_t = 0
+            switch forkSpare() {
+            case .becameLaunch: return
+            case let .forked(forked):
+                spare = forked
+                nextSpare = forked.pid
+            case .failed: break
+            }
+            reply(control, "pid \(launched) spare \(nextSpare)")
         }
     }
 
-    /// In the child: descriptors 0-3 as a spawned runner has them, nothing else; its own process
-    /// group; default signals; the launch's environment.
-    private static func becomeLaunch(channel: Int32, stdin: Int32, log: Int32, environment: [String]) {
+    private struct Spare {
+        var pid: pid_t
+        /// The zygote's end of the socket the spare waits on.
+        var socket: Int32
+    }
+
+    private enum Forked {
+        case forked(Spare)
+        case failed
+        /// In the spare, once a request arrived: return to main and run the launch.
+        case becameLaunch
+    }
+
+    /// Forks a spare that prepares itself and waits for a request on its own socket.
+    private static func forkSpare() -> Forked {
+        var pair: [Int32] = [-1, -1]
+        let kind = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, kind, 0, &pair) == 0 else { return .failed }
+        // The fork and the spare's rehearsal run at idle priority: on a busy machine they take
+        // only CPU time that nothing else wants, never the running launches' or the host's.
+        if idleSpares { _ = bgtask_sched_idle(1) }
+        let pid = bgtask_clone_parent()
+        if idleSpares && pid != 0 { _ = bgtask_sched_idle(0) }
+        if pid < 0 {
+            close(pair[0])
+            close(pair[1])
+            return .failed
+        }
+        if pid > 0 {
+            close(pair[1])
+            return .forked(Spare(pid: pid, socket: pair[0]))
+        }
+        // The spare. Not the zygote's control socket (/dev/null in its place): only the zygote
+        // talks to the host, and the host must see end of stream when the zygote dies.
+        close(pair[0])
+        dup2(STDIN_FILENO, control)
+        prepare()
+        rehearse()
+        // Ready: back to normal priority before waiting, so the launch runs as any other.
+        if idleSpares && bgtask_sched_idle(0) != 0 { _exit(0) }
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var fds: [Int32] = [-1, -1, -1]
+        var count: Int32 = 3
+        var received: Int
+        repeat {
+            received = buffer.withUnsafeMutableBytes { raw in bgtask_recv_fds(pair[1], &fds, &count, raw.baseAddress, raw.count) }
+        } while received < 0 && errno == EINTR
+        // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
+        guard received > 0, count == 3 else { _exit(0) }
+        close(pair[1])
+        becomeLaunch(Request(payload: Array(buffer[0..<received]), fds: fds))
+        return .becameLaunch
+    }
+
+    /// A dry run, in a spare, of what a launch does before its handler runs: the JSON coders
+    /// on every message of that path, a URL, a thread, a Dispatch queue. A fresh fork pays for
+    /// each page it first writes (copy-on-write) and for each first use of runtime metadata;
+    /// paid here, while the spare waits, they are off the launch's critical path. Dispatch's
+    /// worker thread stays alive in the spare for the launch's handler queue.
+    private static func rehearse() {
+        guard let pair = try? LaunchChannel.makePair() else { return }
+        defer {
+            pair.parent.close()
+            pair.child.close()
+        }
+        let assignment = LaunchAssignment(
+            launchID: "rehearsal", role: .background, bundleIdentifier: "a.b", bundlePath: "/a/B.app",
+            executablePath: "/a/B.app/libB.so", dataDirectory: "/a/data", permittedIdentifiers: ["a.b.c", "a.b.*"],
+            tasks: [TaskAssignment(task: 1, identifier: "a.b.c", kind: .refresh)], mappedHandlers: [],
+            supportedResources: 0, memoryBackstopBytes: 1 << 30)
+        try? pair.parent.send(ParentMessage.start(assignment))
+        try? pair.child.send(ChildMessage.hello(pid: getpid()))
+        _ = try? pair.child.receive(ParentMessage.self)
+        _ = try? pair.parent.receive(ChildMessage.self)
+        _ = URL(fileURLWithPath: assignment.executablePath).lastPathComponent
+        let messages: [ChildMessage] = [
+            .loading(path: assignment.executablePath, at: bgtask_monotonic_ns()),
+            .registered(identifier: "a.b.c", at: bgtask_monotonic_ns()), .launched(at: bgtask_monotonic_ns()),
+            .taskBegan(task: 1, at: bgtask_monotonic_ns()), .taskCompleted(task: 1, success: true, at: bgtask_monotonic_ns()),
+            .finished(at: bgtask_monotonic_ns()),
+        ]
+        for message in messages {
+            try? pair.child.send(message)
+            _ = try? pair.parent.receive(ChildMessage.self)
+        }
+        let done = DispatchSemaphore(value: 0)
+        let thread = Thread { done.signal() }
+        thread.start()
+        done.wait()
+        DispatchQueue(label: "bgtask.rehearsal").async { done.signal() }
+        done.wait()
+    }
+
+    /// What every launch needs and no launch decides: its own process group, default signals.
+    private static func prepare() {
         setpgid(0, 0)
         bgtask_reset_signals()
+    }
+
+    /// Descriptors 0-3 as a spawned runner has them, nothing else; the launch's environment.
+    private static func becomeLaunch(_ request: Request) {
+        let (channel, stdin, log) = (request.fds[0], request.fds[1], request.fds[2])
         dup2(stdin, 0)
         dup2(log, 1)
         dup2(log, 2)
-        dup2(channel, 3) // replaces this process's copy of the zygote's socket
+        dup2(channel, 3)
         bgtask_close_from(4)
-        for entry in environment {
+        for entry in request.payload.split(separator: 0).map({ String(decoding: $0, as: UTF8.self) }) {
             guard let equals = entry.firstIndex(of: "=") else { continue }
             setenv(String(entry[..<equals]), String(entry[entry.index(after: equals)...]), 1)
         }

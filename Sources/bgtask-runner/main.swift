@@ -150,15 +150,20 @@ guard status == 0 else {
     launchFailed("the launch entry of \(library) returned \(status)\(text.isEmpty ? "" : ": \(text)")")
 }
 
+// The launch ends when every task has ended, even if a handler is still blocked in app code
+// on the handler thread.
+DispatchQueue(label: "bgtask.runner.finish").async {
+    runner.allTasksEnded.wait()
+    // Nothing the app started outlives its launch. The runner is their subreaper, so even those
+    // that called setsid are still in its tree.
+    killDescendants()
+    runner.report(.finished(at: bgtask_monotonic_ns()))
+    fflush(stdout)
+    fflush(stderr)
+    // Not exit(): handler threads may still be running app code, and tearing down globals under
+    // them could crash a launch that has, in fact, ended well. iOS does not run exit handlers of
+    // a background app either.
+    _exit(0)
+}
 runner.startTasks()
-runner.allTasksEnded.wait()
-// Nothing the app started outlives its launch. The runner is their subreaper, so even those
-// that called setsid are still in its tree.
-killDescendants()
-runner.report(.finished(at: bgtask_monotonic_ns()))
-fflush(stdout)
-fflush(stderr)
-// Not exit(): handler threads may still be running app code, and tearing down globals under
-// them could crash a launch that has, in fact, ended well. iOS does not run exit handlers of a
-// background app either.
-_exit(0)
+runner.serveHandlers()

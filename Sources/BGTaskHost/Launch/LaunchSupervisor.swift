@@ -85,6 +85,15 @@ public struct LaunchSupervisor: Sendable {
         _ = bgtask_set_child_subreaper()
         let startNs = bgtask_monotonic_ns()
         let startedAt = Date()
+        // The launch, written into the channel before the child exists when no cgroup has to
+        // take the child first: the runner finds it waiting instead of asking for it.
+        let usesCgroup = cgroupRoot != nil && plan.limits.memoryLimitBytes > 0
+        var startSent = false
+        var startError: String?
+        if !usesCgroup {
+            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: nil))) } catch { startError = "\(error)" }
+            startSent = true
+        }
         Self.spawnLock.lock()
         var pid: pid_t = 0
         var spawnError: Int32 = 0
@@ -139,17 +148,12 @@ public struct LaunchSupervisor: Sendable {
         var state = LaunchState(plan: plan, startNs: startNs)
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
-        let assignment = LaunchAssignment(
-            launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
-            bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
-            dataDirectory: plan.dataDirectory.path, permittedIdentifiers: plan.bundle.permittedIdentifiers,
-            tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON,
-            supportedResources: plan.supportedResources,
-            memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
-                ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
-        do { try channels.parent.send(ParentMessage.start(assignment)) } catch {
+        if !startSent {
+            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup))) } catch { startError = "\(error)" }
+        }
+        if let startError {
             // Without its launch the runner would wait for it until the budget ends.
-            state.end(.launchFailed, error: "could not send the launch to the runner: \(error)")
+            state.end(.launchFailed, error: "could not send the launch to the runner: \(startError)")
             state.killed = .launchFailed
             Self.terminate(pid, cgroup: cgroup, state: &state)
         }
@@ -184,6 +188,19 @@ public struct LaunchSupervisor: Sendable {
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
+    }
+
+    /// What the runner is told about its launch. Without a cgroup, an `RLIMIT_DATA` backstop
+    /// well above the limit catches a runaway between two samples.
+    private func assignment(_ plan: LaunchPlan, cgroup: CgroupV2.LaunchGroup?) -> LaunchAssignment {
+        LaunchAssignment(
+            launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
+            bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
+            dataDirectory: plan.dataDirectory.path, permittedIdentifiers: plan.bundle.permittedIdentifiers,
+            tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON,
+            supportedResources: plan.supportedResources,
+            memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
+                ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
     }
 
     // MARK: The loop

@@ -3,8 +3,8 @@ import Glibc
 import Logging
 import _BGTaskSystemShims
 
-/// The fast launch path: a pre-warmed, single-threaded `bgtask-runner --zygote` that forks one
-/// child per launch (with CLONE_PARENT, so the child is this process's own: waitable, with
+/// The fast launch path: a pre-warmed, single-threaded `bgtask-runner --zygote` that hands each
+/// launch a child it forked in advance (a spare; see ZygoteServer) or forks one (with CLONE_PARENT, so the child is this process's own: waitable, with
 /// rusage and a pidfd, exactly like a spawned runner). A launch then costs a fork and a
 /// descriptor handoff instead of an exec, dynamic linking and a Swift runtime start-up.
 ///
@@ -39,7 +39,13 @@ public final class Zygote: @unchecked Sendable {
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
                 if sent == 0, let answer = readReply() {
-                    if answer.hasPrefix("pid "), let child = pid_t(answer.dropFirst(4)) { return child }
+                    let words = answer.split(separator: " ")
+                    if words.count == 4, words[0] == "pid", words[2] == "spare", let child = pid_t(words[1]), let next = pid_t(words[3]) {
+                        spares.remove(child)
+                        reapSpares(waiting: false)
+                        if next > 0 { spares.insert(next) }
+                        return child
+                    }
                     throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(answer)")
                 }
                 logger.warning("the zygote is gone; restarting it", metadata: ["attempt": "\(attempt + 1)"])
@@ -76,10 +82,12 @@ public final class Zygote: @unchecked Sendable {
         }
         socket = fds[0]
         pid = child
-        guard let ready = readReply(), ready.hasPrefix("ready "), let threads = Int(ready.dropFirst(6)) else {
+        let ready = readReply()?.split(separator: " ") ?? []
+        guard ready.count == 4, ready[0] == "ready", ready[2] == "spare", let threads = Int(ready[1]), let spare = pid_t(ready[3]) else {
             stopLocked()
             throw BGTaskError(.launch, file: runnerPath, "the zygote did not report ready")
         }
+        if spare > 0 { spares.insert(spare) }
         guard threads == 1 else {
             stopLocked()
             throw BGTaskError(.launch, file: runnerPath, "the zygote has \(threads) threads; forking it would not be safe")
@@ -103,6 +111,25 @@ public final class Zygote: @unchecked Sendable {
             var status: Int32 = 0
             _ = bgtask_wait4(pid, &status, 0, nil)
             pid = 0
+        }
+        // With the zygote gone, its spares see end of stream and exit: they are this
+        // process's children (CLONE_PARENT), so they are reaped here.
+        reapSpares(waiting: true)
+    }
+
+    /// Spares the zygote forked (this process's children) that have not become launches.
+    private var spares = Set<pid_t>()
+
+    /// The zygote's pid (0 when not running) and its spares' (for tests).
+    var processID: pid_t { lock.withLock { pid } }
+    var spareIDs: Set<pid_t> { lock.withLock { spares } }
+
+    /// Reaps spares that have exited (a spare that died before its launch, or every spare once
+    /// the zygote is gone and `waiting`).
+    private func reapSpares(waiting: Bool) {
+        for spare in spares {
+            var status: Int32 = 0
+            if bgtask_wait4(spare, &status, waiting ? 0 : WNOHANG, nil) != 0 { spares.remove(spare) }
         }
     }
 }

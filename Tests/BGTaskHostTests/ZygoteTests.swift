@@ -1,0 +1,117 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import Logging
+import Testing
+import _BGTaskSystemShims
+
+/// The zygote launcher in-process, as the host uses it: launches are handed to a spare the
+/// zygote forked in advance, and every process it makes is this process's child.
+/// Serialized, and the only suite that starts a zygote in this process: it counts the zygote's
+/// processes among this process's children.
+@Suite(.serialized) struct ZygoteTests {
+    /// This process's children that are the zygote or one of its spares (a spare is a fork of
+    /// the zygote that has not become a launch, so it has the zygote's command line).
+    func zygoteProcesses() -> Set<pid_t> {
+        Set(ProcessTree.children(of: getpid()).filter { pid in
+            let cmdline = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
+            return String(decoding: cmdline, as: UTF8.self).contains("--zygote")
+        })
+    }
+
+    func plan(_ bundle: PluginBundle, _ identifier: String, scratch: Scratch) -> LaunchPlan {
+        let id = LaunchPlan.newLaunchID()
+        return LaunchPlan(
+            bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: identifier, kind: .refresh)],
+            reason: "simulated", limits: .defaults(for: [.refresh]), launchID: id,
+            dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+            logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+    }
+
+    func supervisor() -> LaunchSupervisor {
+        var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        supervisor.zygote = Zygote(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        return supervisor
+    }
+
+    /// Waits (bounded) until `condition` holds.
+    func eventually(_ condition: () -> Bool) -> Bool {
+        for _ in 0..<250 {
+            if condition() { return true }
+            usleep(20_000)
+        }
+        return condition()
+    }
+
+    @Test func eachLaunchTakesTheSpareForkedBeforeItAndNothingOutlivesTheZygote() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let supervisor = supervisor()
+        let zygote = try #require(supervisor.zygote)
+        defer { zygote.stop() }
+
+        var pids: [pid_t] = []
+        for _ in 0..<3 {
+            // Before each launch but the first (which starts the zygote): the zygote and one
+            // spare waiting for it.
+            if !pids.isEmpty { #expect(eventually { zygoteProcesses().count == 2 }, "zygote and spare: \(zygoteProcesses())") }
+            let before = zygoteProcesses()
+            let record = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
+            #expect(record.termination == .exited)
+            #expect(record.launcher == "zygote")
+            #expect(record.task("com.example.misbehaving.fds")?.outcome == .succeeded)
+            if !pids.isEmpty {
+                // Launches after the first went to the spare that was waiting.
+                #expect(before.contains(record.pid), "launch \(record.pid) was not the waiting spare (\(before))")
+            }
+            pids.append(record.pid)
+            // A spare becomes an ordinary launch: descriptors 0-3 only, its own log.
+            let log = try String(contentsOfFile: record.log, encoding: .utf8)
+            #expect(log.contains("fd 3 -> socket:"), "the channel is fd 3: \(log)")
+            #expect(log.contains("fd 1 -> \(record.log)"), "stdout goes to the launch log: \(log)")
+        }
+        #expect(Set(pids).count == 3, "every launch is a fresh process: \(pids)")
+
+        zygote.stop()
+        // The zygote and its spare are gone and reaped (no zombie left among the children).
+        #expect(zygoteProcesses().isEmpty, "left after stop: \(zygoteProcesses())")
+    }
+
+    @Test func aDeadSpareOrADeadZygoteDoesNotFailALaunch() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let supervisor = supervisor()
+        let zygote = try #require(supervisor.zygote)
+        defer { zygote.stop() }
+
+        let first = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(first.termination == .exited)
+        #expect(eventually { zygoteProcesses().count == 2 })
+        // Kill the spare: the zygote forks the next launch itself.
+        let spare = try #require(zygote.spareIDs.first, "a spare is waiting")
+        kill(spare, SIGKILL)
+        // Dead (a zombie until reaped), not merely signalled: a launch handed to a spare in the
+        // instant it dies fails like any runner dying at its start.
+        #expect(eventually { (try? String(contentsOfFile: "/proc/\(spare)/stat", encoding: .utf8))?.contains(") Z ") == true })
+        let afterSpare = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(afterSpare.termination == .exited)
+        #expect(afterSpare.launcher == "zygote")
+        #expect(afterSpare.task("com.example.misbehaving.fds")?.outcome == .succeeded)
+        #expect(afterSpare.pid != spare)
+
+        // Kill the zygote: the next launch starts a new one.
+        #expect(eventually { zygoteProcesses().count == 2 })
+        let oldZygote = zygote.processID
+        #expect(oldZygote > 0 && zygoteProcesses().contains(oldZygote))
+        kill(oldZygote, SIGKILL)
+        let afterZygote = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(afterZygote.termination == .exited)
+        #expect(afterZygote.launcher == "zygote")
+        #expect(afterZygote.task("com.example.misbehaving.fds")?.outcome == .succeeded)
+
+        zygote.stop()
+        #expect(zygoteProcesses().isEmpty, "left after stop (the killed spare and zygote included): \(zygoteProcesses())")
+    }
+}
