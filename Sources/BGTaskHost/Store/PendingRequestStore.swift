@@ -151,14 +151,24 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// requests): the outcome of each, as `submit` would give it.
     public func submitAll(_ submissions: [Submission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
         submissionGroups.perform(submissions.map { submission in
-            PendingSubmission(operation: "submit \(submission.request.identifier) for \(submission.app)") { db in
+            PendingSubmission(app: submission.app, operation: "submit \(submission.request.identifier) for \(submission.app)") { db, cache in
                 let (app, request) = (submission.app, submission.request)
-                if let admit = submission.admit, let rejection = admit(try Self.appState(db, app)) { return rejection }
-                let current = try Self.fetchRequests(db, where: "app = ?", [app])
+                if let admit = submission.admit {
+                    let state = try cache.states[app] ?? Self.appState(db, app)
+                    cache.states[app] = state
+                    if let rejection = admit(state) { return rejection }
+                }
+                var current = try cache.requests[app] ?? Self.fetchRequests(db, where: "app = ?", [app])
+                cache.requests[app] = current
                 if let rejection = submission.check(current.map(\.request)) { return rejection }
                 try db.cachedStatement(sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL")
                     .execute(arguments: [app, request.identifier])
                 try Self.insert(db, app: app, request: request, submittedAt: submission.date)
+                // The same change to the cached list: the next submission of this app in the
+                // group sees it without reading and decoding the app's rows again.
+                current.removeAll { $0.runningLaunch == nil && $0.request.identifier == request.identifier }
+                current.append(StoredRequest(app: app, request: request, submittedAt: submission.date))
+                cache.requests[app] = current
                 return nil
             }
         }, commit: commitSubmissions)
@@ -174,6 +184,7 @@ public final class PendingRequestStore: @unchecked Sendable {
         outcomes.reserveCapacity(group.count)
         do {
             try pool.write { db in
+                var cache = SubmissionCache()
                 for submission in group {
                     do {
                         // A savepoint each (cached statements: GRDB's `inSavepoint` compiles
@@ -182,8 +193,9 @@ public final class PendingRequestStore: @unchecked Sendable {
                         try db.cachedStatement(sql: "SAVEPOINT submission").execute()
                         let rejection: SubmissionRules.Rejection?
                         do {
-                            rejection = try submission.body(db)
+                            rejection = try submission.body(db, &cache)
                         } catch {
+                            cache.forget(submission.app)
                             try db.cachedStatement(sql: "ROLLBACK TO submission").execute()
                             try db.cachedStatement(sql: "RELEASE submission").execute()
                             throw error
@@ -575,8 +587,22 @@ public final class PendingRequestStore: @unchecked Sendable {
 
 /// One `submit` waiting for its group's transaction.
 struct PendingSubmission {
+    var app: String
     var operation: String
-    var body: (Database) throws -> SubmissionRules.Rejection?
+    var body: (Database, inout SubmissionCache) throws -> SubmissionRules.Rejection?
+}
+
+/// What the submissions of one group read, kept for the next submission of the same app in
+/// that group (the transaction's own view: nothing else writes during it).
+struct SubmissionCache {
+    var requests: [String: [StoredRequest]] = [:]
+    var states: [String: AppState] = [:]
+
+    /// After a failed submission (its savepoint rolled back): read the app again.
+    mutating func forget(_ app: String) {
+        requests[app] = nil
+        states[app] = nil
+    }
 }
 
 extension PendingRequestStore {
