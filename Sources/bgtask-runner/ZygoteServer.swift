@@ -15,8 +15,8 @@ import _BGTaskSystemShims
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
 /// pool): it has already reset its signals and made its process group, and waits on a socket of
-/// its own. A request hands it the launch's descriptors and environment, and the zygote forks the
-/// next spare after answering, so the fork is off the launch's critical path. Without a spare
+/// its own. A request hands it the launch's descriptors and environment, so the launch starts at
+/// once; the zygote then forks the next spare and answers with both pids. Without a spare
 /// (it could not be forked, or it died), the zygote forks the launch directly.
 ///
 /// The zygote must stay single-threaded: nothing here may start a thread (no Dispatch queues,
@@ -84,7 +84,9 @@ enum ZygoteServer {
                 reply(control, "error clone: \(String(cString: strerror(errno)))")
                 continue
             }
-            // Answer first, then fork the next spare: the fork overlaps the launch.
+            // The next spare before the answer, which reports its pid (the host reaps spares
+            // that die unused). The launch is already running in its spare meanwhile; only the
+            // supervisor waits for this fork.
             var nextSpare: pid_t = 0
             switch forkSpare() {
             case .becameLaunch: return
