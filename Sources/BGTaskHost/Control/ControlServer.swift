@@ -114,6 +114,7 @@ public final class ControlServer: @unchecked Sendable {
             return
         }
         var reader = ControlFrameReader(fd: fd)
+        let decoder = JSONDecoder.control
         while true {
             let first: Data?
             do {
@@ -144,7 +145,7 @@ public final class ControlServer: @unchecked Sendable {
             for payload in payloads {
                 let request: ControlRequest
                 do {
-                    request = try JSONDecoder.control.decode(ControlRequest.self, from: payload)
+                    request = try decoder.decode(ControlRequest.self, from: payload)
                 } catch {
                     answers.append(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"))
                     close = true
@@ -284,10 +285,11 @@ func unixAddress(_ path: String) throws(BGTaskError) -> sockaddr_un {
 }
 
 extension JSONEncoder {
+    /// The control protocol's encoder (a new one each time: an encoder is not thread-safe).
+    /// Keys are not sorted: nothing reads the frames but a decoder, and sorting costs.
     static var control: JSONEncoder {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
-        encoder.outputFormatting = [.sortedKeys]
         return encoder
     }
 }
