@@ -115,5 +115,9 @@ import Testing
         }
         let history = try host.send(ControlRequest(verb: "history", limit: 100)).records ?? []
         #expect(history.map(\.launchID) == Array(launched.suffix(2).reversed()))
+        // The pruned launches' logs went with them; the kept ones' stay.
+        let logs = Set(try FileManager.default.contentsOfDirectory(atPath: scratch.state.appendingPathComponent("logs").path))
+        #expect(logs.isSuperset(of: launched.suffix(2).map { "\($0).log" }), "\(logs)")
+        #expect(logs.isDisjoint(with: launched.prefix(2).map { "\($0).log" }), "\(logs)")
     }
 }

@@ -605,6 +605,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
             ("boundary", PendingRequestStore.historyBoundarySQL, [feed, 3]),
             ("running", PendingRequestStore.runningNewerSQL, [feed, t0.timeIntervalSince1970, "L4"]),
             ("delete", PendingRequestStore.pruneHistorySQL, [feed, t0.timeIntervalSince1970, "L4"]),
+            ("pruned", PendingRequestStore.prunedLaunchesSQL, [feed, t0.timeIntervalSince1970, "L4"]),
         ]
         var plans: [String: [String]] = [:]
         for (name, sql, values) in arguments { plans[name] = try store.plan(sql, values) }
@@ -614,6 +615,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         // still points at a deleted launch, through request_running.
         #expect(plans["delete"] == ["SEARCH launch USING INDEX launch_app_started (app=? AND (started_at,id)<(?,?))",
                                     "SEARCH request USING COVERING INDEX request_running (running_launch=?)"], "\(plans)")
+        #expect(plans["pruned"] == ["SEARCH launch USING INDEX launch_app_started (app=? AND (started_at,id)<(?,?))"], "\(plans)")
         #expect(plans.values.joined().allSatisfy { !$0.contains("SCAN") }, "\(plans)")
     }
 

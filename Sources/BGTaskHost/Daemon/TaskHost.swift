@@ -228,8 +228,8 @@ public final class TaskHost: @unchecked Sendable {
             }
             let log = configuration.stateDirectory.appendingPathComponent("logs/\(launch.launchID).log").path
             let bundlePath = configuration.pluginsDirectory.appendingPathComponent("?").path
-            try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail),
-                                               keepHistory: configuration.historyPerApp)
+            removeLogs(of: try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail),
+                                                              keepHistory: configuration.historyPerApp))
             logger.warning("recovered a launch interrupted by a host crash", metadata: ["launch.id": "\(launch.launchID)", "bundle.id": "\(launch.app)"])
         }
     }
@@ -437,11 +437,17 @@ public final class TaskHost: @unchecked Sendable {
         return launchID
     }
 
+    /// The logs of launches pruned from the history go with them (`logs/LAUNCH_ID.log`).
+    private func removeLogs(of launchIDs: [String]) {
+        let logs = configuration.stateDirectory.appendingPathComponent("logs")
+        for id in launchIDs { unlink(logs.appendingPathComponent("\(id).log").path) }
+    }
+
     private func launchEnded(_ record: RunRecord) {
         if record.pid == 0 && record.termination == .launchFailed {
             // The host could not start the child (runner missing, out of descriptors): not the
             // app's fault. Its requests stay pending, and the app is retried after a pause.
-            do { try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp) } catch {
+            do { removeLogs(of: try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp)) } catch {
                 logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
             }
             retryAfter[record.app] = Date().addingTimeInterval(Self.startFailureBackoff)
@@ -454,7 +460,7 @@ public final class TaskHost: @unchecked Sendable {
             return
         }
         do {
-            try store.finishLaunch(record, keepHistory: configuration.historyPerApp)
+            removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp))
             var state = try store.appState(record.app)
             state.lastLaunchAt = clock.now
             state.lastLaunchID = record.launchID

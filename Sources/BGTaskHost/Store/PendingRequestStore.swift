@@ -368,12 +368,15 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// its id; resubmissions made during the launch are new pending rows and stay). With
     /// `keepHistory`, prunes the app's history to its newest `keepHistory` ended launches in the
     /// same transaction (`pruneHistory`).
-    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) {
+    /// Returns the ids of the launches pruned (their logs can go too).
+    @discardableResult
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
-        try write("finish launch \(record.launchID) of \(record.app)") { db in
+        return try write("finish launch \(record.launchID) of \(record.app)") { db in
             try Self.end(db, record, file: path)
             try db.execute(sql: "DELETE FROM request WHERE running_launch = ?", arguments: [record.launchID])
-            if let keepHistory { _ = try Self.pruneHistory(db, app: record.app, keep: keepHistory) }
+            guard let keepHistory else { return [] }
+            return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
         }
     }
 
@@ -398,9 +401,10 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     /// Ends an interrupted launch with its `host-lost` record and makes its requests pending again.
     /// With `keepHistory`, prunes the app's history as `finishLaunch` does.
-    public func recoverInterruptedLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) {
+    @discardableResult
+    public func recoverInterruptedLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
-        try write("recover interrupted launch \(record.launchID) of \(record.app)") { db in
+        return try write("recover interrupted launch \(record.launchID) of \(record.app)") { db in
             try Self.end(db, record, file: path)
             // A request resubmitted during the launch is a pending row with the same
             // (app, identifier): of the two, the later submission (higher seq) wins.
@@ -416,7 +420,8 @@ public final class PendingRequestStore: @unchecked Sendable {
                 try db.execute(sql: "DELETE FROM request WHERE seq = ?", arguments: [pendingSeq > seq ? seq : pendingSeq])
             }
             try db.execute(sql: "UPDATE request SET running_launch = NULL WHERE running_launch = ?", arguments: [record.launchID])
-            if let keepHistory { _ = try Self.pruneHistory(db, app: record.app, keep: keepHistory) }
+            guard let keepHistory else { return [] }
+            return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
         }
     }
 
@@ -459,6 +464,9 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// running ones among them).
     static let pruneHistorySQL = "DELETE FROM launch WHERE app = ? AND (started_at, id) <= (?, ?) AND state = 'ended'"
 
+    /// The ids `pruneHistorySQL` deletes (the same range of launch_app_started).
+    static let prunedLaunchesSQL = "SELECT id FROM launch WHERE app = ? AND (started_at, id) <= (?, ?) AND state = 'ended'"
+
     /// Deletes the ended launches of `app` (with their run records) older than its newest `keep`
     /// ended ones. Running launches are never deleted and do not count towards `keep`; other
     /// apps are untouched. Returns how many were deleted.
@@ -468,10 +476,11 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// deletes: never a scan of the launch table.
     @discardableResult
     public func pruneHistory(app: String, keep: Int) throws(BGTaskError) -> Int {
-        try write("prune the launch history of \(app)") { db in try Self.pruneHistory(db, app: app, keep: keep) }
+        try write("prune the launch history of \(app)") { db in try Self.pruneHistory(db, app: app, keep: keep).count }
     }
 
-    static func pruneHistory(_ db: Database, app: String, keep: Int) throws -> Int {
+    /// Returns the ids of the launches deleted.
+    static func pruneHistory(_ db: Database, app: String, keep: Int) throws -> [String] {
         let keep = max(0, keep)
         // The boundary is the newest launch that has `keep` ended launches before it (newest
         // first): it and every ended launch older than it go. Running launches among the newer
@@ -480,14 +489,16 @@ public final class PendingRequestStore: @unchecked Sendable {
         var skip = keep
         while true {
             guard let boundary = try Row.fetchOne(db.cachedStatement(sql: historyBoundarySQL), arguments: [app, skip]) else {
-                return 0 // `keep` ended launches or fewer
+                return [] // `keep` ended launches or fewer
             }
             let startedAt = try boundary.decode(Double.self, atIndex: 0)
             let id = try boundary.decode(String.self, atIndex: 1)
             let runningNewer = try Int.fetchOne(db.cachedStatement(sql: runningNewerSQL), arguments: [app, startedAt, id]) ?? 0
             if keep + runningNewer == skip {
+                // The same rows the delete takes (the same index search), for their logs.
+                let pruned = try String.fetchAll(db.cachedStatement(sql: prunedLaunchesSQL), arguments: [app, startedAt, id])
                 try db.cachedStatement(sql: pruneHistorySQL).execute(arguments: [app, startedAt, id])
-                return db.changesCount
+                return pruned
             }
             skip = keep + runningNewer
         }
