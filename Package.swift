@@ -53,17 +53,18 @@ let package = Package(
         .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
         .target(name: "_BGTaskSystemShims"),
         .target(name: "BGTaskWire"),
+        .target(name: "BGTaskProcesses"),
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskWire", "_BGTaskSystemShims",
+                "BGTaskWire", "BGTaskProcesses", "_BGTaskSystemShims",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
         .executableTarget(
             name: "bgtask-runner",
-            dependencies: ["BGTaskWire", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
+            dependencies: ["BGTaskWire", "BGTaskProcesses", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
             // C interop all the way down (libffi's global type descriptors, stdio): Swift 5 mode
             // keeps it readable; the runner's state is guarded by one lock regardless.
             swiftSettings: [.swiftLanguageMode(.v5)]
@@ -111,7 +112,7 @@ let package = Package(
         // MARK: Tests
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskWire", "_BGTaskSystemShims"]
+            dependencies: ["BGTaskHost", "BGTaskWire", "BGTaskProcesses", "_BGTaskSystemShims"]
         ),
     ]
 )

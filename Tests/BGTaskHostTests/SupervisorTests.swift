@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskProcesses
 import BGTaskWire
 import Foundation
 import Logging

@@ -1,3 +1,4 @@
+import BGTaskProcesses
 import BGTaskWire
 import Dispatch
 import Foundation

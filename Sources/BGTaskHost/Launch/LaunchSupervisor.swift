@@ -1,3 +1,4 @@
+import BGTaskProcesses
 import BGTaskWire
 import Foundation
 import Glibc

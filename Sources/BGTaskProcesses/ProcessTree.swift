@@ -8,10 +8,11 @@ import Glibc
 /// parent died (or that called `setsid`) is re-parented to the runner and stays in this tree;
 /// process groups and sessions cannot hide it.
 ///
-/// Linux only. Called from the supervising thread; not async-signal-safe.
-enum ProcessTree {
+/// Shared by the host (a launch's tree, orphans after a crash) and the runner (its own
+/// descendants when a launch ends). Linux only; not async-signal-safe.
+public enum ProcessTree {
     /// Every descendant of `root` (not `root` itself), parents before children.
-    static func descendants(of root: pid_t) -> [pid_t] {
+    public static func descendants(of root: pid_t) -> [pid_t] {
         var result: [pid_t] = []
         var queue = children(of: root)
         var seen = Set<pid_t>()
@@ -25,7 +26,7 @@ enum ProcessTree {
     }
 
     /// Direct children of `pid`, over all of its threads.
-    static func children(of pid: pid_t) -> [pid_t] {
+    public static func children(of pid: pid_t) -> [pid_t] {
         guard let tasks = opendir("/proc/\(pid)/task") else { return [] }
         defer { closedir(tasks) }
         var result: [pid_t] = []
@@ -39,11 +40,11 @@ enum ProcessTree {
 
     /// Resident bytes of `root` and all its descendants (pages shared after fork count once
     /// per process: an upper bound, which is the safe side for a memory limit).
-    static func residentBytes(of root: pid_t) -> UInt64 {
+    public static func residentBytes(of root: pid_t) -> UInt64 {
         ([root] + descendants(of: root)).reduce(0) { $0 + residentBytes(ofProcess: $1) }
     }
 
-    static func residentBytes(ofProcess pid: pid_t) -> UInt64 {
+    public static func residentBytes(ofProcess pid: pid_t) -> UInt64 {
         let fields = readFile("/proc/\(pid)/statm").split(separator: UInt8(ascii: " "))
         guard fields.count > 1, let pages = UInt64(String(decoding: fields[1], as: UTF8.self)) else { return 0 }
         return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
@@ -52,7 +53,7 @@ enum ProcessTree {
     /// SIGKILLs every descendant of `root`, repeating until none is left (a process being
     /// killed may have forked a moment before), then `root` itself. Does not reap.
     @discardableResult
-    static func killTree(_ root: pid_t) -> Set<pid_t> {
+    public static func killTree(_ root: pid_t) -> Set<pid_t> {
         var killed = Set<pid_t>()
         for _ in 0..<64 {
             // Zombies are dead already; only their parent (or, later, this process) can reap them.
@@ -65,7 +66,7 @@ enum ProcessTree {
         return killed
     }
 
-    static func isZombie(_ pid: pid_t) -> Bool {
+    public static func isZombie(_ pid: pid_t) -> Bool {
         let stat = readFile("/proc/\(pid)/stat")
         guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return false }
         return stat[close + 2] == UInt8(ascii: "Z")
@@ -75,7 +76,7 @@ enum ProcessTree {
     /// runner or something a plugin started. A plugin that clears its environment before
     /// forking and then kills its own runner can hide an orphan from this test; the runner
     /// kills its descendants itself on every normal exit.
-    static func isLaunchProcess(_ pid: pid_t) -> Bool {
+    public static func isLaunchProcess(_ pid: pid_t) -> Bool {
         if readFile("/proc/\(pid)/cmdline").starts(with: Array("bgtask-launch ".utf8)) { return true }
         let environment = readFile("/proc/\(pid)/environ", limit: 1 << 20)
         return environment.split(separator: 0).contains { $0.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) }
@@ -86,13 +87,19 @@ enum ProcessTree {
             .compactMap { pid_t(String(decoding: $0, as: UTF8.self)) }
     }
 
+    /// The file's first `limit` bytes, read into a buffer that grows as needed (an environment
+    /// is usually a few KiB; the limit is not allocated up front).
     private static func readFile(_ path: String, limit: Int = 4096) -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return [] }
         defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: limit)
+        var buffer = [UInt8](repeating: 0, count: min(limit, 4096))
         var total = 0
-        while total < buffer.count {
+        while true {
+            if total == buffer.count {
+                guard buffer.count < limit else { break }
+                buffer += [UInt8](repeating: 0, count: min(buffer.count, limit - buffer.count))
+            }
             let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + total, $0.count - total) }
             if n <= 0 { break }
             total += n
@@ -103,7 +110,7 @@ enum ProcessTree {
 
 extension ProcessTree {
     /// The `BGTASK_LAUNCH_ID` in `pid`'s environment, or nil (not a launch process, or gone).
-    static func launchID(of pid: pid_t) -> String? {
+    public static func launchID(of pid: pid_t) -> String? {
         // A runner (and what it forked) carries its launch in its title: "bgtask-launch ID APP".
         if let cmdline = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline"),
            cmdline.starts(with: Array("bgtask-launch ".utf8)) {
