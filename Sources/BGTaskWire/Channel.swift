@@ -65,23 +65,36 @@ public struct LaunchChannel: Sendable {
     }
 
     /// Reads one raw packet. Returns nil at end of stream (the peer closed its end).
+    ///
+    /// The packet's size is asked first (`MSG_PEEK | MSG_TRUNC`), so that a small message costs
+    /// a small buffer, not a zeroed one of the maximum size (a launch exchanges dozens).
     public func receivePacket(nonBlocking: Bool = false) throws -> [UInt8]? {
-        var buffer = [UInt8](repeating: 0, count: Self.maximumMessageBytes + 1)
-        let flags = Int32(MSG_TRUNC) | (nonBlocking ? Int32(MSG_DONTWAIT) : 0)
-        let n = buffer.withUnsafeMutableBytes { raw in
-            retryingEINTR { recv(fd, raw.baseAddress, raw.count, flags) }
-        }
-        if n < 0 {
+        let wait = nonBlocking ? Int32(MSG_DONTWAIT) : 0
+        var byte: UInt8 = 0
+        let size = retryingEINTR { recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_TRUNC) | wait) }
+        if size < 0 {
             let e = errno
             if e == EAGAIN || e == EWOULDBLOCK { throw ChannelError(.system, "would block") }
             if e == ECONNRESET { return nil }
             throw ChannelError(.system, "recv: \(String(cString: strerror(e)))")
         }
-        if n == 0 { return nil }
-        guard n <= Self.maximumMessageBytes else {
-            throw ChannelError(.oversized, "frame of \(n) bytes exceeds the limit of \(Self.maximumMessageBytes) bytes")
+        if size == 0 { return nil }
+        guard size <= Self.maximumMessageBytes else {
+            // Taken off the socket, so that the next packet can be read.
+            _ = retryingEINTR { recv(fd, &byte, 1, Int32(MSG_TRUNC)) }
+            throw ChannelError(.oversized, "frame of \(size) bytes exceeds the limit of \(Self.maximumMessageBytes) bytes")
         }
-        return Array(buffer[0..<n])
+        var failure: Int32 = 0
+        let packet = [UInt8](unsafeUninitializedCapacity: size) { buffer, count in
+            let n = retryingEINTR { recv(fd, buffer.baseAddress, size, 0) }
+            if n < 0 { failure = errno }
+            count = max(0, n)
+        }
+        if failure != 0 {
+            if failure == ECONNRESET { return nil }
+            throw ChannelError(.system, "recv: \(String(cString: strerror(failure)))")
+        }
+        return packet.isEmpty ? nil : packet
     }
 
     /// Decodes a packet, naming the frame in the error when it is not a message of type `M`.

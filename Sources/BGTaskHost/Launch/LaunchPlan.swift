@@ -83,11 +83,17 @@ public struct LaunchPlan: Sendable {
 
     /// Sortable and unique: start time, then random bits.
     public static func newLaunchID() -> String {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "UTC")
-        formatter.dateFormat = "yyyyMMdd'T'HHmmss"
+        // UTC by hand: a DateFormatter costs an ICU formatter per launch.
+        var now = time(nil)
+        var utc = tm()
+        gmtime_r(&now, &utc)
+        func digits(_ value: Int32, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        let stamp = digits(utc.tm_year + 1900, 4) + digits(utc.tm_mon + 1, 2) + digits(utc.tm_mday, 2) + "T"
+            + digits(utc.tm_hour, 2) + digits(utc.tm_min, 2) + digits(utc.tm_sec, 2)
         let random = String(UInt32.random(in: 0...UInt32.max), radix: 16)
-        return "\(formatter.string(from: Date()))-\(String(repeating: "0", count: 8 - random.count))\(random)"
+        return "\(stamp)-\(String(repeating: "0", count: 8 - random.count))\(random)"
     }
 }
