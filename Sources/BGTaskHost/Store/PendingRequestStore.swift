@@ -112,8 +112,8 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// launch). Returns the rejection, or nil once the request is durable.
     ///
     /// Concurrent submissions share a transaction (group commit, `GroupCommit`): each runs in
-    /// its own savepoint, in arrival order, so each sees the ones before it, and an error in one
-    /// fails only that one. All are acknowledged after the one commit (and sync) that makes them
+    /// arrival order, so each sees the ones before it, and writes with one statement, so an error
+    /// in one fails only that one. All are acknowledged after the one commit (and sync) that makes them
     /// durable together. `admit` and `check` run inside the write transaction, possibly on
     /// another submitter's thread while this one waits: they must be quick and must not call
     /// back into the store.
@@ -161,8 +161,8 @@ public final class PendingRequestStore: @unchecked Sendable {
                 var current = try cache.requests[app] ?? Self.fetchRequests(db, where: "app = ?", [app])
                 cache.requests[app] = current
                 if let rejection = submission.check(current.map(\.request)) { return rejection }
-                try db.cachedStatement(sql: "DELETE FROM request WHERE app = ? AND identifier = ? AND running_launch IS NULL")
-                    .execute(arguments: [app, request.identifier])
+                // One statement: replacing the pending request with the same identifier is the
+                // unique index's REPLACE (a running one is outside that partial index and stays).
                 try Self.insert(db, app: app, request: request, submittedAt: submission.date)
                 // The same change to the cached list: the next submission of this app in the
                 // group sees it without reading and decoding the app's rows again.
@@ -177,7 +177,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// Writes and commits taken so far by `submit`, and the largest group committed at once.
     public var submissionStatistics: (writes: Int, commits: Int, largestGroup: Int) { submissionGroups.statistics }
 
-    /// One group of submissions in one transaction, each in its own savepoint.
+    /// One group of submissions in one transaction.
     private func commitSubmissions(_ group: [PendingSubmission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
         let path = databaseURL.path
         var outcomes: [Result<SubmissionRules.Rejection?, BGTaskError>] = []
@@ -186,23 +186,12 @@ public final class PendingRequestStore: @unchecked Sendable {
             try pool.write { db in
                 var cache = SubmissionCache()
                 for submission in group {
+                    // Each submission writes with one statement, which SQLite applies whole or
+                    // not at all: a failing one leaves the others of the group as they are.
                     do {
-                        // A savepoint each (cached statements: GRDB's `inSavepoint` compiles
-                        // its SAVEPOINT and RELEASE every time), so a failure undoes only its own
-                        // submission's changes.
-                        try db.cachedStatement(sql: "SAVEPOINT submission").execute()
-                        let rejection: SubmissionRules.Rejection?
-                        do {
-                            rejection = try submission.body(db, &cache)
-                        } catch {
-                            cache.forget(submission.app)
-                            try db.cachedStatement(sql: "ROLLBACK TO submission").execute()
-                            try db.cachedStatement(sql: "RELEASE submission").execute()
-                            throw error
-                        }
-                        try db.cachedStatement(sql: "RELEASE submission").execute()
-                        outcomes.append(.success(rejection))
+                        outcomes.append(.success(try submission.body(db, &cache)))
                     } catch {
+                        cache.forget(submission.app)
                         outcomes.append(.failure(StoreErrors.wrap(error, file: path, operation: submission.operation)))
                     }
                 }
@@ -609,7 +598,7 @@ struct SubmissionCache {
     var requests: [String: [StoredRequest]] = [:]
     var states: [String: AppState] = [:]
 
-    /// After a failed submission (its savepoint rolled back): read the app again.
+    /// After a failed submission: read the app again.
     mutating func forget(_ app: String) {
         requests[app] = nil
         states[app] = nil
@@ -688,9 +677,11 @@ extension PendingRequestStore {
             runningLaunch: try row.decode(String?.self, atIndex: 13))
     }
 
+    /// Inserts a pending request, replacing the pending one of `app` with the same identifier
+    /// (`request_pending_unique`): the new row has a new `seq`, so it is the newest submission.
     static func insert(_ db: Database, app: String, request: WireTaskRequest, submittedAt: Date) throws {
         try db.cachedStatement(sql: """
-                INSERT INTO request (app, identifier, kind, earliest, requires_network, requires_power,
+                INSERT OR REPLACE INTO request (app, identifier, kind, earliest, requires_network, requires_power,
                     protection_type, title, subtitle, strategy_fail, required_resources, submitted_at)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """
