@@ -209,8 +209,3 @@ int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) 
     struct timespec timeout = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
     return ppoll(fds, (nfds_t)count, &timeout, NULL);
 }
-
-int bgtask_sched_idle(int idle) {
-    struct sched_param param = {0};
-    return sched_setscheduler(0, idle ? SCHED_IDLE : SCHED_OTHER, &param);
-}

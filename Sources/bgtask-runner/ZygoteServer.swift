@@ -32,13 +32,8 @@ enum ZygoteServer {
         var fds: [Int32]
     }
 
-    /// Whether spares are made at idle priority: only if this process can leave SCHED_IDLE
-    /// again (an unprivileged process can, within its RLIMIT_NICE).
-    nonisolated(unsafe) static var idleSpares = false
-
     static func serve() {
         warmUp()
-        idleSpares = bgtask_sched_idle(1) == 0 && bgtask_sched_idle(0) == 0
         let threads = bgtask_thread_count()
         var spare: Spare?
         switch forkSpare() {
@@ -117,11 +112,10 @@ enum ZygoteServer {
         var pair: [Int32] = [-1, -1]
         let kind = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         guard socketpair(AF_UNIX, kind, 0, &pair) == 0 else { return .failed }
-        // The fork and the spare's rehearsal run at idle priority: on a busy machine they take
-        // only CPU time that nothing else wants, never the running launches' or the host's.
-        if idleSpares { _ = bgtask_sched_idle(1) }
+        // Not at idle priority (SCHED_IDLE): on a busy machine an idle-priority fork or
+        // rehearsal starves, and the launch that comes for its spare (and the host waiting for
+        // the zygote's answer) would wait with it.
         let pid = bgtask_clone_parent()
-        if idleSpares && pid != 0 { _ = bgtask_sched_idle(0) }
         if pid < 0 {
             close(pair[0])
             close(pair[1])
@@ -137,8 +131,6 @@ enum ZygoteServer {
         dup2(STDIN_FILENO, control)
         prepare()
         rehearse()
-        // Ready: back to normal priority before waiting, so the launch runs as any other.
-        if idleSpares && bgtask_sched_idle(0) != 0 { _exit(0) }
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var fds: [Int32] = [-1, -1, -1]
         var count: Int32 = 3

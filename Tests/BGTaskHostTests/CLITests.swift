@@ -45,10 +45,7 @@ import Testing
         defer { scratch.remove() }
         let host = try HostProcess(scratch: scratch)
         for bundle in [TestBundle.feed, .counter, .misbehaving] { try host.install(bundle.library, info: bundle.info, as: bundle.name) }
-        let broken = host.plugins.appendingPathComponent("Broken.app")
-        try FileManager.default.createDirectory(at: broken, withIntermediateDirectories: true)
-        try "<plist><dict><key>CFBundleIdentifier</key><string>x</string></dict></plist>".write(
-            to: broken.appendingPathComponent("Info.plist"), atomically: true, encoding: .utf8)
+        let broken = try host.installBrokenBundle()
         try host.start()
         defer { host.stop() }
         let expected = ["com.example.counter", "com.example.feed", "com.example.misbehaving"]

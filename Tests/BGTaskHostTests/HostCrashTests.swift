@@ -110,7 +110,13 @@ import Testing
         let id = try #require(launchID)
         // Hold the request back after the restart, to inspect it.
         #expect(try host.cli(["device", "--refresh", "off"]).status == 0)
-        let runner = try #require(processes(withLaunchID: id).first, "the launch's runner is running")
+        // The host lists the launch as soon as it starts it; the runner names itself a moment later.
+        var runners = processes(withLaunchID: id)
+        for _ in 0..<250 where runners.isEmpty {
+            usleep(20_000)
+            runners = processes(withLaunchID: id)
+        }
+        let runner = try #require(runners.first, "the launch's runner is running")
         host.crash()
 
         // The runner notices its host is gone and ends itself and everything it started.

@@ -104,6 +104,15 @@ final class HostProcess: @unchecked Sendable {
         // An atomic move into the watched directory, as operators are told to do.
         try FileManager.default.moveItem(at: staged, to: plugins.appendingPathComponent(name))
     }
+
+    /// `Broken.app`: an Info.plist with a CFBundleIdentifier that is not a reverse-DNS name.
+    func installBrokenBundle() throws -> URL {
+        let broken = plugins.appendingPathComponent("Broken.app")
+        try FileManager.default.createDirectory(at: broken, withIntermediateDirectories: true)
+        try "<plist><dict><key>CFBundleIdentifier</key><string>x</string></dict></plist>".write(
+            to: broken.appendingPathComponent("Info.plist"), atomically: true, encoding: .utf8)
+        return broken
+    }
 }
 
 /// An example or fixture bundle a test host runs.
@@ -330,10 +339,7 @@ struct HostTestError: Error, CustomStringConvertible {
         let scratch = try Scratch()
         defer { scratch.remove() }
         let host = try HostProcess(scratch: scratch)
-        let broken = host.plugins.appendingPathComponent("Broken.app")
-        try FileManager.default.createDirectory(at: broken, withIntermediateDirectories: true)
-        try "<plist><dict><key>CFBundleIdentifier</key><string>x</string></dict></plist>".write(
-            to: broken.appendingPathComponent("Info.plist"), atomically: true, encoding: .utf8)
+        let broken = try host.installBrokenBundle()
         try host.start()
         defer { host.stop() }
 

@@ -29,10 +29,13 @@ import _BGTaskSystemShims
             logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
     }
 
-    func supervisor() -> LaunchSupervisor {
+    /// The Misbehaving bundle, and a supervisor that launches through a zygote of its own.
+    func launcher(_ scratch: Scratch) throws -> (PluginBundle, LaunchSupervisor, Zygote) {
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let zygote = Zygote(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
         var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
-        supervisor.zygote = Zygote(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
-        return supervisor
+        supervisor.zygote = zygote
+        return (bundle, supervisor, zygote)
     }
 
     /// Waits (bounded) until `condition` holds.
@@ -47,9 +50,7 @@ import _BGTaskSystemShims
     @Test func eachLaunchTakesTheSpareForkedBeforeItAndNothingOutlivesTheZygote() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
-        let supervisor = supervisor()
-        let zygote = try #require(supervisor.zygote)
+        let (bundle, supervisor, zygote) = try launcher(scratch)
         defer { zygote.stop() }
 
         var pids: [pid_t] = []
@@ -82,9 +83,7 @@ import _BGTaskSystemShims
     @Test func aDeadSpareOrADeadZygoteDoesNotFailALaunch() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
-        let supervisor = supervisor()
-        let zygote = try #require(supervisor.zygote)
+        let (bundle, supervisor, zygote) = try launcher(scratch)
         defer { zygote.stop() }
 
         let first = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())

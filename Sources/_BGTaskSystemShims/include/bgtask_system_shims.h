@@ -57,9 +57,6 @@ int bgtask_set_process_title(const char *title);
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
  * the child); only for a single-threaded caller. */
 pid_t bgtask_clone_parent(void);
-/* Moves the calling thread to SCHED_IDLE (idle != 0: it runs only when a CPU has nothing else
- * to do) or back to SCHED_OTHER. 0, or -1 and errno. */
-int bgtask_sched_idle(int idle);
 /* Threads of this process (from /proc/self/task), or -1. */
 int bgtask_thread_count(void);
 /* Every signal to its default action, none blocked. */
