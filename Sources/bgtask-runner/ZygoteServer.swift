@@ -42,20 +42,13 @@ enum ZygoteServer {
         case .failed: spare = nil
         }
         reply(control, "ready \(threads) spare \(spare?.pid ?? 0)")
-        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while true {
-            var fds: [Int32] = [-1, -1, -1]
-            var count: Int32 = 3
-            let received = buffer.withUnsafeMutableBytes { raw in
-                bgtask_recv_fds(control, &fds, &count, raw.baseAddress, raw.count)
-            }
-            if received <= 0 { _exit(0) }
-            guard Int(count) == 3 else {
-                for fd in fds.prefix(Int(count)) { close(fd) }
-                reply(control, "error expected 3 descriptors, got \(count)")
+            guard let request = receiveRequest(on: control) else { _exit(0) }
+            guard request.fds.count == 3 else {
+                for fd in request.fds { close(fd) }
+                reply(control, "error expected 3 descriptors, got \(request.fds.count)")
                 continue
             }
-            let request = Request(payload: Array(buffer[0..<received]), fds: fds)
             var launched: pid_t = 0
             if let current = spare {
                 spare = nil
@@ -131,18 +124,25 @@ enum ZygoteServer {
         dup2(STDIN_FILENO, control)
         prepare()
         rehearse()
+        // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
+        guard let request = receiveRequest(on: pair[1]), request.fds.count == 3 else { _exit(0) }
+        close(pair[1])
+        becomeLaunch(request)
+        return .becameLaunch
+    }
+
+    /// One request from `socket` (its payload and the descriptors that came with it, at most
+    /// three); nil at end of stream or on an error.
+    private static func receiveRequest(on socket: Int32) -> Request? {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var fds: [Int32] = [-1, -1, -1]
         var count: Int32 = 3
         var received: Int
         repeat {
-            received = buffer.withUnsafeMutableBytes { raw in bgtask_recv_fds(pair[1], &fds, &count, raw.baseAddress, raw.count) }
+            received = buffer.withUnsafeMutableBytes { raw in bgtask_recv_fds(socket, &fds, &count, raw.baseAddress, raw.count) }
         } while received < 0 && errno == EINTR
-        // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
-        guard received > 0, count == 3 else { _exit(0) }
-        close(pair[1])
-        becomeLaunch(Request(payload: Array(buffer[0..<received]), fds: fds))
-        return .becameLaunch
+        guard received > 0 else { return nil }
+        return Request(payload: Array(buffer[0..<received]), fds: Array(fds.prefix(Int(count))))
     }
 
     /// A dry run, in a spare, of what a launch does before its handler runs: the JSON coders

@@ -14,12 +14,18 @@ import Testing
         try FileManager.default.moveItem(at: staged, to: host.plugins.appendingPathComponent("Feed.app"))
     }
 
-    @Test func aRequestAnExtensionSubmitsIsRunByItsApp() throws {
-        let scratch = try Scratch()
-        defer { scratch.remove() }
+    /// A host running Feed.app with its share extension.
+    func startedHostWithFeedExtension(_ scratch: Scratch) throws -> HostProcess {
         let host = try HostProcess(scratch: scratch)
         try installFeedWithExtension(host)
         try host.start()
+        return host
+    }
+
+    @Test func aRequestAnExtensionSubmitsIsRunByItsApp() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try startedHostWithFeedExtension(scratch)
         defer { host.stop() }
         #expect(try host.send(ControlRequest(verb: "apps")).apps?.first?.extensions == ["com.example.feed.share"])
 
@@ -48,9 +54,7 @@ import Testing
     @Test func anExtensionCanOnlySubmitWhatItsAppPermits() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
-        try installFeedWithExtension(host)
-        try host.start()
+        let host = try startedHostWithFeedExtension(scratch)
         defer { host.stop() }
         // Low Power Mode makes the refresh the extension asks for unavailable: the error reaches it.
         _ = try host.cli(["device", "--low-power", "on"])

@@ -158,7 +158,7 @@ public final class ControlServer: @unchecked Sendable {
                     answers.append(.failure("unknown-verb", "unknown verb '\(request.verb)' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
                 }
             }
-            var handled = (requests.count == 1 ? [handler(requests[0], credentials)] : batchHandler(requests, credentials))[...]
+            var handled = batchHandler(requests, credentials)[...]
             var responses = answers.map { answer in
                 answer ?? handled.popFirst() ?? .failure("internal", "the host gave no answer")
             }

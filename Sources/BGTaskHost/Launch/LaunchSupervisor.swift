@@ -88,13 +88,12 @@ public struct LaunchSupervisor: Sendable {
         let startedAt = Date()
         // The launch, written into the channel before the child exists when no cgroup has to
         // take the child first: the runner finds it waiting instead of asking for it.
-        let usesCgroup = cgroupRoot != nil && plan.limits.memoryLimitBytes > 0
-        var startSent = false
-        var startError: String?
-        if !usesCgroup {
-            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: nil))) } catch { startError = "\(error)" }
-            startSent = true
+        let startFirst = cgroupRoot == nil || plan.limits.memoryLimitBytes == 0
+        func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
+            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup))) } catch { return "\(error)" }
+            return nil
         }
+        var startError = startFirst ? sendStart(nil) : nil
         Self.spawnLock.lock()
         var pid: pid_t = 0
         var spawnError: Int32 = 0
@@ -149,9 +148,7 @@ public struct LaunchSupervisor: Sendable {
         var state = LaunchState(plan: plan, startNs: startNs)
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
-        if !startSent {
-            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup))) } catch { startError = "\(error)" }
-        }
+        if !startFirst { startError = sendStart(cgroup) }
         if let startError {
             // Without its launch the runner would wait for it until the budget ends.
             state.end(.launchFailed, error: "could not send the launch to the runner: \(startError)")

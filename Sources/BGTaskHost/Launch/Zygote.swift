@@ -39,8 +39,7 @@ public final class Zygote: @unchecked Sendable {
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
                 if sent == 0, let answer = readReply() {
-                    let words = answer.split(separator: " ")
-                    if words.count == 4, words[0] == "pid", words[2] == "spare", let child = pid_t(words[1]), let next = pid_t(words[3]) {
+                    if let (child, next) = Self.parse(answer, "pid") {
                         spares.remove(child)
                         reapSpares(waiting: false)
                         if next > 0 { spares.insert(next) }
@@ -82,8 +81,7 @@ public final class Zygote: @unchecked Sendable {
         }
         socket = fds[0]
         pid = child
-        let ready = readReply()?.split(separator: " ") ?? []
-        guard ready.count == 4, ready[0] == "ready", ready[2] == "spare", let threads = Int(ready[1]), let spare = pid_t(ready[3]) else {
+        guard let (threads, spare) = readReply().flatMap({ Self.parse($0, "ready") }) else {
             stopLocked()
             throw BGTaskError(.launch, file: runnerPath, "the zygote did not report ready")
         }
@@ -115,6 +113,16 @@ public final class Zygote: @unchecked Sendable {
         // With the zygote gone, its spares see end of stream and exit: they are this
         // process's children (CLONE_PARENT), so they are reaped here.
         reapSpares(waiting: true)
+    }
+
+    /// The zygote's `WORD N spare S` answers (`ready` with its thread count, `pid` with the
+    /// launch's pid), with S the spare's pid or 0.
+    static func parse(_ answer: String, _ word: String) -> (Int32, pid_t)? {
+        let words = answer.split(separator: " ")
+        guard words.count == 4, words[0] == word, words[2] == "spare", let number = Int32(words[1]), let spare = pid_t(words[3]) else {
+            return nil
+        }
+        return (number, spare)
     }
 
     /// Spares the zygote forked (this process's children) that have not become launches.
