@@ -38,6 +38,14 @@ import _BGTaskSystemShims
         return (bundle, supervisor, zygote)
     }
 
+    /// Whether `child` (this process's) has exited with all its threads, so that waiting for it
+    /// would succeed; it is left unreaped (WNOWAIT) for its owner.
+    func wholeProcessExited(_ child: pid_t) -> Bool {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(child), &info, WEXITED | WNOHANG | WNOWAIT) == 0 else { return false }
+        return info._sifields._sigchld.si_pid == child
+    }
+
     /// Waits (bounded) until `condition` holds.
     func eventually(_ condition: () -> Bool) -> Bool {
         for _ in 0..<250 {
@@ -92,9 +100,11 @@ import _BGTaskSystemShims
         // Kill the spare: the zygote forks the next launch itself.
         let spare = try #require(zygote.spareIDs.first, "a spare is waiting")
         kill(spare, SIGKILL)
-        // Dead (a zombie until reaped), not merely signalled: a launch handed to a spare in the
-        // instant it dies fails like any runner dying at its start.
-        #expect(eventually { (try? String(contentsOfFile: "/proc/\(spare)/stat", encoding: .utf8))?.contains(") Z ") == true })
+        // Dead, not merely signalled: a launch handed to a spare in the instant it dies fails
+        // like any runner dying at its start. A zombie leader is not enough: the spare has
+        // threads (its rehearsal's), and until the last of them is gone the descriptor table,
+        // and with it the spare's socket, is still open and would take the launch.
+        #expect(eventually { wholeProcessExited(spare) }, "the killed spare \(spare) is gone")
         let afterSpare = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
         #expect(afterSpare.termination == .exited)
         #expect(afterSpare.launcher == "zygote")
