@@ -77,7 +77,11 @@ public enum ProcessTree {
     /// forking and then kills its own runner can hide an orphan from this test; the runner
     /// kills its descendants itself on every normal exit.
     public static func isLaunchProcess(_ pid: pid_t) -> Bool {
-        if readFile("/proc/\(pid)/cmdline").starts(with: Array("bgtask-launch ".utf8)) { return true }
+        let cmdline = readFile("/proc/\(pid)/cmdline")
+        if cmdline.starts(with: Array("bgtask-launch ".utf8)) { return true }
+        // A zygote, or a spare it forked that has not become a launch yet: `bgtask-runner
+        // --zygote`, with the host's environment. Not read further (every launch's end asks).
+        if cmdline.split(separator: 0).dropFirst().first.map({ $0.elementsEqual("--zygote".utf8) }) == true { return false }
         let environment = readFile("/proc/\(pid)/environ", limit: 1 << 20)
         return environment.split(separator: 0).contains { $0.starts(with: Array("BGTASK_LAUNCH_ID=".utf8)) }
     }

@@ -38,6 +38,11 @@ struct BGTaskBench: ParsableCommand {
     @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending).")
     var only: [Section] = []
 
+    @Option(name: .customLong("profile-launches"), help: ArgumentHelp(
+        "Only run this many no-op zygote launches back to back and print their rate: a steady load to profile (perf record -p, -a).",
+        valueName: "n"))
+    var profileLaunches: Int?
+
     func run() throws {
         let iterations = quick ? Iterations.quickRun : Iterations.full
         try Products.ensure(rebuild: !noBuild)
@@ -54,6 +59,10 @@ struct BGTaskBench: ParsableCommand {
         }
         // Launch children of this process must not inherit a launch id from ours.
         unsetenv("BGTASK_LAUNCH_ID")
+        if let profileLaunches {
+            try Self.profile(profileLaunches, root: root)
+            return
+        }
 
         let machine = Machine.describe(scratch: root)
         let report = Report()
@@ -93,5 +102,48 @@ struct BGTaskBench: ParsableCommand {
         } else {
             print(text, terminator: "")
         }
+    }
+
+    /// `--profile-launches N`: N no-op zygote launches back to back, and where each one's time
+    /// went (p50 of each phase, from the supervisor's start timestamp).
+    static func profile(_ n: Int, root: URL) throws {
+        let bench = try LaunchBench(root: root, launcher: .zygote)
+        defer { bench.stop() }
+        for _ in 0..<3 { _ = try bench.noop() }
+        var entered = Samples(), completed = Samples(), reaped = Samples(), returned = Samples(), period = Samples()
+        /// CPU of this process and its reaped children (runners, spares, the zygote once
+        /// stopped), µs: less at the mercy of other load than the wall clock.
+        func cpuUs() -> Double {
+            var mine = rusage(), children = rusage()
+            getrusage(RUSAGE_SELF.rawValue, &mine)
+            getrusage(RUSAGE_CHILDREN.rawValue, &children)
+            return [mine.ru_utime, mine.ru_stime, children.ru_utime, children.ru_stime]
+                .reduce(0) { $0 + Double($1.tv_sec) * 1e6 + Double($1.tv_usec) }
+        }
+        let cpu0 = cpuUs()
+        let t0 = monotonicNs()
+        var last = t0
+        for _ in 0..<n {
+            let launch = try bench.noop()
+            let now = monotonicNs()
+            let record = launch.record
+            entered.append(record.tasks[0].startedMs! * 1000)
+            completed.append((record.tasks[0].completedMs ?? .nan) * 1000)
+            reaped.append(record.wallMs * 1000)
+            returned.append(Date().timeIntervalSince(record.startedAt) * 1e6)
+            period.append(Double(now - last) / 1000)
+            last = now
+        }
+        let rate = Double(n) / seconds(since: t0)
+        bench.stop()
+        let cpu = (cpuUs() - cpu0) / Double(n)
+        func us(_ samples: Samples) -> String { "\(Int(samples.p50.rounded())) µs (p99 \(Int(samples.p99.rounded())))" }
+        print("""
+            \(n) no-op zygote launches: \(Int(rate.rounded()))/s, one every \(us(period)), \(Int(cpu.rounded())) µs of CPU each; from the launch's start (p50):
+              handler entered  \(us(entered))
+              task completed   \(us(completed))
+              runner reaped    \(us(reaped))
+              run() returned   \(us(returned))
+            """)
     }
 }

@@ -9,8 +9,8 @@ import _BGTaskSystemShims
 ///
 /// Threads: the main thread loads the plugin, calls its launch function, then runs the launch
 /// handlers one at a time (`serveHandlers`); expiration is delivered on `expirationQueue`; the
-/// launch is ended on `finishQueue` once every task has ended (a handler may still be blocked);
-/// the parent reader receives on its own thread. All state is behind `lock`.
+/// launch is ended by `finish`, on the thread that ended its last task (a handler may still be
+/// blocked on another); the parent reader receives on its own thread. All state is behind `lock`.
 final class Runner: @unchecked Sendable {
     enum Handler {
         case abi(bgtask_launch_handler, UnsafeMutableRawPointer?)
@@ -31,7 +31,9 @@ final class Runner: @unchecked Sendable {
     private var handlerWork: [() -> Void] = []
     private let handlerWorkAvailable = DispatchSemaphore(value: 0)
     let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
-    let allTasksEnded = DispatchSemaphore(value: 0)
+    /// Ends the launch once every task has ended; called once, on the thread that ended the
+    /// last one (no hand-off to another thread: the launch's end is on its critical path).
+    var finish: () -> Never = { _exit(0) }
 
     private let lock = NSLock()
     private var handlers: [String: Handler] = [:]
@@ -202,7 +204,7 @@ final class Runner: @unchecked Sendable {
 
     /// The handler thread (the main thread, once the launch entry returned): runs launch
     /// handlers one at a time, in order, as a serial queue would, without a hand-off to another
-    /// thread for the first. It never returns: the launch ends from `finishQueue`.
+    /// thread for the first. It never returns: the launch ends in `finish`.
     func serveHandlers() -> Never {
         while true {
             handlerWorkAvailable.wait()
@@ -237,7 +239,7 @@ final class Runner: @unchecked Sendable {
             signalledEnd = true
             return true
         }
-        if done { allTasksEnded.signal() }
+        if done { finish() }
     }
 
     /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with

@@ -145,12 +145,24 @@ enum ZygoteServer {
         return Request(payload: Array(buffer[0..<received]), fds: Array(fds.prefix(Int(count))))
     }
 
-    /// A dry run, in a spare, of what a launch does before its handler runs: the JSON coders
-    /// on every message of that path, a URL, a thread, a Dispatch queue. A fresh fork pays for
-    /// each page it first writes (copy-on-write) and for each first use of runtime metadata;
-    /// paid here, while the spare waits, they are off the launch's critical path. Dispatch's
-    /// worker thread stays alive in the spare for the launch's handler queue.
+    /// A dry run, in a spare, of what a launch does before its handler runs: the channel
+    /// messages and a thread (the launch's parent reader). A fresh fork pays for each page it
+    /// first writes (copy-on-write); paid here, while the spare waits, it is off the launch's
+    /// critical path. No Dispatch queue: a launch uses one only for expiration, and its worker
+    /// thread would be one more thread for every launch to end.
     private static func rehearse() {
+        exerciseLaunchPath()
+        let done = DispatchSemaphore(value: 0)
+        let thread = Thread { done.signal() }
+        thread.start()
+        done.wait()
+    }
+
+    /// Every message of a launch's path through the JSON coders and a real channel, and a URL:
+    /// run once in the zygote, it fills the runtime's metadata and conformance caches (which
+    /// every fork inherits); run again in a spare, it only takes that spare's copy-on-write
+    /// faults. Starts no thread.
+    private static func exerciseLaunchPath() {
         guard let pair = try? LaunchChannel.makePair() else { return }
         defer {
             pair.parent.close()
@@ -176,12 +188,6 @@ enum ZygoteServer {
             try? pair.child.send(message)
             _ = try? pair.parent.receive(ChildMessage.self)
         }
-        let done = DispatchSemaphore(value: 0)
-        let thread = Thread { done.signal() }
-        thread.start()
-        done.wait()
-        DispatchQueue(label: "bgtask.rehearsal").async { done.signal() }
-        done.wait()
     }
 
     /// What every launch needs and no launch decides: its own process group, default signals.
@@ -204,19 +210,9 @@ enum ZygoteServer {
         }
     }
 
-    /// Touches what every launch uses, so children inherit it ready: the JSON coders and the
-    /// message types' metadata. Starts no thread.
+    /// Fills the caches every launch uses, so children inherit them ready. Starts no thread.
     private static func warmUp() {
-        let assignment = LaunchAssignment(
-            launchID: "", role: .background, bundleIdentifier: "a.b", bundlePath: "", executablePath: "",
-            dataDirectory: "", permittedIdentifiers: [], tasks: [TaskAssignment(task: 1, identifier: "a.b", kind: .refresh)],
-            mappedHandlers: [])
-        if let data = try? JSONEncoder().encode(ParentMessage.start(assignment)) {
-            _ = try? JSONDecoder().decode(ParentMessage.self, from: data)
-        }
-        if let data = try? JSONEncoder().encode(ChildMessage.taskCompleted(task: 1, success: true, at: 0)) {
-            _ = try? JSONDecoder().decode(ChildMessage.self, from: data)
-        }
+        exerciseLaunchPath()
     }
 
     private static func reply(_ fd: Int32, _ text: String) {

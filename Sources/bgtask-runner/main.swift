@@ -150,10 +150,9 @@ guard status == 0 else {
     launchFailed("the launch entry of \(library) returned \(status)\(text.isEmpty ? "" : ": \(text)")")
 }
 
-// The launch ends when every task has ended, even if a handler is still blocked in app code
-// on the handler thread.
-DispatchQueue(label: "bgtask.runner.finish").async {
-    runner.allTasksEnded.wait()
+// The launch ends when every task has ended, on the thread that ended the last one, even if a
+// handler is still blocked in app code on the handler thread.
+runner.finish = {
     // Nothing the app started outlives its launch. The runner is their subreaper, so even those
     // that called setsid are still in its tree.
     killDescendants()

@@ -44,7 +44,7 @@ import Testing
         #expect(try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["stall", "slow"]}"#]).status == 0)
         let failed = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["eager"], "strategy": "fail"}"#, "--wait", "--json"])
         let refusedLaunch = try RunRecord.decode(Data(failed.stdout.utf8))
-        let refusedLog = try String(contentsOfFile: refusedLaunch.log, encoding: .utf8)
+        let refusedLog = try refusedLaunch.logText()
         #expect(refusedLog.contains("submit com.example.misbehaving.continued.eager failed: code 4"), "immediateRunIneligible: \(refusedLog)")
 
         // The stalled task is expired after 500 ms without progress; then "slow" gets the slot,
@@ -71,7 +71,7 @@ import Testing
         _ = try host.cli(["device", "--gpu", "on"])
         let result = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["fast"], "gpu": true}"#, "--wait", "--json"])
         let record = try RunRecord.decode(Data(result.stdout.utf8))
-        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        let log = try record.logText()
         #expect(log.contains("failed: code 3"), "notPermitted without the GPU entitlement: \(log)")
         #expect(log.contains("continued-processing.gpu"))
     }

@@ -37,7 +37,7 @@ import Testing
         #expect(record.termination == .exited)
         #expect(record.refusedRegistrations == ["com.example.feed.refresh"], "an extension cannot register")
         #expect(record.submitted.map(\.identifier) == ["com.example.feed.refresh"])
-        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        let log = try record.logText()
         #expect(log.contains("share: register returned false"))
         #expect(log.contains("extensions cannot register launch handlers"))
 

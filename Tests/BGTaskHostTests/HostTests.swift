@@ -177,7 +177,7 @@ struct HostTestError: Error, CustomStringConvertible {
         _ = try host.cli(["clock", "advance", "1m"])
         let second = try host.waitForHistory(count: 2)
         #expect(second[0].task("com.example.feed.refresh")?.outcome == .succeeded)
-        let log = try String(contentsOfFile: second[0].log, encoding: .utf8)
+        let log = try second[0].logText()
         #expect(log.contains("refresh #2"))
 
         let history = try host.cli(["history", "com.example.feed"])

@@ -30,7 +30,7 @@ import Testing
         let stateFile = scratch.state.appendingPathComponent("containers/com.example.feed/state.json")
         let state = try JSONSerialization.jsonObject(with: Data(contentsOf: stateFile)) as? [String: Any]
         #expect(state?["refreshCount"] as? Int == 2)
-        let log = try String(contentsOfFile: second.log, encoding: .utf8)
+        let log = try second.logText()
         #expect(log.contains("refresh #2"))
     }
 
@@ -67,7 +67,7 @@ import Testing
         // The closure-completed task finished ~50 ms after it started, on another thread.
         let slow = try #require(record.task("com.example.counter.slow"))
         #expect((slow.completedMs ?? 0) - (slow.startedMs ?? 0) >= 40)
-        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        let log = try record.logText()
         #expect(log.contains("counter: tick 1"))
         #expect(log.contains("com.example.counter.report in \(scratch.state.path)/containers/com.example.counter: count is 1"))
 
@@ -172,7 +172,7 @@ import Testing
         #expect(unpermitted.termination == .exited)
         #expect(unpermitted.refusedRegistrations == ["com.example.not.permitted"])
         #expect(unpermitted.task("com.example.misbehaving.ok")?.outcome == .succeeded)
-        let log = try String(contentsOfFile: unpermitted.log, encoding: .utf8)
+        let log = try unpermitted.logText()
         #expect(log.contains("register(com.example.not.permitted) returned false"))
 
         let (thrown, _) = try scratch.run(app, ok, environment: ["BGTASK_FIXTURE_MODE": "throw-in-entry"])

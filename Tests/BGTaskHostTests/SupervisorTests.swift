@@ -45,10 +45,10 @@ import Testing
         let before = supervisorDescriptors(under: scratch.url)
         let record = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
         #expect(record.termination == .exited)
-        let log = try String(contentsOfFile: record.log, encoding: .utf8)
+        let log = try record.logText()
         #expect(!log.contains(marker.path), "the child inherited the parent's descriptor: \(log)")
         #expect(log.contains("fd 3 -> socket:"), "the channel is fd 3: \(log)")
-        #expect(log.contains("fd 1 -> \(record.log)"), "stdout goes to the launch log: \(log)")
+        #expect(log.contains("fd 1 -> pipe:") && log.contains("fd 2 -> pipe:"), "stdout and stderr go to the pipe into the launch log: \(log)")
 
         for crash in ["segfault", "spin", "garbage"] {
             var limits = LaunchLimits.defaults(for: [.processing])
@@ -67,6 +67,35 @@ import Testing
         #expect(leaked.isEmpty, "descriptors leaked by the supervisor: \(leaked)")
         let leftovers = ProcessTree.children(of: getpid()).filter(ProcessTree.isLaunchProcess)
         #expect(leftovers.isEmpty, "launch processes left as children of the supervisor: \(leftovers)")
+    }
+
+    /// The log gets the launch's output whole and in order, past a pipe's buffer, with the
+    /// plugin's log calls after what it printed before them; a launch that writes nothing
+    /// leaves no file.
+    @Test func theLogHoldsEverythingTheLaunchWroteAndASilentLaunchHasNone() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+
+        let chatty = try supervisor.run(plan(bundle, "com.example.misbehaving.chatty", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(chatty.succeeded, "\(chatty)")
+        let log = try chatty.logText()
+        let lines = log.split(separator: "\n")
+        let numbered = lines.filter { $0.hasPrefix("line ") }.map { $0.split(separator: " ")[1] }
+        #expect(numbered == (1...1_024).map { Substring("\($0)") }, "every printed line, once, in order")
+        for after in stride(from: 256, through: 1_024, by: 256) {
+            let printed = try #require(lines.firstIndex { $0.hasPrefix("line \(after) ") })
+            let logged = try #require(lines.firstIndex(of: "[bgtask info] log call after line \(after)"), "log call \(after) in the log")
+            #expect(printed < logged, "the log call comes after what was printed before it")
+            #expect(lines.contains("stderr after line \(after)"))
+        }
+
+        let silent = try supervisor.run(plan(bundle, "com.example.misbehaving.silent", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(silent.succeeded, "\(silent)")
+        #expect(silent.log == nil)
+        #expect(!FileManager.default.fileExists(atPath: scratch.state.appendingPathComponent("logs/\(silent.launchID).log").path))
+        #expect(silent.description.contains("log: none (the launch wrote nothing)"))
     }
 
     @Test func aMissingRunnerIsAClearError() throws {

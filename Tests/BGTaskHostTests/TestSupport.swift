@@ -124,3 +124,11 @@ func processExists(_ pid: Int32) -> Bool {
           let close = stat.lastIndex(of: ")") else { return false }
     return stat[stat.index(close, offsetBy: 2)] != "Z"
 }
+
+extension RunRecord {
+    /// The text of the launch's log file, which the launch must have written.
+    func logText(sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+        let path = try #require(log, "the launch wrote a log", sourceLocation: sourceLocation)
+        return try String(contentsOfFile: path, encoding: .utf8)
+    }
+}

@@ -77,9 +77,9 @@ import _BGTaskSystemShims
             }
             pids.append(record.pid)
             // A spare becomes an ordinary launch: descriptors 0-3 only, its own log.
-            let log = try String(contentsOfFile: record.log, encoding: .utf8)
+            let log = try record.logText()
             #expect(log.contains("fd 3 -> socket:"), "the channel is fd 3: \(log)")
-            #expect(log.contains("fd 1 -> \(record.log)"), "stdout goes to the launch log: \(log)")
+            #expect(log.contains("fd 1 -> pipe:") && log.contains("fd 2 -> pipe:"), "stdout and stderr go to the pipe into the launch log: \(log)")
         }
         #expect(Set(pids).count == 3, "every launch is a fresh process: \(pids)")
 

@@ -227,7 +227,8 @@ public final class TaskHost: @unchecked Sendable {
                 ProcessTree.killTree(pid)
                 detail += "; its runner (pid \(pid)) was still running and has been killed"
             }
-            let log = configuration.stateDirectory.appendingPathComponent("logs/\(launch.launchID).log").path
+            let logPath = configuration.stateDirectory.appendingPathComponent("logs/\(launch.launchID).log").path
+            let log = access(logPath, F_OK) == 0 ? logPath : nil
             let bundlePath = configuration.pluginsDirectory.appendingPathComponent("?").path
             removeLogs(of: try store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail),
                                                               keepHistory: configuration.historyPerApp))

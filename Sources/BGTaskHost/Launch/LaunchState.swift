@@ -46,9 +46,13 @@ struct LaunchState {
     /// Tasks added to a running (foreground) launch, in order.
     var addedTasks: [TaskAssignment] = []
 
-    init(plan: LaunchPlan, startNs: UInt64) {
+    /// The launch's log (its output and the supervisor's lines).
+    let log: LaunchLog
+
+    init(plan: LaunchPlan, startNs: UInt64, log: LaunchLog) {
         self.plan = plan
         self.startNs = startNs
+        self.log = log
         tasks = Dictionary(uniqueKeysWithValues: plan.tasks.map { ($0.task, TaskProgress(assignment: $0)) })
     }
 
@@ -71,7 +75,7 @@ struct LaunchState {
         case .registered(let identifier, _): registered.append(identifier)
         case .registerRefused(let identifier, let reason):
             refused.append(identifier)
-            appendLog(level: 2, "register(forTaskWithIdentifier: \"\(identifier)\") returned false: \(reason)", to: plan.logFile)
+            log.append(level: 2, "register(forTaskWithIdentifier: \"\(identifier)\") returned false: \(reason)")
         case .launched: phase = .launched
         case .launchFailed(let error): launchFailure = error
         case .taskBegan(let task, let at): tasks[task]?.startedNs = at
@@ -86,19 +90,6 @@ struct LaunchState {
         case .finished: finished = true
         case .progress, .title, .log, .submit, .cancel, .pending: break
         }
-    }
-
-    /// The launch log, opened once (a chatty plugin must not cost an open per line).
-    var logHandle: FileHandle?
-
-    mutating func appendLog(level: Int32, _ text: String, to file: URL) {
-        if logHandle == nil {
-            logHandle = try? FileHandle(forWritingTo: file)
-            _ = try? logHandle?.seekToEnd()
-        }
-        guard let handle = logHandle else { return }
-        let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
-        handle.write(Data("[bgtask \(tag)] \(text)\n".utf8))
     }
 
     /// The launch's peak resident memory. ru_maxrss of a posix_spawned child starts at its
@@ -191,7 +182,7 @@ struct LaunchState {
             memoryLimitBytes: plan.limits.memoryLimitBytes, memoryMechanism: cgroup == nil ? "sampler" : "cgroup",
             budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
-            log: plan.logFile.path, registered: registered, refusedRegistrations: refused, submitted: submitted,
+            log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
     }
 }

@@ -50,12 +50,9 @@ public struct LaunchSupervisor: Sendable {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
-        do {
-            try FileManager.default.createDirectory(at: plan.dataDirectory.appendingPathComponent("tmp"), withIntermediateDirectories: true)
-            try FileManager.default.createDirectory(at: plan.logFile.deletingLastPathComponent(), withIntermediateDirectories: true)
-        } catch {
-            throw BGTaskError(.system, file: plan.dataDirectory.path, "cannot create the app container or log directory: \(error.localizedDescription)")
-        }
+        // The app's container (its HOME, with its TMPDIR) and the log directory.
+        try makeDirectories(plan.dataDirectory.path + "/tmp")
+        try makeDirectories(plan.logFile.deletingLastPathComponent().path)
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -64,10 +61,8 @@ public struct LaunchSupervisor: Sendable {
         defer { channels.parent.close() }
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
-        let logFD = try syscall("open \(plan.logFile.path)") {
-            open(plan.logFile.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
-        }
-        defer { close(logFD) }
+        // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
+        let log = try LaunchLog(path: plan.logFile.path)
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
@@ -78,7 +73,7 @@ public struct LaunchSupervisor: Sendable {
             "BGTASK_LAUNCH_ID": plan.launchID,
             "BGTASK_BUNDLE_ID": plan.bundle.identifier,
         ]
-        if ProcessInfo.processInfo.environment["SWIFT_BACKTRACE"] == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
+        if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
         for (key, value) in plan.environment { overrides[key] = value }
 
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
@@ -100,7 +95,7 @@ public struct LaunchSupervisor: Sendable {
         var forked = false
         if let zygote {
             do {
-                pid = try zygote.launch(channel: channels.child.fd, stdin: nullFD, log: logFD, environment: overrides)
+                pid = try zygote.launch(channel: channels.child.fd, stdin: nullFD, log: log.childEnd, environment: overrides)
                 forked = true
             } catch {
                 logger.warning("zygote unavailable; spawning the runner instead", metadata: ["error": "\(error)"])
@@ -113,7 +108,7 @@ public struct LaunchSupervisor: Sendable {
             let envp = environment.map { "\($0.key)=\($0.value)" }
             spawnError = withCStrings(argv) { cArgv in
                 withCStrings(envp) { cEnvp in
-                    bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, logFD, logFD, &pid)
+                    bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, log.childEnd, log.childEnd, &pid)
                 }
             }
         }
@@ -121,6 +116,7 @@ public struct LaunchSupervisor: Sendable {
         Self.spawnLock.unlock()
         channels.child.close()
         childEndOpen = false
+        log.closeChildEnd()
         guard spawnError == 0 else {
             throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
         }
@@ -145,7 +141,7 @@ public struct LaunchSupervisor: Sendable {
         defer { cgroup?.remove() }
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
-        var state = LaunchState(plan: plan, startNs: startNs)
+        var state = LaunchState(plan: plan, startNs: startNs, log: log)
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
         if !startFirst { startError = sendStart(cgroup) }
@@ -180,6 +176,8 @@ public struct LaunchSupervisor: Sendable {
             _ = bgtask_wait4(descendant, &ignored, WNOHANG, nil)
         }
         Self.reapOrphans()
+        // What the launch wrote before it ended, then what it said on its channel.
+        log.drain()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
         let record = state.record(
@@ -268,7 +266,8 @@ public struct LaunchSupervisor: Sendable {
             let timeoutNs: Int64 = next == UInt64.max ? -1 : Int64(clamping: next > now ? next - now : 0)
 
             var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
-                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0)]
+                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: state.log.readEnd, events: Int16(POLLIN), revents: 0)]
             if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
             // Without a pidfd the child's exit cannot wake the loop: look every 10 ms.
             let ready = bgtask_poll_ns(&fds, UInt(fds.count), pidfd >= 0 ? timeoutNs : (timeoutNs < 0 ? 10_000_000 : min(timeoutNs, 10_000_000)))
@@ -302,7 +301,9 @@ public struct LaunchSupervisor: Sendable {
                     }
                 }
             }
-            if channelOpen, fds.count > 2, fds[2].revents != 0 {
+            // The launch's output before its messages: what it printed before it sent them.
+            if fds[2].revents != 0 { state.log.drain() }
+            if channelOpen, fds.count > 3, fds[3].revents != 0 {
                 let wasFinished = state.finished
                 channelOpen = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
                 if state.finished && !wasFinished {
@@ -381,7 +382,7 @@ public struct LaunchSupervisor: Sendable {
         case .pending(let seq):
             try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
         case .log(let level, let text):
-            state.appendLog(level: level, text, to: plan.logFile)
+            state.log.append(level: level, text)
         default:
             state.apply(message)
         }

@@ -73,8 +73,10 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var pid: Int32
     public var startedAt: Date
     public var bundlePath: String
-    /// The launch's captured stdout and stderr.
-    public var log: String
+    /// The launch's log file: its stdout and stderr, and the host's lines about it (refused
+    /// registrations, the plugin's `log` calls). Nil when the launch wrote nothing: no file is
+    /// made for it.
+    public var log: String?
     /// Identifiers whose handlers the launch registered, and those it was refused.
     public var registered: [String]
     public var refusedRegistrations: [String]
@@ -149,7 +151,7 @@ extension RunRecord: CustomStringConvertible {
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(Self.ms(budgetMs)) + grace \(Self.ms(graceMs)), pid \(pid)")
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
-        lines.append("  log: \(log)")
+        lines.append("  log: \(log ?? "none (the launch wrote nothing)")")
         return lines.joined(separator: "\n")
     }
 
@@ -169,13 +171,13 @@ extension RunRecord {
             termination: .launchFailed, signal: nil, exitStatus: nil, error: error.description,
             wallMs: 0, cpuMs: 0, peakRSSBytes: 0, memoryLimitBytes: plan.limits.memoryLimitBytes,
             memoryMechanism: "sampler", budgetMs: plan.limits.budget.milliseconds, graceMs: plan.limits.grace.milliseconds,
-            expiredAtMs: nil, pid: 0, startedAt: Date(), bundlePath: plan.bundle.url.path, log: plan.logFile.path,
+            expiredAtMs: nil, pid: 0, startedAt: Date(), bundlePath: plan.bundle.url.path, log: nil,
             registered: [], refusedRegistrations: [], submitted: [])
     }
 
     /// The record of a launch that was running when its host died: its tasks never reported
     /// an end, so they are unfinished (and their requests pending again).
-    public static func hostLost(_ launch: InterruptedLaunch, bundlePath: String, log: String, detail: String) -> RunRecord {
+    public static func hostLost(_ launch: InterruptedLaunch, bundlePath: String, log: String?, detail: String) -> RunRecord {
         RunRecord(
             app: launch.app, launchID: launch.launchID, reason: launch.reason,
             tasks: launch.tasks.map { TaskRecord(identifier: $0.identifier, type: $0.kind, outcome: .unfinished) },

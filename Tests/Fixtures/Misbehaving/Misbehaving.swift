@@ -242,6 +242,25 @@ enum Misbehaving {
             while true { pause() }
         }
 
+        // Writes nothing at all.
+        register("silent") { task in task.setTaskCompleted(success: true) }
+
+        // Writes 1 MiB to stdout (16 times a pipe's buffer) in numbered lines, with a log
+        // call and a line on stderr after every 1,000th line, so the log's order can be checked.
+        register("chatty") { task in
+            let filler = String(repeating: "x", count: 1_000)
+            for line in 1...1_024 {
+                print("line \(line) \(filler)")
+                if line % 256 == 0 {
+                    fflush(nil)
+                    BGTaskPlugin.log("log call after line \(line)")
+                    FileHandle.standardError.write(Data("stderr after line \(line)\n".utf8))
+                }
+            }
+            fflush(nil)
+            task.setTaskCompleted(success: true)
+        }
+
         // Lists its open descriptors and where they point, for the inheritance test.
         register("fds") { task in
             let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
