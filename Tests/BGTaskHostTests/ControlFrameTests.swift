@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskWire
 import Foundation
 import Testing
 #if canImport(Glibc)
@@ -430,5 +431,33 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         let stalled = #expect(throws: ControlFrame.FrameError.self) { try reader.next() }
         #expect(stalled?.code == .closed)
         #expect(stalled?.description.contains("timed out after 5 of 100 bytes of a frame payload") == true, "\(stalled!)")
+    }
+}
+
+/// `ControlRequest`'s own decoder (it reads only the keys a request has).
+@Suite struct ControlRequestDecodingTests {
+    func decode(_ json: String) throws -> ControlRequest {
+        try JSONDecoder().decode(ControlRequest.self, from: Data(json.utf8))
+    }
+
+    @Test func everyKeyRoundTrips() throws {
+        let request = ControlRequest(
+            verb: "submit", app: "com.example.feed", identifier: "com.example.feed.refresh",
+            request: WireTaskRequest(kind: .processing, identifier: "com.example.feed.refresh", earliestBeginDate: 12.5,
+                                     requiresNetworkConnectivity: true, requiresExternalPower: false),
+            force: true, wait: false, device: ["power": "on"], advance: 3.5, limit: 7, event: "{}", delay: 60, after: "a.b")
+        #expect(try JSONDecoder().decode(ControlRequest.self, from: JSONEncoder().encode(request)) == request)
+    }
+
+    @Test func absentNullAndUnknownKeys() throws {
+        let request = try decode(#"{"verb":"apps","app":null,"limit":5,"color":"blue"}"#)
+        #expect(request == ControlRequest(verb: "apps", limit: 5))
+    }
+
+    @Test func aMissingVerbOrAWrongTypeIsAnError() throws {
+        #expect(throws: DecodingError.self) { try decode(#"{"app":"com.example.feed"}"#) }
+        #expect(throws: DecodingError.self) { try decode(#"{"verb":null}"#) }
+        #expect(throws: DecodingError.self) { try decode(#"{"verb":"apps","limit":"five"}"#) }
+        #expect(throws: DecodingError.self) { try decode(#"{"verb":"submit","request":{"kind":"refresh"}}"#) }
     }
 }
