@@ -43,6 +43,11 @@ struct BGTaskBench: ParsableCommand {
         valueName: "n"))
     var profileLaunches: Int?
 
+    @Option(name: .customLong("profile-submissions"), help: ArgumentHelp(
+        "Only run pipelined submissions (4 threads, 64 in flight each) to a host with 1,000 apps for this many seconds, and print their rate and CPU: a steady load to profile.",
+        valueName: "seconds"))
+    var profileSubmissions: Double?
+
     func run() throws {
         let iterations = quick ? Iterations.quickRun : Iterations.full
         try Products.ensure(rebuild: !noBuild)
@@ -59,6 +64,10 @@ struct BGTaskBench: ParsableCommand {
         }
         // Launch children of this process must not inherit a launch id from ours.
         unsetenv("BGTASK_LAUNCH_ID")
+        if let profileSubmissions {
+            try Self.profileSubmissions(profileSubmissions, root: root)
+            return
+        }
         if let profileLaunches {
             try Self.profile(profileLaunches, root: root)
             return
@@ -145,5 +154,24 @@ struct BGTaskBench: ParsableCommand {
               runner reaped    \(us(reaped))
               run() returned   \(us(returned))
             """)
+    }
+
+    /// `--profile-submissions SECONDS`: the pipelined submission load alone.
+    static func profileSubmissions(_ duration: Double, root: URL) throws {
+        let workload = SubmitWorkload(apps: 1_000)
+        let plugins = root.appendingPathComponent("plugins")
+        try workload.makeBundles(in: plugins)
+        let host = HostProcess(plugins: plugins, state: root.appendingPathComponent("state"),
+                               log: root.appendingPathComponent("host.log"), arguments: ["--clock", "real"])
+        try host.start()
+        defer { host.stop() }
+        var before = rusage(), after = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &before)
+        let result = workload.submit(threads: 4, duration: duration, mode: .pipelined(window: 64), state: host.state, hostPID: host.pid)
+        getrusage(RUSAGE_SELF.rawValue, &after)
+        func us(_ t: timeval) -> Double { Double(t.tv_sec) * 1e6 + Double(t.tv_usec) }
+        let client = (us(after.ru_utime) + us(after.ru_stime) - us(before.ru_utime) - us(before.ru_stime)) / Double(max(result.acknowledged, 1))
+        print(String(format: "%.0f submissions/s (pipelined, 4 threads × 64), host CPU %.1f µs and client CPU %.1f µs each, %d refused",
+                     result.perSecond, result.hostCPUPerSubmitUs, client, result.refused))
     }
 }

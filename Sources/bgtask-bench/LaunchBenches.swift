@@ -167,7 +167,7 @@ final class LaunchBench: @unchecked Sendable {
         let called = Date()
         let record = try supervisor.run(plan, broker: InMemoryRequestBroker())
         guard record.launcher == nil || record.launcher == launcher.rawValue else {
-            throw BenchError("a launch meant for the \(launcher.rawValue) launcher went through \(record.launcher ?? "?") (see \(record.log))")
+            throw BenchError("a launch meant for the \(launcher.rawValue) launcher went through \(record.launcher ?? "?") (see \(record.log ?? "its record: it wrote no log"))")
         }
         let fromCall = record.tasks.first?.startedMs.map { record.startedAt.timeIntervalSince(called) * 1e6 + $0 * 1000 }
         return Launch(record: record, fromCallUs: fromCall)

@@ -461,3 +461,86 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #expect(throws: DecodingError.self) { try decode(#"{"verb":"submit","request":{"kind":"refresh"}}"#) }
     }
 }
+
+/// The control server's fast path for requests: whatever it accepts it decodes exactly as
+/// `JSONDecoder` does; everything else it leaves to `JSONDecoder` (nil).
+@Suite struct ControlRequestParserTests {
+    func jsonDecoder(_ json: String) -> ControlRequest? {
+        try? JSONDecoder().decode(ControlRequest.self, from: Data(json.utf8))
+    }
+
+    @Test func everyRequestTheClientEncodesIsReadAsJSONDecoderReadsIt() throws {
+        var generator = SystemRandomNumberGenerator()
+        let kinds = TaskKind.allCases
+        for i in 0..<2_000 {
+            func maybe<T>(_ value: T) -> T? { Bool.random(using: &generator) ? value : nil }
+            let task = WireTaskRequest(
+                kind: kinds[i % kinds.count], identifier: "com.example.app\(i).task-\(i % 7)",
+                earliestBeginDate: maybe(Double.random(in: -1e10...1e10, using: &generator)),
+                requiresNetworkConnectivity: .random(using: &generator), requiresExternalPower: .random(using: &generator),
+                protectionType: .random(in: .min ... .max, using: &generator), title: maybe("Export é \(i)"), subtitle: maybe(""),
+                strategyFail: .random(using: &generator), requiredResources: .random(in: 0 ... .max, using: &generator))
+            let request = ControlRequest(
+                verb: ControlRequest.verbs[i % ControlRequest.verbs.count], app: maybe("com.example.app\(i)"),
+                identifier: maybe("id\(i)"), request: maybe(task), force: maybe(.random(using: &generator)),
+                wait: maybe(false), device: maybe(["power": "on", "app": "com.example.a\(i)"]),
+                advance: maybe(Double(i) * 0.25), limit: maybe(Int.random(in: -5...Int.max, using: &generator)),
+                event: maybe("{}"), delay: maybe(-Double(i) / 3), after: maybe("com.example.app\(i)"))
+            let data = try JSONEncoder.control.encode(request)
+            let parsed = try #require(ControlRequestParser.parse(data), "declined: \(String(decoding: data, as: UTF8.self))")
+            #expect(parsed == request, "\(String(decoding: data, as: UTF8.self))")
+            #expect(parsed == (try JSONDecoder.control.decode(ControlRequest.self, from: data)))
+        }
+    }
+
+    @Test(arguments: [
+        #"{"verb":"status"}"#,
+        #" { "verb" : "apps" , "limit" : 5 , "after" : null } "#,
+        "{\n\t\"verb\": \"submit\", \"app\": \"a.b\", \"request\": {\"kind\": \"refresh\", \"identifier\": \"a.b.c\", \"requiresNetworkConnectivity\": false, \"requiresExternalPower\": true, \"protectionType\": -1, \"strategyFail\": false, \"requiredResources\": 3, \"title\": null, \"earliestBeginDate\": 1.5e9}}",
+        #"{"verb":"clock","advance":-0.5e-3}"#,
+        #"{"verb":"device","device":{}}"#,
+        #"{"verb":"x","app":"ünïcödé ✓"}"#,
+    ])
+    func accepted(_ json: String) throws {
+        let parsed = try #require(ControlRequestParser.parse(Data(json.utf8)))
+        #expect(parsed == jsonDecoder(json))
+    }
+
+    @Test(arguments: [
+        "", "[]", "null", #""verb""#, "{", #"{"verb":"status"} x"#, #"{"verb":"status",}"#,
+        #"{"app":"a.b"}"#, #"{"verb":null}"#, #"{"verb":"a\"b"}"#, #"{"verb":"status","app":"a\nb"}"#,
+        #"{"verb":"status","verb":"apps"}"#, #"{"verb":"status","color":"blue"}"#,
+        #"{"verb":"apps","limit":5.0}"#, #"{"verb":"apps","limit":05}"#, #"{"verb":"apps","limit":"5"}"#,
+        #"{"verb":"apps","limit":99999999999999999999}"#, #"{"verb":"clock","advance":1e999}"#,
+        #"{"verb":"clock","advance":.5}"#, #"{"verb":"clock","advance":1.}"#, #"{"verb":"apps","force":1}"#,
+        #"{"verb":"submit","request":{"kind":"refresh","identifier":"a.b.c"}}"#,
+        #"{"verb":"submit","request":{"kind":"sometimes","identifier":"a","requiresNetworkConnectivity":false,"requiresExternalPower":false,"protectionType":0,"strategyFail":false,"requiredResources":0}}"#,
+        #"{"verb":"submit","request":{"kind":"refresh","identifier":"a","requiresNetworkConnectivity":false,"requiresExternalPower":false,"protectionType":0,"strategyFail":false,"requiredResources":-1}}"#,
+        #"{"verb":"device","device":{"power":1}}"#,
+    ])
+    func declined(_ json: String) {
+        #expect(ControlRequestParser.parse(Data(json.utf8)) == nil)
+    }
+
+    @Test func invalidUTF8IsDeclined() {
+        #expect(ControlRequestParser.parse(Data([0x7B, 0x22, 0x76, 0x65, 0x72, 0x62, 0x22, 0x3A, 0x22, 0xFF, 0x22, 0x7D])) == nil)
+    }
+}
+
+@Suite struct BareOKResponseTests {
+    /// The server sends a bare success as fixed bytes: they must be what the encoder writes,
+    /// and `isBareOK` must know every field (a new one fails the count below until it does).
+    @Test func theFixedBytesAreTheEncodersAndEveryFieldIsChecked() throws {
+        #expect(try JSONEncoder.control.encode(ControlResponse()) == ControlServer.bareOK)
+        #expect(ControlResponse().isBareOK)
+        #expect(!ControlResponse(ok: false).isBareOK)
+        #expect(!ControlResponse.failure("x", "y").isBareOK)
+        var removed = ControlResponse()
+        removed.removed = 0
+        #expect(!removed.isBareOK)
+        var paged = ControlResponse()
+        paged.next = "a"
+        #expect(!paged.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 14, "a new ControlResponse field: add it to isBareOK")
+    }
+}

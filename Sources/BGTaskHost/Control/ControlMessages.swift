@@ -191,6 +191,12 @@ public struct ControlResponse: Codable, Sendable {
 
     public init(ok: Bool = true) { self.ok = ok }
 
+    /// `ok` and nothing else, as most answers are.
+    var isBareOK: Bool {
+        ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
+            && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
+    }
+
     public static func failure(_ code: String, _ message: String) -> ControlResponse {
         var response = ControlResponse(ok: false)
         response.error = ErrorBody(code: code, message: message)

@@ -145,7 +145,7 @@ public final class ControlServer: @unchecked Sendable {
             for payload in payloads {
                 let request: ControlRequest
                 do {
-                    request = try decoder.decode(ControlRequest.self, from: payload)
+                    request = try ControlRequestParser.parse(payload) ?? decoder.decode(ControlRequest.self, from: payload)
                 } catch {
                     answers.append(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"))
                     close = true
@@ -170,6 +170,9 @@ public final class ControlServer: @unchecked Sendable {
         }
     }
 
+    /// `ControlResponse()` as JSONEncoder writes it.
+    static let bareOK = Data(#"{"ok":true}"#.utf8)
+
     /// At most this many pipelined frames are handled together.
     static let pipelineDepth = 256
 
@@ -183,6 +186,11 @@ public final class ControlServer: @unchecked Sendable {
         let encoder = JSONEncoder.control
         var payloads: [Data] = []
         for response in responses {
+            // Most answers (every accepted submission) are a bare `{"ok":true}`.
+            if response.isBareOK {
+                payloads.append(Self.bareOK)
+                continue
+            }
             guard var data = try? encoder.encode(response) else { return false }
             if data.count > ControlFrame.maximumPayload {
                 let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (e.g. history --limit)")
