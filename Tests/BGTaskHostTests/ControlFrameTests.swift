@@ -500,10 +500,17 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #"{"verb":"clock","advance":-0.5e-3}"#,
         #"{"verb":"device","device":{}}"#,
         #"{"verb":"x","app":"ünïcödé ✓"}"#,
+        #"{"verb":"apps","limit":-9223372036854775808}"#,
+        #"{"verb":"apps","limit":9223372036854775807}"#,
+        #"{"verb":"clock","advance":-0}"#,
+        #"{"verb":"clock","advance":123456789012345678}"#,
+        #"{"verb":"clock","advance":0.1}"#,
     ])
     func accepted(_ json: String) throws {
         let parsed = try #require(ControlRequestParser.parse(Data(json.utf8)))
-        #expect(parsed == jsonDecoder(json))
+        let expected = try #require(jsonDecoder(json))
+        #expect(parsed == expected)
+        #expect(parsed.advance?.sign == expected.advance?.sign)
     }
 
     @Test(arguments: [
@@ -511,7 +518,8 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #"{"app":"a.b"}"#, #"{"verb":null}"#, #"{"verb":"a\"b"}"#, #"{"verb":"status","app":"a\nb"}"#,
         #"{"verb":"status","verb":"apps"}"#, #"{"verb":"status","color":"blue"}"#,
         #"{"verb":"apps","limit":5.0}"#, #"{"verb":"apps","limit":05}"#, #"{"verb":"apps","limit":"5"}"#,
-        #"{"verb":"apps","limit":99999999999999999999}"#, #"{"verb":"clock","advance":1e999}"#,
+        #"{"verb":"apps","limit":99999999999999999999}"#, #"{"verb":"apps","limit":9223372036854775808}"#,
+        #"{"verb":"apps","limit":-9223372036854775809}"#, #"{"verb":"clock","advance":1e999}"#,
         #"{"verb":"clock","advance":.5}"#, #"{"verb":"clock","advance":1.}"#, #"{"verb":"apps","force":1}"#,
         #"{"verb":"submit","request":{"kind":"refresh","identifier":"a.b.c"}}"#,
         #"{"verb":"submit","request":{"kind":"sometimes","identifier":"a","requiresNetworkConnectivity":false,"requiresExternalPower":false,"protectionType":0,"strategyFail":false,"requiredResources":0}}"#,

@@ -264,7 +264,7 @@ public struct ControlClient: Sendable {
                     guard let payload = try reader.next() else {
                         throw BGTaskError(.system, file: path, "the host closed the connection without answering")
                     }
-                    responses.append(try decoder.decode(ControlResponse.self, from: payload))
+                    responses.append(payload == ControlServer.bareOK ? ControlResponse() : try decoder.decode(ControlResponse.self, from: payload))
                 }
                 start = chunk.endIndex
             }
