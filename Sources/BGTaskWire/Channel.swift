@@ -3,7 +3,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Foundation
 
 /// What went wrong on a launch channel. The description names the frame and the problem.
 public struct ChannelError: Error, CustomStringConvertible, Equatable {
@@ -46,8 +45,14 @@ public struct LaunchChannel: Sendable {
         return (LaunchChannel(fd: fds[0]), LaunchChannel(fd: fds[1]))
     }
 
-    public func send<M: Encodable>(_ message: M) throws {
-        let data = try JSONEncoder().encode(message)
+    public func send(_ message: some WireMessage) throws(ChannelError) {
+        var writer = WireWriter()
+        message.write(to: &writer)
+        try send(bytes: writer.bytes)
+    }
+
+    /// Sends one packet as it is (for tests that play a misbehaving peer).
+    public func send(bytes data: [UInt8]) throws(ChannelError) {
         guard data.count <= Self.maximumMessageBytes else {
             throw ChannelError(.oversized, "message of \(data.count) bytes exceeds \(Self.maximumMessageBytes)")
         }
@@ -97,18 +102,22 @@ public struct LaunchChannel: Sendable {
         return packet.isEmpty ? nil : packet
     }
 
-    /// Decodes a packet, naming the frame in the error when it is not a message of type `M`.
-    public static func decode<M: Decodable>(_ type: M.Type, from packet: [UInt8]) throws -> M {
-        do {
-            return try JSONDecoder().decode(M.self, from: Data(packet))
+    /// Decodes a packet, naming the frame and the field in the error when it is not a message
+    /// of type `M` (see WireCodec).
+    public static func decode<M: WireMessage>(_ type: M.Type, from packet: [UInt8]) throws(ChannelError) -> M {
+        do throws(ChannelError) {
+            var reader = try WireReader(packet)
+            let message = try M(from: &reader)
+            guard reader.atEnd else { throw ChannelError(.malformed, "bytes left after the message") }
+            return message
         } catch {
             let preview = String(decoding: packet.prefix(80), as: UTF8.self)
-                .unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7f ? "." : String($0) }.joined()
-            throw ChannelError(.malformed, "malformed frame of \(packet.count) bytes (\"\(preview)\"): not a \(M.self)")
+                .unicodeScalars.map { $0.value < 0x20 || $0.value >= 0x7f ? "." : String($0) }.joined()
+            throw ChannelError(.malformed, "malformed frame of \(packet.count) bytes (\"\(preview)\"): not a \(M.self): \(error.detail)")
         }
     }
 
-    public func receive<M: Decodable>(_ type: M.Type) throws -> M? {
+    public func receive<M: WireMessage>(_ type: M.Type) throws -> M? {
         guard let packet = try receivePacket() else { return nil }
         return try Self.decode(type, from: packet)
     }

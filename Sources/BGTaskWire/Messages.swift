@@ -24,7 +24,7 @@ public enum TaskKind: String, Codable, Sendable, CaseIterable {
 }
 
 /// Why a process was launched (`bgtask_launch_role`).
-public enum LaunchRole: String, Codable, Sendable {
+public enum LaunchRole: String, Codable, Sendable, CaseIterable {
     case background, foreground, `extension`
 
     public var abiValue: Int32 {
@@ -158,7 +158,7 @@ public struct WireTaskRequest: Codable, Sendable, Equatable {
 
 /// Messages the child sends to its parent. Times are CLOCK_MONOTONIC nanoseconds, a clock every
 /// process on the machine shares, so the parent can place them on its launch's time line.
-public enum ChildMessage: Codable, Sendable, Equatable {
+public enum ChildMessage: Sendable, Equatable {
     case hello(pid: Int32)
     /// About to dlopen the bundle's executable: a death from here to `launched` is a load or
     /// init failure.
@@ -178,11 +178,13 @@ public enum ChildMessage: Codable, Sendable, Equatable {
     case pending(seq: UInt64)
     case progress(task: UInt64, completed: Int64, total: Int64)
     case title(task: UInt64, title: String, subtitle: String?)
-    case finished(at: UInt64)
+    /// Every task ended; the runner has killed what it started (`descendants`: whether it had
+    /// started anything, so the host knows whether to look for leftovers) and exits next.
+    case finished(at: UInt64, descendants: Bool)
 }
 
 /// Messages the parent sends to its child.
-public enum ParentMessage: Codable, Sendable, Equatable {
+public enum ParentMessage: Sendable, Equatable {
     case start(LaunchAssignment)
     /// Time is up: deliver expiration to every open task (or only `task`).
     case expire(task: UInt64?, reason: String)

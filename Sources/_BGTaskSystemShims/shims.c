@@ -174,33 +174,32 @@ ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t l
     return received;
 }
 
-int bgtask_set_process_title(const char *title) {
+int bgtask_set_process_title(char *const *argv, int argc, const char *title) {
     /* setproctitle, as PostgreSQL does: /proc/PID/cmdline shows the process's argument area,
-     * so rewriting that memory in place renames the process for ps and for the host. The area's
-     * bounds are fields 48 and 49 of /proc/self/stat. */
-    FILE *stat = fopen("/proc/self/stat", "r");
-    if (!stat) return -1;
-    char buffer[4096];
-    size_t n = fread(buffer, 1, sizeof buffer - 1, stat);
-    fclose(stat);
-    buffer[n] = 0;
-    char *p = strrchr(buffer, ')');
-    if (!p) return -1;
-    p += 2; /* field 3 starts here */
-    unsigned long long start = 0, end = 0;
-    for (int field = 3; field <= 49 && *p; field++) {
-        char *next = strchr(p, ' ');
-        if (field == 48) start = strtoull(p, NULL, 10);
-        if (field == 49) end = strtoull(p, NULL, 10);
-        if (!next) break;
-        p = next + 1;
+     * so rewriting that memory in place renames the process for ps and for the host. The
+     * kernel lays the arguments out one after another, so the area runs from argv[0] to the
+     * end of the last one (the same bounds as fields 48 and 49 of /proc/PID/stat). */
+    if (argc < 1 || argv == NULL || argv[0] == NULL) return -1;
+    char *start = argv[0];
+    char *end = argv[argc - 1] + strlen(argv[argc - 1]) + 1;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i] != argv[i - 1] + strlen(argv[i - 1]) + 1) return -1; /* not the kernel's layout */
     }
-    if (start == 0 || end <= start) return -1;
     size_t length = (size_t)(end - start);
-    char *area = (char *)(uintptr_t)start;
-    memset(area, 0, length);
-    strncpy(area, title, length - 1);
+    if (length < 2) return -1;
+    memset(start, 0, length);
+    strncpy(start, title, length - 1);
     return 0;
+}
+
+int bgtask_has_children(void) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    int rc;
+    do {
+        rc = waitid(P_ALL, 0, &info, WEXITED | WSTOPPED | WCONTINUED | WNOHANG | WNOWAIT | __WALL);
+    } while (rc == -1 && errno == EINTR);
+    return rc == -1 && errno == ECHILD ? 0 : 1;
 }
 
 int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) {

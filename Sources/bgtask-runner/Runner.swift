@@ -64,7 +64,7 @@ final class Runner: @unchecked Sendable {
     func report(_ message: ChildMessage) {
         do {
             try channel.send(message)
-        } catch let error as ChannelError where error.code == .oversized {
+        } catch where error.code == .oversized {
             FileHandle.standardError.write(Data("bgtask-runner: dropped a message: \(error)\n".utf8))
         } catch {
             channelLost("send: \(error)")

@@ -33,6 +33,7 @@ enum ZygoteServer {
     }
 
     static func serve() {
+        unsetenv("LD_BIND_NOW") // set by the host for the zygote alone (see Zygote)
         warmUp()
         let threads = bgtask_thread_count()
         var spare: Spare?
@@ -182,7 +183,7 @@ enum ZygoteServer {
             .loading(path: assignment.executablePath, at: bgtask_monotonic_ns()),
             .registered(identifier: "a.b.c", at: bgtask_monotonic_ns()), .launched(at: bgtask_monotonic_ns()),
             .taskBegan(task: 1, at: bgtask_monotonic_ns()), .taskCompleted(task: 1, success: true, at: bgtask_monotonic_ns()),
-            .finished(at: bgtask_monotonic_ns()),
+            .finished(at: bgtask_monotonic_ns(), descendants: false),
         ]
         for message in messages {
             try? pair.child.send(message)

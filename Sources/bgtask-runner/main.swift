@@ -18,7 +18,7 @@ if CommandLine.arguments.dropFirst().first == "--zygote" {
 // Named for ps and for the host, which finds a launch's processes by it (a runner forked by the
 // zygote has the zygote's original environment in /proc/PID/environ, not its own).
 if let launchID = getenv("BGTASK_LAUNCH_ID") {
-    _ = bgtask_set_process_title("bgtask-launch \(String(cString: launchID)) \(getenv("BGTASK_BUNDLE_ID").map { String(cString: $0) } ?? "")")
+    _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(String(cString: launchID)) \(getenv("BGTASK_BUNDLE_ID").map { String(cString: $0) } ?? "")")
 }
 
 /// A plugin crash must not write a core file into someone's working directory.
@@ -155,8 +155,8 @@ guard status == 0 else {
 runner.finish = {
     // Nothing the app started outlives its launch. The runner is their subreaper, so even those
     // that called setsid are still in its tree.
-    killDescendants()
-    runner.report(.finished(at: bgtask_monotonic_ns()))
+    let hadDescendants = killDescendants()
+    runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants))
     fflush(stdout)
     fflush(stderr)
     // Not exit(): handler threads may still be running app code, and tearing down globals under

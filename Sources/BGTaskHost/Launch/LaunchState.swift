@@ -26,6 +26,9 @@ struct LaunchState {
     var refused: [String] = []
     var submitted: [WireTaskRequest] = []
     var finished = false
+    /// The launch started processes of its own (the runner said so, or the supervisor saw
+    /// one): what it left behind must be looked for after the runner is reaped.
+    var hadDescendants = false
     var launchFailure: String?
     var fatal: String?
     var error: String?
@@ -87,7 +90,9 @@ struct LaunchState {
             tasks[task]?.completedNs = at
             tasks[task]?.success = success
         case .fatal(let error): fatal = error
-        case .finished: finished = true
+        case let .finished(_, descendants):
+            finished = true
+            if descendants { hadDescendants = true }
         case .progress, .title, .log, .submit, .cancel, .pending: break
         }
     }

@@ -18,6 +18,13 @@ public struct LaunchSupervisor: Sendable {
     public var logger: Logger
     /// How often resident memory is sampled when a memory limit is set (sampler mechanism).
     public var memorySampleInterval: Duration = .milliseconds(5)
+    /// How often the sampler looks for processes the launch started (a walk of
+    /// /proc/RUNNER/task/*/children); between walks it reads the runner's and the known
+    /// descendants' resident memory only. The first walk comes this long after the launch
+    /// starts: a walk creates /proc entries under the runner that make its reaping slower
+    /// (1–4 ms here, see BENCHMARKS.md), a cost a short launch should not pay. A descendant
+    /// that races ahead of the walk still meets the runner's RLIMIT_DATA backstop.
+    public var descendantSampleInterval: Duration = .milliseconds(20)
     /// A delegated cgroup v2 directory: when set, memory limits are kernel-enforced with one
     /// child cgroup per launch (`memory.max`) instead of sampled.
     public var cgroupRoot: URL?
@@ -175,7 +182,7 @@ public struct LaunchSupervisor: Sendable {
             var ignored: Int32 = 0
             _ = bgtask_wait4(descendant, &ignored, WNOHANG, nil)
         }
-        Self.reapOrphans()
+        Self.reapOrphans(sparing: zygote?.processes ?? [])
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
@@ -216,6 +223,9 @@ public struct LaunchSupervisor: Sendable {
         // last did, could cross half of its remaining headroom (never sooner than 0.5 ms).
         var nextSampleNs: UInt64 = 0
         var lastSample: (at: UInt64, rss: UInt64)?
+        let descendantWalkNs = UInt64(descendantSampleInterval.nanoseconds)
+        var nextDescendantWalkNs = state.startNs + descendantWalkNs
+        var knownDescendants: [pid_t] = []
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -239,7 +249,12 @@ public struct LaunchSupervisor: Sendable {
                 logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
-                let rss = ProcessTree.residentBytes(of: pid)
+                if now >= nextDescendantWalkNs {
+                    knownDescendants = ProcessTree.descendants(of: pid)
+                    if !knownDescendants.isEmpty { state.hadDescendants = true }
+                    nextDescendantWalkNs = now + descendantWalkNs
+                }
+                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: pid)) { $0 + ProcessTree.residentBytes(ofProcess: $1) }
                 state.peakRSS = max(state.peakRSS, rss)
                 var interval = sampleNs
                 if let last = lastSample, rss > last.rss, now > last.at, rss < plan.limits.memoryLimitBytes {
@@ -306,8 +321,9 @@ public struct LaunchSupervisor: Sendable {
             if channelOpen, fds.count > 3, fds[3].revents != 0 {
                 let wasFinished = state.finished
                 channelOpen = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
-                if state.finished && !wasFinished {
-                    // All tasks ended: nothing the launch started may outlive it.
+                if state.finished && !wasFinished && state.hadDescendants {
+                    // All tasks ended: nothing the launch started may outlive it. (The runner
+                    // killed them itself before it said so; this is the host making sure.)
                     for descendant in ProcessTree.descendants(of: pid) { kill(descendant, SIGKILL) }
                 }
                 if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
@@ -421,12 +437,16 @@ public struct LaunchSupervisor: Sendable {
     /// are descendants of launches whose runner died: children that are not the runner of a
     /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment. Other
     /// children of an embedding process are left alone.
-    static func reapOrphans() {
+    ///
+    /// `sparing`: the zygote and its spares, which are this process's children too. They are
+    /// not even looked at: reading a spare's /proc entries would make its reaping slower once
+    /// it has become a launch.
+    static func reapOrphans(sparing: Set<pid_t> = []) {
         // Under the lock that spawning holds, so a runner spawned a moment ago (not yet in
         // activeRunners) is never taken for an orphan.
         spawnLock.withLock {
             for orphan in ProcessTree.children(of: getpid())
-            where !activeRunners.withLock({ $0.contains(orphan) }) && ProcessTree.isLaunchProcess(orphan) {
+            where !sparing.contains(orphan) && !activeRunners.withLock({ $0.contains(orphan) }) && ProcessTree.isLaunchProcess(orphan) {
                 ProcessTree.killTree(orphan)
                 var status: Int32 = 0
                 _ = bgtask_wait4(orphan, &status, 0, nil)

@@ -68,6 +68,11 @@ public final class Zygote: @unchecked Sendable {
         defer { close(null) }
         var environment = ProcessInfo.processInfo.environment
         environment["BGTASK_LAUNCH_ID"] = nil
+        // Every symbol bound once, in the zygote, instead of lazily in each child: a lazy
+        // binding in a child costs a symbol lookup and a copy-on-write fault of its GOT page,
+        // launch after launch. The zygote removes the variable from its environment at once,
+        // so launches and what they start do not inherit it.
+        environment["LD_BIND_NOW"] = "1"
         var child: pid_t = 0
         // The zygote's own output goes nowhere; each launch's goes to its log.
         let rc = withCStrings([runnerPath, "--zygote"]) { argv in
@@ -127,6 +132,9 @@ public final class Zygote: @unchecked Sendable {
 
     /// Spares the zygote forked (this process's children) that have not become launches.
     private var spares = Set<pid_t>()
+
+    /// The zygote and its spares: this process's children that are not launches (yet).
+    var processes: Set<pid_t> { lock.withLock { pid > 0 ? spares.union([pid]) : spares } }
 
     /// The zygote's pid (0 when not running) and its spares' (for tests).
     var processID: pid_t { lock.withLock { pid } }

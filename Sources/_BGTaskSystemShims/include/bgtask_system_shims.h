@@ -50,9 +50,16 @@ int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns);
 /* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
 uint64_t bgtask_monotonic_ns(void);
 
-/* Rewrites this process's argument area, so /proc/PID/cmdline (and ps) shows `title`,
- * truncated to the area's size. 0, or -1. */
-int bgtask_set_process_title(const char *title);
+/* Rewrites this process's argument area (argv[0] through the end of argv[argc - 1], as the
+ * kernel laid it out), so /proc/PID/cmdline (and ps) shows `title`, truncated to the area's
+ * size. 0, or -1. Reads nothing from /proc: every /proc/PID entry a process's life creates
+ * makes its reaping slower (see BENCHMARKS.md, "/proc and reaping"). */
+int bgtask_set_process_title(char *const *argv, int argc, const char *title);
+
+/* 1 when this process has a child (running, stopped or a zombie, of any of its threads), 0
+ * when it has none: waitid(P_ALL, WNOHANG | WNOWAIT), which reaps nothing and reads no /proc
+ * entry. A child subreaper with no child has no descendant. */
+int bgtask_has_children(void);
 
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
  * the child); only for a single-threaded caller. */

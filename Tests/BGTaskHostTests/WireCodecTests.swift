@@ -1,0 +1,95 @@
+import BGTaskWire
+import Foundation
+import Testing
+
+/// The launch channel's binary encoding, through a real socketpair: every message survives the
+/// trip unchanged, and a frame that is not one (garbage, JSON, a truncated or padded message)
+/// is refused with an error naming what is wrong, never trapped on.
+struct WireCodecTests {
+    static let request = WireTaskRequest(
+        kind: .processing, identifier: "com.example.feed.db-cleaning", earliestBeginDate: 1_800_000_000.25,
+        requiresNetworkConnectivity: true, requiresExternalPower: true, protectionType: 2,
+        title: "Cleaning", subtitle: "ünïcödé ✓", strategyFail: true, requiredResources: 1)
+
+    static let childMessages: [ChildMessage] = [
+        .hello(pid: 4242), .loading(path: "/p/Feed.app/libFeed.so", at: 1), .registered(identifier: "a.b", at: .max),
+        .registerRefused(identifier: "a.c", reason: "not permitted"), .launched(at: 7), .launchFailed(error: ""),
+        .taskBegan(task: 1, at: 2), .taskNotRegistered(task: 3), .expirationDelivered(task: 4, at: 5, toApp: true),
+        .taskCompleted(task: 6, success: false, at: 8), .fatal(error: "registered twice"), .log(level: -1, message: "line\nline"),
+        .submit(seq: 9, request: request), .submit(seq: 10, request: WireTaskRequest(kind: .refresh, identifier: "r")),
+        .cancel(seq: 11, identifier: nil), .cancel(seq: 12, identifier: "x"), .pending(seq: 13),
+        .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
+        .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true), .finished(at: 100, descendants: false),
+    ]
+
+    static let assignment = LaunchAssignment(
+        launchID: "20261123T000000-abcdef01", role: .extension, bundleIdentifier: "com.example.feed.share",
+        bundlePath: "/plugins/Feed.app/PlugIns/Share.appex", executablePath: "/plugins/Feed.app/PlugIns/Share.appex/libShare.so",
+        dataDirectory: "/state/containers/com.example.feed", permittedIdentifiers: ["com.example.feed.refresh", "com.example.feed.export.*"],
+        tasks: [TaskAssignment(task: 1, identifier: "com.example.feed.refresh", kind: .refresh),
+                TaskAssignment(task: 2, identifier: "com.example.feed.export.1", kind: .continuedProcessing)],
+        mappedHandlers: [MappedHandler(identifier: "com.example.counter.report", symbol: "report",
+                                       arguments: [.identifier, .taskID, .complete, .dataDirectory], result: .int)],
+        eventJSON: "{\"k\":1}", supportedResources: 3, memoryBackstopBytes: 1 << 33)
+
+    static let parentMessages: [ParentMessage] = [
+        .start(assignment),
+        .start(LaunchAssignment(launchID: "l", role: .background, bundleIdentifier: "b", bundlePath: "/b", executablePath: "/b/l.so",
+                                dataDirectory: "/d", permittedIdentifiers: [], tasks: [], mappedHandlers: [])),
+        .expire(task: nil, reason: "budget"), .expire(task: 2, reason: "simulated"),
+        .reply(seq: 1, status: 0, message: nil, requests: nil), .reply(seq: 2, status: 3, message: "too many", requests: []),
+        .reply(seq: 3, status: 0, message: nil, requests: [request, WireTaskRequest(kind: .healthResearch, identifier: "h")]),
+        .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close,
+    ]
+
+    @Test func everyMessageCrossesTheChannelUnchanged() throws {
+        let pair = try LaunchChannel.makePair()
+        defer { pair.parent.close(); pair.child.close() }
+        for message in Self.childMessages {
+            try pair.child.send(message)
+            #expect(try pair.parent.receive(ChildMessage.self) == message)
+        }
+        for message in Self.parentMessages {
+            try pair.parent.send(message)
+            #expect(try pair.child.receive(ParentMessage.self) == message)
+        }
+    }
+
+    /// Every frame a misbehaving plugin could write instead of a message is refused with
+    /// `.malformed` and a description of the frame.
+    @Test func framesThatAreNotMessagesAreRefusedByName() throws {
+        var good = WireWriter()
+        ChildMessage.taskCompleted(task: 6, success: true, at: 8).write(to: &good)
+        var badBool = good.bytes
+        badBool[1 + 1 + 8] = 7
+        var hugeArray = WireWriter()
+        hugeArray.u8(0) // ParentMessage.start: launchID, role, four paths, then the identifiers' count
+        hugeArray.string("l")
+        hugeArray.u8(0)
+        for _ in 0..<4 { hugeArray.string("/p") }
+        hugeArray.u32(.max)
+        let cases: [(bytes: [UInt8], says: String)] = [
+            (Array("{\"hello\":{\"pid\":1}}".utf8), "format byte 0x7b"),
+            (Array("garbage".utf8), "format byte"),
+            ([0xB1], "frame ends inside message"),
+            ([0xB1, 200], "no child message has tag 200"),
+            (Array(good.bytes.dropLast()), "frame ends inside at"),
+            (good.bytes + [0], "bytes left after the message"),
+            (badBool, "success: 7 is not a boolean"),
+        ]
+        for (bytes, says) in cases {
+            do {
+                _ = try LaunchChannel.decode(ChildMessage.self, from: bytes)
+                Issue.record("decoded \(bytes) as a ChildMessage")
+            } catch {
+                #expect(error.code == .malformed)
+                #expect(error.detail.contains(says), "\(error.detail)")
+                #expect(error.detail.contains("not a ChildMessage"))
+            }
+        }
+        // A count no frame could hold is refused before anything is reserved for it.
+        #expect { try LaunchChannel.decode(ParentMessage.self, from: hugeArray.bytes) } throws: { error in
+            (error as? ChannelError)?.detail.contains("permittedIdentifiers: 4294967295 elements in 0 bytes") == true
+        }
+    }
+}
