@@ -181,6 +181,8 @@ public enum ChildMessage: Sendable, Equatable {
     /// Every task ended; the runner has killed what it started (`descendants`: whether it had
     /// started anything, so the host knows whether to look for leftovers) and exits next.
     case finished(at: UInt64, descendants: Bool)
+    /// The answer to `probeChildren`: whether the runner has a child process now.
+    case children(Bool)
 }
 
 /// Messages the parent sends to its child.
@@ -194,6 +196,9 @@ public enum ParentMessage: Sendable, Equatable {
     case startTask(TaskAssignment)
     /// Foreground launches: nothing more will be started; end once every task has ended.
     case close
+    /// Does the runner have a child process? Answered with `children` by the runner's reader
+    /// thread (waitid, no /proc): the host walks a launch's process tree only when it has one.
+    case probeChildren
 }
 
 extension LaunchAssignment: Equatable {}

@@ -246,6 +246,7 @@ extension ChildMessage: WireMessage {
         case let .progress(task, completed, total): writer.u8(15); writer.u64(task); writer.i64(completed); writer.i64(total)
         case let .title(task, title, subtitle): writer.u8(16); writer.u64(task); writer.string(title); writer.optional(subtitle) { $0.string($1) }
         case let .finished(at, descendants): writer.u8(17); writer.u64(at); writer.bool(descendants)
+        case let .children(has): writer.u8(18); writer.bool(has)
         }
     }
 
@@ -270,6 +271,7 @@ extension ChildMessage: WireMessage {
         case 16: self = .title(task: try reader.u64("task"), title: try reader.string("title"),
                                subtitle: try reader.optional("subtitle") { (r: inout WireReader) throws(ChannelError) in try r.string("subtitle") })
         case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"))
+        case 18: self = .children(try reader.bool("children"))
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }
@@ -288,6 +290,7 @@ extension ParentMessage: WireMessage {
             writer.optional(requests) { $0.array($1) { $1.write(to: &$0) } }
         case let .startTask(task): writer.u8(3); task.write(to: &writer)
         case .close: writer.u8(4)
+        case .probeChildren: writer.u8(5)
         }
     }
 
@@ -305,6 +308,7 @@ extension ParentMessage: WireMessage {
                 })
         case 3: self = .startTask(try TaskAssignment(from: &reader))
         case 4: self = .close
+        case 5: self = .probeChildren
         case let tag: throw ChannelError(.malformed, "no parent message has tag \(tag)")
         }
     }

@@ -80,6 +80,8 @@ let reader = Thread {
             runner.add(task)
         case .close:
             runner.close()
+        case .probeChildren:
+            runner.report(.children(bgtask_has_children() != 0))
         }
     }
 }

@@ -769,15 +769,25 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         // they are grouped, each check must see every submission committed or queued before it
         // in its group, so exactly 100 are kept.
         let accepted = Mutex(0), rejected = Mutex(0)
-        DispatchQueue.concurrentPerform(iterations: 16) { thread in
-            for index in 0..<15 {
-                let request = processing("\(feed).t\(thread).\(index)")
-                let rejection = try? store.submit(app: feed, request: request, at: t0) { current in
-                    current.count >= 100 ? .init(status: .tooManyPendingTaskRequests, message: "full") : nil
+        // 16 real threads (concurrentPerform runs only as many as there are cores, and on a
+        // loaded two-core machine those may never overlap a commit), started together.
+        let start = DispatchSemaphore(value: 0), done = DispatchGroup()
+        for thread in 0..<16 {
+            done.enter()
+            Thread {
+                defer { done.leave() }
+                start.wait()
+                for index in 0..<15 {
+                    let request = processing("\(feed).t\(thread).\(index)")
+                    let rejection = try? store.submit(app: feed, request: request, at: t0) { current in
+                        current.count >= 100 ? .init(status: .tooManyPendingTaskRequests, message: "full") : nil
+                    }
+                    if rejection == .some(nil) { accepted.withLock { $0 += 1 } } else { rejected.withLock { $0 += 1 } }
                 }
-                if rejection == .some(nil) { accepted.withLock { $0 += 1 } } else { rejected.withLock { $0 += 1 } }
-            }
+            }.start()
         }
+        for _ in 0..<16 { start.signal() }
+        done.wait()
         #expect(accepted.withLock { $0 } == 100)
         #expect(rejected.withLock { $0 } == 140)
         #expect(try store.pending(app: feed).count == 100)

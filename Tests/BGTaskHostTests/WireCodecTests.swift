@@ -20,6 +20,7 @@ struct WireCodecTests {
         .cancel(seq: 11, identifier: nil), .cancel(seq: 12, identifier: "x"), .pending(seq: 13),
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
         .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true), .finished(at: 100, descendants: false),
+        .children(true), .children(false),
     ]
 
     static let assignment = LaunchAssignment(
@@ -39,7 +40,7 @@ struct WireCodecTests {
         .expire(task: nil, reason: "budget"), .expire(task: 2, reason: "simulated"),
         .reply(seq: 1, status: 0, message: nil, requests: nil), .reply(seq: 2, status: 3, message: "too many", requests: []),
         .reply(seq: 3, status: 0, message: nil, requests: [request, WireTaskRequest(kind: .healthResearch, identifier: "h")]),
-        .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close,
+        .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close, .probeChildren,
     ]
 
     @Test func everyMessageCrossesTheChannelUnchanged() throws {

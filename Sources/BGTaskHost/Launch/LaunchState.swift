@@ -29,6 +29,8 @@ struct LaunchState {
     /// The launch started processes of its own (the runner said so, or the supervisor saw
     /// one): what it left behind must be looked for after the runner is reaped.
     var hadDescendants = false
+    /// The runner's last answer to `probeChildren` (nil: none since the last probe).
+    var childrenAnswer: Bool?
     var launchFailure: String?
     var fatal: String?
     var error: String?
@@ -38,8 +40,6 @@ struct LaunchState {
     var peakRSS: UInt64 = 0
     var cgroup: CgroupV2.LaunchGroup?
     var launcher = "spawn"
-    /// Pids killed with the launch, to reap those that end up this process's children.
-    var killedDescendants: Set<pid_t> = []
     /// Per task: when its expiration's grace ends (single-task expirations).
     var taskKillAt: [UInt64: UInt64] = [:]
     /// Per task: the last progress forwarded, and when.
@@ -93,6 +93,9 @@ struct LaunchState {
         case let .finished(_, descendants):
             finished = true
             if descendants { hadDescendants = true }
+        case .children(let has):
+            childrenAnswer = has
+            if has { hadDescendants = true }
         case .progress, .title, .log, .submit, .cancel, .pending: break
         }
     }

@@ -18,12 +18,14 @@ public struct LaunchSupervisor: Sendable {
     public var logger: Logger
     /// How often resident memory is sampled when a memory limit is set (sampler mechanism).
     public var memorySampleInterval: Duration = .milliseconds(5)
-    /// How often the sampler looks for processes the launch started (a walk of
-    /// /proc/RUNNER/task/*/children); between walks it reads the runner's and the known
-    /// descendants' resident memory only. The first walk comes this long after the launch
-    /// starts: a walk creates /proc entries under the runner that make its reaping slower
-    /// (1–4 ms here, see BENCHMARKS.md), a cost a short launch should not pay. A descendant
-    /// that races ahead of the walk still meets the runner's RLIMIT_DATA backstop.
+    /// How often the sampler looks for processes the launch started; between looks it reads
+    /// the runner's and the known descendants' resident memory only. Each look asks the runner
+    /// first (`probeChildren`, answered with waitid) and walks /proc/RUNNER/task/*/children only
+    /// when it has a child, or did not answer the previous probe: the /proc entries a walk
+    /// creates under a runner make its reap spin in the kernel for up to milliseconds (see
+    /// BENCHMARKS.md), a cost a launch that starts no process should not pay. The first look
+    /// comes this long after the launch starts; a descendant that races ahead of it still
+    /// meets the runner's RLIMIT_DATA backstop.
     public var descendantSampleInterval: Duration = .milliseconds(20)
     /// A delegated cgroup v2 directory: when set, memory limits are kernel-enforced with one
     /// child cgroup per launch (`memory.max`) instead of sampled.
@@ -153,10 +155,11 @@ public struct LaunchSupervisor: Sendable {
         state.cgroup = cgroup
         if !startFirst { startError = sendStart(cgroup) }
         if let startError {
+            logger.error("could not send the launch to its runner", metadata: ["error": "\(startError)"])
             // Without its launch the runner would wait for it until the budget ends.
             state.end(.launchFailed, error: "could not send the launch to the runner: \(startError)")
             state.killed = .launchFailed
-            Self.terminate(pid, cgroup: cgroup, state: &state)
+            Self.terminate(pid, cgroup: cgroup)
         }
 
         control?.onStart?(pid)
@@ -176,12 +179,6 @@ public struct LaunchSupervisor: Sendable {
         // Whatever the plugin left behind dies with the launch: its process group, and every
         // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
-        // Descendants killed with the launch were re-parented here when the runner died; some
-        // may already be zombies, which no environment test can recognise: reap them by pid.
-        for descendant in state.killedDescendants {
-            var ignored: Int32 = 0
-            _ = bgtask_wait4(descendant, &ignored, WNOHANG, nil)
-        }
         Self.reapOrphans(sparing: zygote?.processes ?? [])
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain()
@@ -226,6 +223,7 @@ public struct LaunchSupervisor: Sendable {
         let descendantWalkNs = UInt64(descendantSampleInterval.nanoseconds)
         var nextDescendantWalkNs = state.startNs + descendantWalkNs
         var knownDescendants: [pid_t] = []
+        var probeSent = false
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -237,7 +235,7 @@ public struct LaunchSupervisor: Sendable {
             }
             if let deadline = killAt, now >= deadline, state.killed == nil, !state.finished {
                 state.killed = .watchdog
-                Self.terminate(pid, cgroup: state.cgroup, state: &state)
+                Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: grace period over")
             }
             // A task expired on its own (stalled, cancelled, conditions lost) that is still open
@@ -245,13 +243,20 @@ public struct LaunchSupervisor: Sendable {
             if state.killed == nil, !state.finished,
                let (task, _) = state.taskKillAt.first(where: { now >= $0.value && state.tasks[$0.key]?.completedNs == nil }) {
                 state.killed = .watchdog
-                Self.terminate(pid, cgroup: state.cgroup, state: &state)
+                Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
                 if now >= nextDescendantWalkNs {
-                    knownDescendants = ProcessTree.descendants(of: pid)
-                    if !knownDescendants.isEmpty { state.hadDescendants = true }
+                    // Walk when the runner said it has a child, or when it did not answer.
+                    if probeSent && state.childrenAnswer != false {
+                        knownDescendants = ProcessTree.descendants(of: pid)
+                        if !knownDescendants.isEmpty { state.hadDescendants = true }
+                    } else {
+                        knownDescendants = []
+                    }
+                    state.childrenAnswer = nil
+                    probeSent = (try? channel.send(ParentMessage.probeChildren)) != nil
                     nextDescendantWalkNs = now + descendantWalkNs
                 }
                 let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: pid)) { $0 + ProcessTree.residentBytes(ofProcess: $1) }
@@ -266,7 +271,7 @@ public struct LaunchSupervisor: Sendable {
                 nextSampleNs = now + interval
                 if rss > plan.limits.memoryLimitBytes {
                     state.killed = .jetsam
-                    Self.terminate(pid, cgroup: nil, state: &state)
+                    Self.terminate(pid, cgroup: nil)
                     logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
                 }
             }
@@ -335,7 +340,7 @@ public struct LaunchSupervisor: Sendable {
                 // it can no longer be trusted.
                 state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
                 state.killed = .crashed
-                Self.terminate(pid, cgroup: state.cgroup, state: &state)
+                Self.terminate(pid, cgroup: state.cgroup)
             }
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
@@ -344,14 +349,19 @@ public struct LaunchSupervisor: Sendable {
     /// How long a child that closed its channel has to exit before it counts as hung up.
     static let exitAfterHangUp: UInt64 = 250_000_000
 
-    /// Kills the launch: its process group, then every descendant still under the runner.
-    static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, state: inout LaunchState) {
+    /// Kills the launch: its process group (or its cgroup), in one syscall.
+    ///
+    /// What left the group (setsid) is not looked for here: when the runner dies, it is
+    /// re-parented to this process (a child subreaper) and killed as an orphan once the runner
+    /// is reaped (`reapOrphans`). A walk of the runner's threads while they die would make the
+    /// runner's reap spin in the kernel for milliseconds (the /proc entries the walk creates;
+    /// see BENCHMARKS.md), and the watchdog's kill is measured to the reap.
+    static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?) {
         cgroup?.killAll()
-        // The process group first: one syscall stops the runner and everything that stayed in
-        // its group. What left the group (setsid) is found under the runner while it is still
-        // unreaped, or re-parented to this process and reaped as an orphan after.
         kill(-pid, SIGKILL)
-        state.killedDescendants.formUnion(ProcessTree.killTree(pid))
+        // The runner by pid too: a child the zygote forked a moment ago may not have made its
+        // process group yet, and the group kill would miss it.
+        kill(pid, SIGKILL)
     }
 
     /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
@@ -447,9 +457,12 @@ public struct LaunchSupervisor: Sendable {
         spawnLock.withLock {
             for orphan in ProcessTree.children(of: getpid())
             where !sparing.contains(orphan) && !activeRunners.withLock({ $0.contains(orphan) }) && ProcessTree.isLaunchProcess(orphan) {
-                ProcessTree.killTree(orphan)
+                let killed = ProcessTree.killTree(orphan)
                 var status: Int32 = 0
                 _ = bgtask_wait4(orphan, &status, 0, nil)
+                // Its own descendants came here when it died; those already dead are zombies
+                // no environment test can recognise: reaped by pid.
+                for descendant in killed { _ = bgtask_wait4(descendant, &status, WNOHANG, nil) }
             }
         }
     }
