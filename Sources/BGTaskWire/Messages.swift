@@ -159,7 +159,6 @@ public struct WireTaskRequest: Codable, Sendable, Equatable {
 /// Messages the child sends to its parent. Times are CLOCK_MONOTONIC nanoseconds, a clock every
 /// process on the machine shares, so the parent can place them on its launch's time line.
 public enum ChildMessage: Sendable, Equatable {
-    case hello(pid: Int32)
     /// About to dlopen the bundle's executable: a death from here to `launched` is a load or
     /// init failure.
     case loading(path: String, at: UInt64)

@@ -228,7 +228,6 @@ extension WireTaskRequest {
 extension ChildMessage: WireMessage {
     public func write(to writer: inout WireWriter) {
         switch self {
-        case let .hello(pid): writer.u8(0); writer.i32(pid)
         case let .loading(path, at): writer.u8(1); writer.string(path); writer.u64(at)
         case let .registered(identifier, at): writer.u8(2); writer.string(identifier); writer.u64(at)
         case let .registerRefused(identifier, reason): writer.u8(3); writer.string(identifier); writer.string(reason)
@@ -252,7 +251,6 @@ extension ChildMessage: WireMessage {
 
     public init(from reader: inout WireReader) throws(ChannelError) {
         switch try reader.u8("message") {
-        case 0: self = .hello(pid: try reader.i32("pid"))
         case 1: self = .loading(path: try reader.string("path"), at: try reader.u64("at"))
         case 2: self = .registered(identifier: try reader.string("identifier"), at: try reader.u64("at"))
         case 3: self = .registerRefused(identifier: try reader.string("identifier"), reason: try reader.string("reason"))

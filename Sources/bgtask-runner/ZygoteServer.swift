@@ -136,60 +136,75 @@ enum ZygoteServer {
     /// One request from `socket` (its payload and the descriptors that came with it, at most
     /// three); nil at end of stream or on an error.
     private static func receiveRequest(on socket: Int32) -> Request? {
-        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var fds: [Int32] = [-1, -1, -1]
         var count: Int32 = 3
         var received: Int
         repeat {
-            received = buffer.withUnsafeMutableBytes { raw in bgtask_recv_fds(socket, &fds, &count, raw.baseAddress, raw.count) }
+            received = bgtask_recv_fds(socket, &fds, &count, requestBuffer.baseAddress, requestBuffer.count)
         } while received < 0 && errno == EINTR
         guard received > 0 else { return nil }
-        return Request(payload: Array(buffer[0..<received]), fds: Array(fds.prefix(Int(count))))
+        return Request(payload: Array(requestBuffer[0..<received]), fds: Array(fds.prefix(Int(count))))
     }
 
-    /// A dry run, in a spare, of what a launch does before its handler runs: the channel
-    /// messages and a thread (the launch's parent reader). A fresh fork pays for each page it
-    /// first writes (copy-on-write); paid here, while the spare waits, it is off the launch's
-    /// critical path. No Dispatch queue: a launch uses one only for expiration, and its worker
-    /// thread would be one more thread for every launch to end.
+    /// Where requests are received, allocated once and never zeroed: a request is a few hundred
+    /// bytes, and a fresh zeroed 64 KiB buffer per request cost the zygote and each spare 15
+    /// page faults (the heap is trimmed between requests; a spare's pages are fresh).
+    nonisolated(unsafe) private static let requestBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+
+    /// A dry run, in a spare, of what a launch does before its handler runs: its side of the
+    /// channel (a start decoded, its messages encoded and sent) and a thread (the launch's parent
+    /// reader). A fresh fork pays for each page it first writes (copy-on-write); paid here, while
+    /// the spare waits, it is off the launch's critical path. Only the launch's own side: the
+    /// parent's half (encoding the start, decoding the child's messages) would fault pages no
+    /// launch touches, and spares cost CPU that concurrent launches need. No Dispatch queue: a
+    /// launch uses one only for expiration, and its worker thread would be one more thread for
+    /// every launch to end.
     private static func rehearse() {
-        exerciseLaunchPath()
-        let done = DispatchSemaphore(value: 0)
-        let thread = Thread { done.signal() }
-        thread.start()
-        done.wait()
-    }
-
-    /// Every message of a launch's path through the JSON coders and a real channel, and a URL:
-    /// run once in the zygote, it fills the runtime's metadata and conformance caches (which
-    /// every fork inherits); run again in a spare, it only takes that spare's copy-on-write
-    /// faults. Starts no thread.
-    private static func exerciseLaunchPath() {
-        guard let pair = try? LaunchChannel.makePair() else { return }
-        defer {
+        if let pair = try? LaunchChannel.makePair() {
+            try? pair.parent.send(bytes: startPacket)
+            exerciseChildSide(pair.child)
             pair.parent.close()
             pair.child.close()
         }
-        let assignment = LaunchAssignment(
-            launchID: "rehearsal", role: .background, bundleIdentifier: "a.b", bundlePath: "/a/B.app",
-            executablePath: "/a/B.app/libB.so", dataDirectory: "/a/data", permittedIdentifiers: ["a.b.c", "a.b.*"],
-            tasks: [TaskAssignment(task: 1, identifier: "a.b.c", kind: .refresh)], mappedHandlers: [],
-            supportedResources: 0, memoryBackstopBytes: 1 << 30)
-        try? pair.parent.send(ParentMessage.start(assignment))
-        try? pair.child.send(ChildMessage.hello(pid: getpid()))
-        _ = try? pair.child.receive(ParentMessage.self)
-        _ = try? pair.parent.receive(ChildMessage.self)
-        _ = URL(fileURLWithPath: assignment.executablePath).lastPathComponent
+        let done = DispatchSemaphore(value: 0)
+        startThread { done.signal() }
+        done.wait()
+        rehearseSymbolLookups()
+    }
+
+    /// What the dynamic linker reads when the launch dlopens its plugin, read once here: the
+    /// name of every loaded library (each of the plugin's DT_NEEDED entries is matched against
+    /// all of them; libc comes late in the list) and the hash tables a lookup walks through the
+    /// whole global scope (the weak symbols every shared object asks for are found nowhere and
+    /// walk all of it; the others are what every SwiftPM-built plugin and most C ones import).
+    /// A fresh fork maps none of the libraries' read-only pages it reads: each first read is a
+    /// page fault, 43 of them in a no-op launch's dlopen before this rehearsal.
+    private static func rehearseSymbolLookups() {
+        if let libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD) { dlclose(libc) }
+        for name in rehearsedSymbols { _ = dlsym(UnsafeMutableRawPointer(bitPattern: 0), name) }
+    }
+
+    private static let rehearsedSymbols = [
+        "__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable", "__cxa_finalize",
+        "swift_addNewDSOImage", "_swift_backtrace_isThunkFunction", "swift_retain", "swift_release",
+        "swift_allocObject", "swift_once", "malloc", "free", "calloc", "realloc", "memset", "memcpy",
+        "strlen", "__stack_chk_fail", "pthread_mutex_lock", "pthread_mutex_unlock",
+    ]
+
+    /// The start of `rehearsalAssignment`, encoded once by the zygote.
+    nonisolated(unsafe) private static var startPacket: [UInt8] = []
+
+    /// The launch's side of its channel: receives the start waiting on `channel`, sends every
+    /// message a no-op launch sends. Starts no thread.
+    private static func exerciseChildSide(_ channel: LaunchChannel) {
+        guard case let .start(assignment)? = try? channel.receive(ParentMessage.self) else { return }
         let messages: [ChildMessage] = [
             .loading(path: assignment.executablePath, at: bgtask_monotonic_ns()),
             .registered(identifier: "a.b.c", at: bgtask_monotonic_ns()), .launched(at: bgtask_monotonic_ns()),
             .taskBegan(task: 1, at: bgtask_monotonic_ns()), .taskCompleted(task: 1, success: true, at: bgtask_monotonic_ns()),
             .finished(at: bgtask_monotonic_ns(), descendants: false),
         ]
-        for message in messages {
-            try? pair.child.send(message)
-            _ = try? pair.parent.receive(ChildMessage.self)
-        }
+        for message in messages { try? channel.send(message) }
     }
 
     /// What every launch needs and no launch decides: its own process group, default signals.
@@ -217,14 +232,21 @@ enum ZygoteServer {
         }
     }
 
-    /// Fills the caches every launch uses, so children inherit them ready: the channel's
-    /// messages, a runner's registrations and task start (its dictionaries' generic metadata
-    /// was 5 % of a no-op launch's CPU when every child instantiated it anew), the environment
-    /// parse, Foundation's current thread. Starts no thread.
+    /// Fills the caches every launch uses, so children inherit them ready: the launch's side of
+    /// the channel (and the start packet every spare rehearses with), a runner's registrations
+    /// and task start (its dictionaries' generic metadata was 5 % of a no-op launch's CPU when
+    /// every child instantiated it anew), the environment parse. Starts no thread.
     private static func warmUp() {
-        exerciseLaunchPath()
+        var writer = WireWriter()
+        ParentMessage.start(rehearsalAssignment).write(to: &writer)
+        startPacket = writer.bytes
+        if let pair = try? LaunchChannel.makePair() {
+            try? pair.parent.send(bytes: startPacket)
+            exerciseChildSide(pair.child)
+            pair.parent.close()
+            pair.child.close()
+        }
         _ = environment(Array("HOME=/a\0BGTASK_LAUNCH_ID=b".utf8))
-        _ = Thread.current
         guard let pair = try? LaunchChannel.makePair() else { return }
         defer {
             pair.parent.close()

@@ -33,7 +33,6 @@ _ = bgtask_set_child_subreaper()
 setvbuf(stdout, nil, _IOLBF, 0)
 
 let channel = LaunchChannel(fd: 3)
-try? channel.send(ChildMessage.hello(pid: getpid()))
 
 let assignment: LaunchAssignment
 do {
@@ -58,7 +57,7 @@ hostTable = makeHostTable()
 
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
-let reader = Thread {
+startThread {
     while true {
         let message: ParentMessage?
         do {
@@ -85,7 +84,6 @@ let reader = Thread {
         }
     }
 }
-reader.start()
 
 func launchFailed(_ error: String) -> Never {
     runner.report(.launchFailed(error: error))
@@ -93,7 +91,9 @@ func launchFailed(_ error: String) -> Never {
     _exit(RunnerExitStatus.launchFailed)
 }
 
-let library = URL(fileURLWithPath: assignment.executablePath).lastPathComponent
+/// The executable's file name, for errors (not a URL: building one is Foundation work on every
+/// launch's path, for a name only a failure needs).
+var library: String { String(assignment.executablePath.split(separator: "/").last ?? Substring(assignment.executablePath)) }
 runner.report(.loading(path: assignment.executablePath, at: bgtask_monotonic_ns()))
 guard let handle = dlopen(assignment.executablePath, RTLD_NOW | RTLD_LOCAL) else {
     launchFailed("dlopen \(assignment.executablePath): \(dlerror().map { String(cString: $0) } ?? "unknown error")")

@@ -12,7 +12,7 @@ struct WireCodecTests {
         title: "Cleaning", subtitle: "ünïcödé ✓", strategyFail: true, requiredResources: 1)
 
     static let childMessages: [ChildMessage] = [
-        .hello(pid: 4242), .loading(path: "/p/Feed.app/libFeed.so", at: 1), .registered(identifier: "a.b", at: .max),
+        .loading(path: "/p/Feed.app/libFeed.so", at: 1), .registered(identifier: "a.b", at: .max),
         .registerRefused(identifier: "a.c", reason: "not permitted"), .launched(at: 7), .launchFailed(error: ""),
         .taskBegan(task: 1, at: 2), .taskNotRegistered(task: 3), .expirationDelivered(task: 4, at: 5, toApp: true),
         .taskCompleted(task: 6, success: false, at: 8), .fatal(error: "registered twice"), .log(level: -1, message: "line\nline"),

@@ -49,7 +49,8 @@ final class LaunchLog {
     @discardableResult
     func drain() -> Bool {
         guard readEnd >= 0 else { return false }
-        if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 64 * 1024) }
+        // Not zeroed: read() fills what is used (a launch that prints nothing costs no memset).
+        if buffer.isEmpty { buffer = [UInt8](unsafeUninitializedCapacity: 64 * 1024) { $1 = $0.count } }
         while true {
             let n = buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, $0.count) }
             if n > 0 {

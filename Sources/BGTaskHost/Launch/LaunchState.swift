@@ -73,7 +73,6 @@ struct LaunchState {
 
     mutating func apply(_ message: ChildMessage) {
         switch message {
-        case .hello: break
         case .loading: phase = .loading
         case .registered(let identifier, _): registered.append(identifier)
         case .registerRefused(let identifier, let reason):

@@ -53,15 +53,19 @@ public struct LaunchSupervisor: Sendable {
 
     public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil) throws(BGTaskError) -> RunRecord {
         var logger = logger
-        logger[metadataKey: "launch.id"] = "\(plan.launchID)"
-        logger[metadataKey: "bundle.id"] = "\(plan.bundle.identifier)"
+        // Set on the logger in one assignment once the pid is known: a log handler may redo its
+        // work on every metadata change (swift-log's StreamLogHandler prettifies all of it).
+        var launchMetadata: Logger.Metadata = ["launch.id": "\(plan.launchID)", "bundle.id": "\(plan.bundle.identifier)"]
 
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
         // The app's container (its HOME, with its TMPDIR) and the log directory.
-        try makeDirectories(plan.dataDirectory.path + "/tmp")
-        try makeDirectories(plan.logFile.deletingLastPathComponent().path)
+        // Paths as strings once (URL operations are a measurable part of a short launch).
+        let dataPath = plan.dataDirectory.path
+        let logPath = plan.logFile.path
+        try makeDirectories(dataPath + "/tmp")
+        try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -71,14 +75,13 @@ public struct LaunchSupervisor: Sendable {
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
-        let log = try LaunchLog(path: plan.logFile.path)
-        let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
-        defer { close(nullFD) }
+        let log = try LaunchLog(path: logPath)
+        let nullFD = try Self.devNull()
 
         // What a launch's environment changes over the host's own.
         var overrides: [String: String] = [
-            "HOME": plan.dataDirectory.path,
-            "TMPDIR": plan.dataDirectory.appendingPathComponent("tmp").path,
+            "HOME": dataPath,
+            "TMPDIR": dataPath + "/tmp",
             "BGTASK_LAUNCH_ID": plan.launchID,
             "BGTASK_BUNDLE_ID": plan.bundle.identifier,
         ]
@@ -107,7 +110,7 @@ public struct LaunchSupervisor: Sendable {
                 pid = try zygote.launch(channel: channels.child.fd, stdin: nullFD, log: log.childEnd, environment: overrides)
                 forked = true
             } catch {
-                logger.warning("zygote unavailable; spawning the runner instead", metadata: ["error": "\(error)"])
+                logger.warning("zygote unavailable; spawning the runner instead", metadata: launchMetadata.merging(["error": "\(error)"]) { $1 })
             }
         }
         if !forked {
@@ -129,7 +132,8 @@ public struct LaunchSupervisor: Sendable {
         guard spawnError == 0 else {
             throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
         }
-        logger[metadataKey: "child.pid"] = "\(pid)"
+        launchMetadata["child.pid"] = "\(pid)"
+        logger.handler.metadata.merge(launchMetadata) { $1 }
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
         var cgroup: CgroupV2.LaunchGroup?
@@ -179,7 +183,11 @@ public struct LaunchSupervisor: Sendable {
         // Whatever the plugin left behind dies with the launch: its process group, and every
         // orphan re-parented to this process (setsid cannot escape a subreaper).
         kill(-pid, SIGKILL)
-        Self.reapOrphans(sparing: zygote?.processes ?? [])
+        // A runner that ended its launch itself and never had a child left nothing to find
+        // (its orphans would have been its children: it is their subreaper).
+        if !state.finished || state.hadDescendants || state.killed != nil {
+            Self.reapOrphans(sparing: zygote?.processes ?? [])
+        }
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
@@ -469,6 +477,22 @@ public struct LaunchSupervisor: Sendable {
 
     /// Held from starting a runner until it is in `activeRunners`, and while reaping orphans.
     static let spawnLock = NSLock()
+
+    /// /dev/null for the children's stdin, opened once for the process's lifetime.
+    private static func devNull() throws(BGTaskError) -> Int32 {
+        if let fd = devNullFD.withLock({ $0 }) { return fd }
+        let fd = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        return devNullFD.withLock { existing in
+            if let existing {
+                close(fd)
+                return existing
+            }
+            existing = fd
+            return fd
+        }
+    }
+
+    private static let devNullFD = LockedValue<Int32?>(nil)
 }
 
 /// Lends `strings` as a NULL-terminated C array (argv, envp) for the duration of `body`.
