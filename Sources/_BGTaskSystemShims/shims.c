@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -114,12 +116,29 @@ int bgtask_thread_count(void) {
     return count;
 }
 
+/* Signals whose action was not SIG_DFL at bgtask_note_signal_actions (bit per signal). */
+static uint64_t noted_signals;
+static bool signals_noted;
+
+void bgtask_note_signal_actions(void) {
+    noted_signals = 0;
+    for (int sig = 1; sig < NSIG && sig < 64; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        struct sigaction current;
+        if (sigaction(sig, NULL, &current) != 0) continue;
+        bool is_default = !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL;
+        if (!is_default) noted_signals |= (uint64_t)1 << sig;
+    }
+    signals_noted = true;
+}
+
 void bgtask_reset_signals(void) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = SIG_DFL;
     for (int sig = 1; sig < NSIG; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP) continue;
+        if (signals_noted && sig < 64 && !(noted_signals & ((uint64_t)1 << sig))) continue;
         sigaction(sig, &action, NULL);
     }
     sigset_t none;

@@ -36,6 +36,9 @@ enum ZygoteServer {
     static func serve() {
         unsetenv("LD_BIND_NOW") // set by the host for the zygote alone (see Zygote)
         warmUp()
+        // The zygote changes no signal action from here on: each fork resets only the ones
+        // that are not at their default now (a handful, instead of 62 sigaction calls).
+        bgtask_note_signal_actions()
         let threads = bgtask_thread_count()
         var spare: Spare?
         switch forkSpare() {
@@ -160,11 +163,15 @@ enum ZygoteServer {
     /// launch uses one only for expiration, and its worker thread would be one more thread for
     /// every launch to end.
     private static func rehearse() {
-        if let pair = try? LaunchChannel.makePair() {
-            try? pair.parent.send(bytes: startPacket)
-            exerciseChildSide(pair.child)
-            pair.parent.close()
-            pair.child.close()
+        // A bare socket pair: the launch channel's buffer sizes (four setsockopt calls) do not
+        // matter to a rehearsal.
+        var fds: [Int32] = [-1, -1]
+        if socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0 {
+            let (parent, child) = (LaunchChannel(fd: fds[0]), LaunchChannel(fd: fds[1]))
+            try? parent.send(bytes: startPacket)
+            exerciseChildSide(child)
+            parent.close()
+            child.close()
         }
         let done = DispatchSemaphore(value: 0)
         startThread { done.signal() }

@@ -58,6 +58,7 @@ import Testing
         #expect(everything.apps?.map(\.pending) == [0, 1, 0])
         #expect(everything.apps?.map(\.refreshEnabled) == [false, true, true])
         #expect(everything.next == nil && everything.invalid?.count == 1)
+        #expect(everything.invalid?.first?.path.hasPrefix(broken.path) == true, "the invalid bundle is Broken.app: \(everything.invalid ?? [])")
 
         for size in [1, 2, 3, 10] {
             var seen: [AppSummary] = []

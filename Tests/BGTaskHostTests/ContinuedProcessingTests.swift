@@ -42,6 +42,14 @@ import Testing
 
         // One slot: "stall" runs, "slow" waits in the queue, "eager" (strategy .fail) is refused.
         #expect(try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["stall", "slow"]}"#]).status == 0)
+        // "stall" holds the slot before "eager" asks for it (`open` returns before the launch
+        // has submitted anything).
+        var stalling = false
+        for _ in 0..<500 where !stalling {
+            stalling = (try host.send(ControlRequest(verb: "progress")).continued ?? []).contains { $0.identifier == "com.example.misbehaving.continued.stall" }
+            if !stalling { usleep(10_000) }
+        }
+        #expect(stalling, "the stall task started")
         let failed = try host.cli(["open", "com.example.misbehaving", "--event", #"{"continued": ["eager"], "strategy": "fail"}"#, "--wait", "--json"])
         let refusedLaunch = try RunRecord.decode(Data(failed.stdout.utf8))
         let refusedLog = try refusedLaunch.logText()

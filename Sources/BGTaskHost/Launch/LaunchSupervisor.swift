@@ -76,7 +76,8 @@ public struct LaunchSupervisor: Sendable {
         defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
         let log = try LaunchLog(path: logPath)
-        let nullFD = try Self.devNull()
+        let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        defer { close(nullFD) }
 
         // What a launch's environment changes over the host's own.
         var overrides: [String: String] = [
@@ -477,22 +478,6 @@ public struct LaunchSupervisor: Sendable {
 
     /// Held from starting a runner until it is in `activeRunners`, and while reaping orphans.
     static let spawnLock = NSLock()
-
-    /// /dev/null for the children's stdin, opened once for the process's lifetime.
-    private static func devNull() throws(BGTaskError) -> Int32 {
-        if let fd = devNullFD.withLock({ $0 }) { return fd }
-        let fd = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
-        return devNullFD.withLock { existing in
-            if let existing {
-                close(fd)
-                return existing
-            }
-            existing = fd
-            return fd
-        }
-    }
-
-    private static let devNullFD = LockedValue<Int32?>(nil)
 }
 
 /// Lends `strings` as a NULL-terminated C array (argv, envp) for the duration of `body`.

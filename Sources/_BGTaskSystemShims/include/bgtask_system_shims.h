@@ -66,8 +66,11 @@ int bgtask_has_children(void);
 pid_t bgtask_clone_parent(void);
 /* Threads of this process (from /proc/self/task), or -1. */
 int bgtask_thread_count(void);
-/* Every signal to its default action, none blocked. */
+/* Every signal to its default action, none blocked. After bgtask_note_signal_actions, only
+ * the signals that were not at their default then are reset (one syscall each instead of 64):
+ * for a process that changes no disposition afterwards (the zygote) and its forks. */
 void bgtask_reset_signals(void);
+void bgtask_note_signal_actions(void);
 /* Closes every descriptor >= lowest. */
 void bgtask_close_from(int lowest);
 /* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno. */

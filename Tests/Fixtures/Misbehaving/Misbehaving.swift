@@ -268,6 +268,9 @@ enum Misbehaving {
                 let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)")) ?? "?"
                 print("fd \(entry) -> \(target)")
             }
+            // The process's signal state (SigBlk, SigIgn, SigCgt: hexadecimal masks).
+            let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+            for line in status.split(separator: "\n") where line.hasPrefix("Sig") { print(line) }
             task.setTaskCompleted(success: true)
         }
     }
