@@ -155,24 +155,15 @@ enum ZygoteServer {
     nonisolated(unsafe) private static let requestBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
 
     /// A dry run, in a spare, of what a launch does before its handler runs: its side of the
-    /// channel (a start decoded, its messages encoded and sent) and a thread (the launch's parent
-    /// reader). A fresh fork pays for each page it first writes (copy-on-write); paid here, while
+    /// channel (a start decoded, its messages encoded; not sent: a dozen system calls would only
+    /// fault in a few pages of code) and a thread (the launch's parent reader). A fresh fork pays for each page it first writes (copy-on-write); paid here, while
     /// the spare waits, it is off the launch's critical path. Only the launch's own side: the
     /// parent's half (encoding the start, decoding the child's messages) would fault pages no
     /// launch touches, and spares cost CPU that concurrent launches need. No Dispatch queue: a
     /// launch uses one only for expiration, and its worker thread would be one more thread for
     /// every launch to end.
     private static func rehearse() {
-        // A bare socket pair: the launch channel's buffer sizes (four setsockopt calls) do not
-        // matter to a rehearsal.
-        var fds: [Int32] = [-1, -1]
-        if socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0 {
-            let (parent, child) = (LaunchChannel(fd: fds[0]), LaunchChannel(fd: fds[1]))
-            try? parent.send(bytes: startPacket)
-            exerciseChildSide(child)
-            parent.close()
-            child.close()
-        }
+        exerciseChildSide(startPacket, send: nil)
         let done = DispatchSemaphore(value: 0)
         startThread { done.signal() }
         done.wait()
@@ -198,20 +189,30 @@ enum ZygoteServer {
         "strlen", "__stack_chk_fail", "pthread_mutex_lock", "pthread_mutex_unlock",
     ]
 
+    nonisolated(unsafe) private static var rehearsedBytes = 0
+
     /// The start of `rehearsalAssignment`, encoded once by the zygote.
     nonisolated(unsafe) private static var startPacket: [UInt8] = []
 
-    /// The launch's side of its channel: receives the start waiting on `channel`, sends every
-    /// message a no-op launch sends. Starts no thread.
-    private static func exerciseChildSide(_ channel: LaunchChannel) {
-        guard case let .start(assignment)? = try? channel.receive(ParentMessage.self) else { return }
+    /// The launch's side of its channel: decodes `packet` (a start), encodes every message a
+    /// no-op launch sends, and sends them on `channel` if there is one. Starts no thread.
+    private static func exerciseChildSide(_ packet: [UInt8], send channel: LaunchChannel?) {
+        guard case let .start(assignment)? = try? LaunchChannel.decode(ParentMessage.self, from: packet) else { return }
         let messages: [ChildMessage] = [
             .loading(path: assignment.executablePath, at: bgtask_monotonic_ns()),
             .registered(identifier: "a.b.c", at: bgtask_monotonic_ns()), .launched(at: bgtask_monotonic_ns()),
             .taskBegan(task: 1, at: bgtask_monotonic_ns()), .taskCompleted(task: 1, success: true, at: bgtask_monotonic_ns()),
             .finished(at: bgtask_monotonic_ns(), descendants: false),
         ]
-        for message in messages { try? channel.send(message) }
+        for message in messages {
+            if let channel {
+                try? channel.send(message)
+            } else {
+                var writer = WireWriter()
+                message.write(to: &writer)
+                rehearsedBytes &+= writer.bytes.count // kept, so the encoding is not optimized away
+            }
+        }
     }
 
     /// What every launch needs and no launch decides: its own process group, default signals.
@@ -249,7 +250,7 @@ enum ZygoteServer {
         startPacket = writer.bytes
         if let pair = try? LaunchChannel.makePair() {
             try? pair.parent.send(bytes: startPacket)
-            exerciseChildSide(pair.child)
+            if let packet = try? pair.child.receivePacket() { exerciseChildSide(packet, send: pair.child) }
             pair.parent.close()
             pair.child.close()
         }

@@ -80,16 +80,17 @@ import _BGTaskSystemShims
             let log = try record.logText()
             #expect(log.contains("fd 3 -> socket:"), "the channel is fd 3: \(log)")
             #expect(log.contains("fd 1 -> pipe:") && log.contains("fd 2 -> pipe:"), "stdout and stderr go to the pipe into the launch log: \(log)")
-            // Signals as a spawned runner has them: the zygote's own handlers (the Swift
-            // runtime's crash handlers among them) reset to their defaults, nothing blocked;
-            // the runner ignores SIGPIPE itself. (Signals 32 and up are glibc's and the
-            // real-time ones: not looked at.)
+            // Signal actions as a spawned runner has them: the zygote's own handlers (the Swift
+            // runtime's crash handlers among them) reset to their defaults; the runner ignores
+            // SIGPIPE itself. (Signals 32 and up are glibc's and the real-time ones: not looked
+            // at. Blocked signals are per thread, and the handler runs on a Dispatch worker
+            // while the main thread may be inside pthread_create, all signals blocked: not
+            // looked at either.)
             func mask(_ name: String) -> UInt64? {
                 log.split(separator: "\n").first { $0.hasPrefix(name + ":") }
                     .flatMap { UInt64($0.dropFirst(name.count + 1).trimmingCharacters(in: .whitespaces), radix: 16) }
             }
             let classic: UInt64 = 0x7FFF_FFFF // signals 1-31
-            #expect(mask("SigBlk").map { $0 & classic } == 0, "no signal blocked: \(log)")
             #expect(mask("SigIgn").map { $0 & classic } == 1 << (UInt64(SIGPIPE) - 1), "only SIGPIPE ignored: \(log)")
             #expect(mask("SigCgt").map { $0 & classic } == 0, "no handler the launch did not install: \(log)")
         }
