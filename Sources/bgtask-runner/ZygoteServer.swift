@@ -156,12 +156,13 @@ enum ZygoteServer {
 
     /// A dry run, in a spare, of what a launch does before its handler runs: its side of the
     /// channel (a start decoded, its messages encoded; not sent: a dozen system calls would only
-    /// fault in a few pages of code) and a thread (the launch's parent reader). A fresh fork pays for each page it first writes (copy-on-write); paid here, while
-    /// the spare waits, it is off the launch's critical path. Only the launch's own side: the
-    /// parent's half (encoding the start, decoding the child's messages) would fault pages no
-    /// launch touches, and spares cost CPU that concurrent launches need. No Dispatch queue: a
-    /// launch uses one only for expiration, and its worker thread would be one more thread for
-    /// every launch to end.
+    /// fault in a few pages of code), a thread (the launch's parent reader) and the dynamic
+    /// linker's reads. A fresh fork pays for each page it first touches (copy-on-write, or a
+    /// library page it has not mapped yet); paid here, while the spare waits, it is off the
+    /// launch's critical path. Only the launch's own side: the parent's half (encoding the
+    /// start, decoding the child's messages) would fault pages no launch touches, and spares
+    /// cost CPU that concurrent launches need. No Dispatch queue: a launch uses one only for
+    /// expiration, and its worker thread would be one more thread for every launch to end.
     private static func rehearse() {
         exerciseChildSide(startPacket, send: nil)
         let done = DispatchSemaphore(value: 0)
