@@ -51,7 +51,8 @@ public struct LaunchChannel: Sendable {
         try send(bytes: writer.bytes)
     }
 
-    /// Sends one packet as it is (for tests that play a misbehaving peer).
+    /// Sends one packet as it is: one encoded ahead (the zygote's rehearsal start), or, in
+    /// tests, a misbehaving peer's bytes.
     public func send(bytes data: [UInt8]) throws(ChannelError) {
         guard data.count <= Self.maximumMessageBytes else {
             throw ChannelError(.oversized, "message of \(data.count) bytes exceeds \(Self.maximumMessageBytes)")

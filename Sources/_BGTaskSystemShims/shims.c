@@ -116,18 +116,19 @@ int bgtask_thread_count(void) {
     return count;
 }
 
-/* Signals whose action was not SIG_DFL at bgtask_note_signal_actions (bit per signal). */
+/* Signals whose action was not SIG_DFL at bgtask_note_signal_actions: bit sig - 1 for signal
+ * sig (Linux has 64, NSIG is 65). */
 static uint64_t noted_signals;
 static bool signals_noted;
 
 void bgtask_note_signal_actions(void) {
     noted_signals = 0;
-    for (int sig = 1; sig < NSIG && sig < 64; sig++) {
+    for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP) continue;
         struct sigaction current;
         if (sigaction(sig, NULL, &current) != 0) continue;
         bool is_default = !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL;
-        if (!is_default) noted_signals |= (uint64_t)1 << sig;
+        if (!is_default) noted_signals |= (uint64_t)1 << (sig - 1);
     }
     signals_noted = true;
 }
@@ -138,7 +139,7 @@ void bgtask_reset_signals(void) {
     action.sa_handler = SIG_DFL;
     for (int sig = 1; sig < NSIG; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP) continue;
-        if (signals_noted && sig < 64 && !(noted_signals & ((uint64_t)1 << sig))) continue;
+        if (signals_noted && sig <= 64 && !(noted_signals & ((uint64_t)1 << (sig - 1)))) continue;
         sigaction(sig, &action, NULL);
     }
     sigset_t none;
