@@ -34,6 +34,7 @@ let package = Package(
         .library(name: "EntryFails", type: .dynamic, targets: ["EntryFails"]),
         .library(name: "CrashInConstructor", type: .dynamic, targets: ["CrashInConstructor"]),
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
+        .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -108,6 +109,10 @@ let package = Package(
         .target(name: "EntryFails", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/EntryFails"),
         .target(name: "CrashInConstructor", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/CrashInConstructor"),
         .target(name: "BenchPlugin", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/BenchPlugin"),
+        .target(
+            name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",
+            exclude: ["Info.plist", "Share-Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
 
         // MARK: Tests
         .testTarget(

@@ -101,12 +101,14 @@ public struct LaunchAssignment: Codable, Sendable {
     /// RLIMIT_DATA for the runner: a backstop for the sampled memory limit, far above it, that
     /// stops an allocation burst faster than the sampler can see it.
     public var memoryBackstopBytes: UInt64?
+    /// The app groups the bundle is entitled to (`com.apple.security.application-groups`).
+    public var appGroups: [AppGroup]
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
         executablePath: String, dataDirectory: String, permittedIdentifiers: [String],
         tasks: [TaskAssignment], mappedHandlers: [MappedHandler], eventJSON: String? = nil,
-        supportedResources: UInt32 = 0, memoryBackstopBytes: UInt64? = nil
+        supportedResources: UInt32 = 0, memoryBackstopBytes: UInt64? = nil, appGroups: [AppGroup] = []
     ) {
         self.launchID = launchID
         self.role = role
@@ -120,6 +122,7 @@ public struct LaunchAssignment: Codable, Sendable {
         self.eventJSON = eventJSON
         self.supportedResources = supportedResources
         self.memoryBackstopBytes = memoryBackstopBytes
+        self.appGroups = appGroups
     }
 }
 

@@ -180,6 +180,10 @@ extension LaunchAssignment {
         writer.optional(eventJSON) { $0.string($1) }
         writer.u32(supportedResources)
         writer.optional(memoryBackstopBytes) { $0.u64($1) }
+        writer.array(appGroups) {
+            $0.string($1.identifier)
+            $0.string($1.directory)
+        }
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -192,7 +196,10 @@ extension LaunchAssignment {
             mappedHandlers: try reader.array("mappedHandlers") { (r: inout WireReader) throws(ChannelError) in try MappedHandler(from: &r) },
             eventJSON: try reader.optional("eventJSON") { (r: inout WireReader) throws(ChannelError) in try r.string("eventJSON") },
             supportedResources: try reader.u32("supportedResources"),
-            memoryBackstopBytes: try reader.optional("memoryBackstopBytes") { (r: inout WireReader) throws(ChannelError) in try r.u64("memoryBackstopBytes") })
+            memoryBackstopBytes: try reader.optional("memoryBackstopBytes") { (r: inout WireReader) throws(ChannelError) in try r.u64("memoryBackstopBytes") },
+            appGroups: try reader.array("appGroups") { (r: inout WireReader) throws(ChannelError) in
+                AppGroup(identifier: try r.string("appGroup.identifier"), directory: try r.string("appGroup.directory"))
+            })
     }
 }
 

@@ -31,13 +31,15 @@ public struct BGTaskLaunch: Sendable {
 /// }
 /// ```
 ///
-/// The closure runs once per launch, on the runner's main thread, as
-/// `application(_:didFinishLaunchingWithOptions:)`: register launch handlers there. Throwing
-/// fails the launch, and the run record quotes the error.
+/// The closure runs once per launch, on the main thread and the main actor, as
+/// `application(_:didFinishLaunchingWithOptions:)` does: register launch handlers there. When it
+/// returns, the main thread runs the main run loop (the main dispatch queue, `@MainActor` work,
+/// timers) for the rest of the launch. Throwing fails the launch, and the run record quotes the
+/// error.
 public enum BGTaskPlugin {
     private final class State: @unchecked Sendable {
         let lock = NSLock()
-        var didFinishLaunching: ((BGTaskLaunch) throws -> Void)?
+        var didFinishLaunching: (@MainActor (BGTaskLaunch) throws -> Void)?
         var descriptor: UnsafeMutablePointer<bgtask_plugin>?
     }
     private static let state = State()
@@ -45,7 +47,7 @@ public enum BGTaskPlugin {
     /// Returns the plugin descriptor for the entry symbol to return.
     public static func entry(
         name: String,
-        didFinishLaunching: @escaping (BGTaskLaunch) throws -> Void
+        didFinishLaunching: @escaping @MainActor (BGTaskLaunch) throws -> Void
     ) -> UnsafeRawPointer {
         state.lock.withLock {
             state.didFinishLaunching = didFinishLaunching
@@ -79,7 +81,8 @@ public enum BGTaskPlugin {
             eventJSON: String(optionalCString: info.pointee.event_json))
         let body = state.lock.withLock { state.didFinishLaunching }
         do {
-            try body?(launch)
+            // The runner calls the launch function on its main thread (see bgtask/plugin.h).
+            try MainActor.assumeIsolated { try body?(launch) }
             return 0
         } catch {
             if let errorBuffer, errorSize > 0 {

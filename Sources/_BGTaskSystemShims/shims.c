@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -227,4 +228,23 @@ int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) 
     if (timeout_ns < 0) return ppoll(fds, (nfds_t)count, NULL, NULL);
     struct timespec timeout = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
     return ppoll(fds, (nfds_t)count, &timeout, NULL);
+}
+
+int bgtask_set_main_executable(const char *path) {
+    /* Looked up, not linked: the shims do not link Foundation, and a Foundation without the
+     * symbol should cost the app its Bundle.main, not its launch. */
+    const char **(*get_process_path)(void) = (const char **(*)(void))dlsym(RTLD_DEFAULT, "_CFGetProcessPath");
+    if (get_process_path == NULL) return -1;
+    const char *copy = strdup(path);
+    if (copy == NULL) return -1;
+    /* The first call fills the slot from /proc/self/exe; the runner's path, replaced here. */
+    *get_process_path() = copy;
+    return 0;
+}
+
+int bgtask_flush_preferences(void) {
+    void (*flush)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "CFPreferencesFlushCaches");
+    if (flush == NULL) return -1;
+    flush();
+    return 0;
 }

@@ -6,6 +6,9 @@ import Glibc
 /// The one runner of this process; the ABI's C callbacks reach it through here.
 nonisolated(unsafe) var runner: Runner!
 
+/// The C strings `app_group_container` returns, made once (they live as long as the process).
+nonisolated(unsafe) private var appGroupDirectories: [String: UnsafeMutablePointer<CChar>] = [:]
+
 /// Builds the host function table handed to the plugin (ABI 1).
 func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     var api = bgtask_host_api()
@@ -56,6 +59,11 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         runner.report(.title(task: task, title: title.map { String(cString: $0) } ?? "", subtitle: subtitle.map { String(cString: $0) }))
     }
     api.supported_resources = { _ in runner.assignment.supportedResources }
+    api.app_group_container = { _, identifier in
+        guard let identifier else { return nil }
+        return appGroupDirectories[String(cString: identifier)].map { UnsafePointer($0) }
+    }
+    appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)
     return table

@@ -7,10 +7,13 @@ import _BGTaskSystemShims
 /// The child side of one launch: serves the plugin ABI to the bundle it loads and reports every
 /// step to the parent over the launch channel (fd 3).
 ///
-/// Threads: the main thread loads the plugin, calls its launch function, then runs the launch
-/// handlers one at a time (`serveHandlers`); expiration is delivered on `expirationQueue`; the
-/// launch is ended by `finish`, on the thread that ended its last task (a handler may still be
-/// blocked on another); the parent reader receives on its own thread. All state is behind `lock`.
+/// Threads: the main thread is the app's main thread, as on iOS: it loads the plugin, calls its
+/// launch function (`application(_:didFinishLaunchingWithOptions:)`), then runs the main run
+/// loop, which drains the main dispatch queue (`AppProcess.runMainThread`); launch handlers are
+/// queued on the main queue, one at a time in order. Expiration is delivered on
+/// `expirationQueue`; the launch is ended by `finish`, on the thread that ended its last task (a
+/// handler may still be blocked on another); the parent reader receives on its own thread. All
+/// state is behind `lock`.
 final class Runner: @unchecked Sendable {
     enum Handler {
         case abi(bgtask_launch_handler, UnsafeMutableRawPointer?)
@@ -27,9 +30,9 @@ final class Runner: @unchecked Sendable {
 
     let assignment: LaunchAssignment
     let channel: LaunchChannel
-    /// Launch handlers waiting for the handler thread (see `serveHandlers`).
-    private var handlerWork: [() -> Void] = []
-    private let handlerWorkAvailable = DispatchSemaphore(value: 0)
+    /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
+    /// which must start no thread and leave the main queue untouched for its children.
+    var scheduleHandler: (@escaping () -> Void) -> Void = { _ in }
     let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
     /// Ends the launch once every task has ended; called once, on the thread that ended the
     /// last one (no hand-off to another thread: the launch's end is on its critical path).
@@ -165,7 +168,7 @@ final class Runner: @unchecked Sendable {
         signalEndIfDone()
     }
 
-    /// Starts one task on the handler thread, or reports it not registered.
+    /// Starts one task on the main queue, or reports it not registered.
     private func begin(_ task: TaskAssignment) {
         let handler: Handler? = lock.withLock {
             guard let handler = handlers[task.identifier] else { return nil }
@@ -196,21 +199,9 @@ final class Runner: @unchecked Sendable {
         }
     }
 
-    /// Queues a launch handler for the handler thread.
+    /// Queues a launch handler on the main queue (see `scheduleHandler`).
     private func runOnHandlerThread(_ work: @escaping () -> Void) {
-        lock.withLock { handlerWork.append(work) }
-        handlerWorkAvailable.signal()
-    }
-
-    /// The handler thread (the main thread, once the launch entry returned): runs launch
-    /// handlers one at a time, in order, as a serial queue would, without a hand-off to another
-    /// thread for the first. It never returns: the launch ends in `finish`.
-    func serveHandlers() -> Never {
-        while true {
-            handlerWorkAvailable.wait()
-            let work = lock.withLock { handlerWork.removeFirst() }
-            work()
-        }
+        scheduleHandler(work)
     }
 
     func setExpirationHandler(_ task: UInt64, _ handler: bgtask_expiration_handler?, _ context: UnsafeMutableRawPointer?) {

@@ -230,7 +230,9 @@ enum ZygoteServer {
         dup2(log, 2)
         dup2(channel, 3)
         bgtask_close_from(4)
-        for (key, value) in environment(request.payload) { setenv(key, value, 1) }
+        // In place where the value fits: CoreFoundation holds the addresses of some variables'
+        // values from before the fork (AppContainer.snapshottedVariables).
+        for (key, value) in environment(request.payload) { AppContainer.setInPlace(key, value) }
     }
 
     /// `KEY=VALUE` entries separated by NULs, as the host sends them.

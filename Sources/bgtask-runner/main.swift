@@ -54,6 +54,7 @@ if let backstop = assignment.memoryBackstopBytes {
 
 runner = Runner(assignment: assignment, channel: channel)
 hostTable = makeHostTable()
+AppProcess.prepare(assignment)
 
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
@@ -158,6 +159,8 @@ runner.finish = {
     // Nothing the app started outlives its launch. The runner is their subreaper, so even those
     // that called setsid are still in its tree.
     let hadDescendants = killDescendants()
+    // UserDefaults changes the app did not synchronize: iOS keeps them (cfprefsd has them).
+    _ = bgtask_flush_preferences()
     runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants))
     fflush(stdout)
     fflush(stderr)
@@ -167,4 +170,4 @@ runner.finish = {
     _exit(0)
 }
 runner.startTasks()
-runner.serveHandlers()
+AppProcess.runMainThread()

@@ -71,11 +71,16 @@ public enum BundleReader {
         let modes = Set(try fields.optionalStrings("UIBackgroundModes") ?? [])
 
         var entitlements: [String: Bool] = [:]
+        var appGroups: [String] = []
         if let raw = info["Entitlements"] {
             guard let dictionary = raw as? [String: Any] else {
                 throw BGTaskError(.invalidBundle, file: plist, key: "Entitlements", "must be a dictionary, found \(typeName(raw))")
             }
-            for (name, value) in dictionary {
+            for (name, value) in dictionary.sorted(by: { $0.key < $1.key }) {
+                if name == PluginBundle.appGroupsEntitlement {
+                    appGroups = try readAppGroups(value, file: plist)
+                    continue
+                }
                 guard isBoolean(value), let flag = value as? Bool else {
                     throw BGTaskError(.invalidBundle, file: plist, key: "Entitlements.\(name)", "must be a boolean, found \(typeName(value))")
                 }
@@ -137,8 +142,29 @@ public enum BundleReader {
         return PluginBundle(
             kind: kind, url: url, identifier: identifier, executableName: executable,
             permittedIdentifiers: permitted, backgroundModes: modes, mappedHandlers: mapped,
-            entitlements: entitlements, extensionPoint: extensionPoint,
+            entitlements: entitlements, appGroups: appGroups, extensionPoint: extensionPoint,
             extensions: extensions, invalidExtensions: invalid)
+    }
+
+    /// The `com.apple.security.application-groups` entitlement: an array of `group.`-prefixed
+    /// reverse-DNS identifiers, as Apple requires of iOS app groups.
+    static func readAppGroups(_ value: Any, file: String) throws(BGTaskError) -> [String] {
+        let key = "Entitlements.\(PluginBundle.appGroupsEntitlement)"
+        guard let array = value as? [Any] else {
+            throw BGTaskError(.invalidBundle, file: file, key: key, "must be an array of app group identifiers (like group.com.example.feed), found \(typeName(value))")
+        }
+        var groups: [String] = []
+        for (index, element) in array.enumerated() {
+            guard let group = element as? String else {
+                throw BGTaskError(.invalidBundle, file: file, key: "\(key)[\(index)]", "must be a string, found \(typeName(element))")
+            }
+            guard group.hasPrefix("group."), isReverseDNS(String(group.dropFirst("group.".count))) else {
+                throw BGTaskError(.invalidBundle, file: file, key: "\(key)[\(index)]",
+                                  "'\(group)' is not an app group identifier: 'group.' followed by a reverse-DNS name (like group.com.example.feed)")
+            }
+            if !groups.contains(group) { groups.append(group) }
+        }
+        return groups
     }
 
     /// Reverse DNS as Apple's bundle identifiers use it: two or more parts of [A-Za-z0-9-].

@@ -15,6 +15,9 @@ public struct PluginBundle: Sendable, Equatable {
     public var mappedHandlers: [MappedHandler]
     /// Entitlements (`Entitlements` dictionary), keys as Apple names them, boolean values.
     public var entitlements: [String: Bool]
+    /// App groups (`com.apple.security.application-groups`): shared containers between an app
+    /// and its extensions.
+    public var appGroups: [String] = []
     /// The `NSExtension` dictionary's `NSExtensionPointIdentifier`, for extensions.
     public var extensionPoint: String?
     /// Extensions in `PlugIns/` that validated.
@@ -27,6 +30,7 @@ public struct PluginBundle: Sendable, Equatable {
 
     public static let healthResearchEntitlement = "com.apple.developer.background-tasks.health-research"
     public static let continuedProcessingGPUEntitlement = "com.apple.developer.background-tasks.continued-processing.gpu"
+    public static let appGroupsEntitlement = "com.apple.security.application-groups"
 
     /// True when `identifier` is in BGTaskSchedulerPermittedIdentifiers, directly or through a
     /// `prefix.*` wildcard (continued processing).

@@ -53,8 +53,12 @@ public struct LaunchPlan: Sendable {
     /// `_simulateExpirationForTaskWithIdentifier`).
     public var expireAfter: Duration?
     public var launchID: String
-    /// The app's container, the child's HOME; persists across launches.
+    /// The app's container, the child's HOME; persists across launches. Laid out as iOS lays
+    /// it out (`AppContainer.directories`).
     public var dataDirectory: URL
+    /// Where app groups' shared containers live, one directory per group identifier; by
+    /// default `groups` beside the `containers` directory that holds `dataDirectory`.
+    public var groupsDirectory: URL
     /// Where the child's stdout and stderr go.
     public var logFile: URL
     public var eventJSON: String?
@@ -66,7 +70,8 @@ public struct LaunchPlan: Sendable {
     public init(
         bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: String,
         limits: LaunchLimits, expireAfter: Duration? = nil, launchID: String = LaunchPlan.newLaunchID(),
-        dataDirectory: URL, logFile: URL, eventJSON: String? = nil, environment: [String: String] = [:]
+        dataDirectory: URL, logFile: URL, eventJSON: String? = nil, environment: [String: String] = [:],
+        groupsDirectory: URL? = nil
     ) {
         self.bundle = bundle
         self.tasks = tasks
@@ -76,6 +81,8 @@ public struct LaunchPlan: Sendable {
         self.expireAfter = expireAfter
         self.launchID = launchID
         self.dataDirectory = dataDirectory
+        self.groupsDirectory = groupsDirectory
+            ?? dataDirectory.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("groups")
         self.logFile = logFile
         self.eventJSON = eventJSON
         self.environment = environment

@@ -60,11 +60,17 @@ public struct LaunchSupervisor: Sendable {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
-        // The app's container (its HOME, with its TMPDIR) and the log directory.
-        // Paths as strings once (URL operations are a measurable part of a short launch).
+        // The app's container laid out as on iOS (its HOME), its app groups' containers and the
+        // log directory. Paths as strings once (URL operations are a measurable part of a short
+        // launch).
         let dataPath = plan.dataDirectory.path
         let logPath = plan.logFile.path
-        try makeDirectories(dataPath + "/tmp")
+        try prepareContainer(dataPath, subdirectories: AppContainer.directories)
+        let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
+            let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
+            try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
+            return AppGroup(identifier: identifier, directory: directory)
+        }
         try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
@@ -80,12 +86,9 @@ public struct LaunchSupervisor: Sendable {
         defer { close(nullFD) }
 
         // What a launch's environment changes over the host's own.
-        var overrides: [String: String] = [
-            "HOME": dataPath,
-            "TMPDIR": dataPath + "/tmp",
-            "BGTASK_LAUNCH_ID": plan.launchID,
-            "BGTASK_BUNDLE_ID": plan.bundle.identifier,
-        ]
+        var overrides = AppContainer.environment(container: dataPath)
+        overrides["BGTASK_LAUNCH_ID"] = plan.launchID
+        overrides["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
         if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
         for (key, value) in plan.environment { overrides[key] = value }
 
@@ -98,7 +101,7 @@ public struct LaunchSupervisor: Sendable {
         // take the child first: the runner finds it waiting instead of asking for it.
         let startFirst = cgroupRoot == nil || plan.limits.memoryLimitBytes == 0
         func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
-            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup))) } catch { return "\(error)" }
+            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup, groups: groups))) } catch { return "\(error)" }
             return nil
         }
         var startError = startFirst ? sendStart(nil) : nil
@@ -201,7 +204,7 @@ public struct LaunchSupervisor: Sendable {
 
     /// What the runner is told about its launch. Without a cgroup, an `RLIMIT_DATA` backstop
     /// well above the limit catches a runaway between two samples.
-    private func assignment(_ plan: LaunchPlan, cgroup: CgroupV2.LaunchGroup?) -> LaunchAssignment {
+    private func assignment(_ plan: LaunchPlan, cgroup: CgroupV2.LaunchGroup?, groups: [AppGroup]) -> LaunchAssignment {
         LaunchAssignment(
             launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
             bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
@@ -209,7 +212,20 @@ public struct LaunchSupervisor: Sendable {
             tasks: plan.tasks, mappedHandlers: plan.bundle.mappedHandlers, eventJSON: plan.eventJSON,
             supportedResources: plan.supportedResources,
             memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
-                ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil)
+                ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil,
+            appGroups: groups)
+    }
+
+    /// Makes `path` and its `subdirectories` (relative, parents first). One mkdir each, and no
+    /// stat when they exist: this runs before every launch.
+    private func prepareContainer(_ path: String, subdirectories: [String]) throws(BGTaskError) {
+        if mkdir(path, 0o755) != 0 { try makeDirectories(path) }
+        for subdirectory in subdirectories {
+            let directory = path + "/" + subdirectory
+            if mkdir(directory, 0o755) != 0 && errno != EEXIST {
+                throw BGTaskError(.system, file: directory, errno: errno, "cannot create the app container's directory")
+            }
+        }
     }
 
     // MARK: The loop

@@ -1,3 +1,4 @@
+import BGTaskWire
 import Foundation
 import Glibc
 import Logging
@@ -73,6 +74,9 @@ public final class Zygote: @unchecked Sendable {
         // launch after launch. The zygote removes the variable from its environment at once,
         // so launches and what they start do not inherit it.
         environment["LD_BIND_NOW"] = "1"
+        // Room for each launch's container paths where CoreFoundation reads them (see
+        // AppContainer.snapshottedVariables): a child writes its own into these bytes.
+        for key in AppContainer.snapshottedVariables { environment[key] = AppContainer.reservedValue }
         var child: pid_t = 0
         // The zygote's own output goes nowhere; each launch's goes to its log.
         let rc = withCStrings([runnerPath, "--zygote"]) { argv in

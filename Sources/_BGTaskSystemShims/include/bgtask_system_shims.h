@@ -61,6 +61,19 @@ int bgtask_set_process_title(char *const *argv, int argc, const char *title);
  * entry. A child subreaper with no child has no descendant. */
 int bgtask_has_children(void);
 
+/* Makes `path` this process's executable as CoreFoundation sees it, so that the main bundle
+ * (`Bundle.main`, CFBundleGetMainBundle) is the bundle holding `path`: CoreFoundation takes the
+ * process path from /proc/self/exe once and keeps it behind the pointer _CFGetProcessPath()
+ * returns, which this overwrites. Call it before anything asks for the main bundle (it is built
+ * once, on first use). 0, or -1 when this Foundation does not export _CFGetProcessPath. */
+int bgtask_set_main_executable(const char *path);
+
+/* Writes every UserDefaults change this process made that CoreFoundation has not written yet
+ * (CFPreferencesFlushCaches): Linux's Foundation writes preferences only on synchronize(),
+ * while iOS code expects them kept without it. Cheap when preferences were never used. 0, or -1
+ * when this Foundation does not export the function. */
+int bgtask_flush_preferences(void);
+
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
  * the child); only for a single-threaded caller. */
 pid_t bgtask_clone_parent(void);

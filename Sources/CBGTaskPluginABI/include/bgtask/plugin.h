@@ -13,9 +13,10 @@
  *   - Tasks and identifiers cross the boundary as values (ids, C strings), never as host
  *     addresses the plugin must keep.
  *
- * Threads: the launch function runs on the runner's main thread. Launch handlers run on the
- * runner's handler thread (the Swift SDK hops to the queue the app gave). Expiration handlers run
- * on a different thread, so a handler that blocks can still be expired. Every host function may
+ * Threads: the runner's main thread is the app's main thread. The launch function runs on it;
+ * then it runs the main run loop, which drains the main dispatch queue. Launch handlers run on
+ * the main queue, one at a time (the Swift SDK hops to the queue the app gave). Expiration
+ * handlers run on a different thread, so a handler that blocks can still be expired. Every host function may
  * be called from any thread. None is async-signal-safe.
  */
 #ifndef BGTASK_PLUGIN_H
@@ -71,8 +72,9 @@ typedef struct bgtask_task_info {
     bgtask_task_type type;
 } bgtask_task_info;
 
-/* Called once per task on the handler thread. Must return promptly or do the work: the task
- * stays open until set_task_completed is called for it. */
+/* Called once per task on the main thread (the main queue). Should return promptly: a handler
+ * that blocks holds the main queue, as on iOS. The task stays open until set_task_completed is
+ * called for it. */
 typedef void (*bgtask_launch_handler)(void *context, const bgtask_task_info *task);
 
 /* Called on the expiration thread when the launch's time runs out (or the user cancels).
@@ -157,6 +159,13 @@ typedef struct bgtask_host_api {
 
     /* BGTASK_RESOURCE_* bits this machine supports. */
     uint32_t (*supported_resources)(bgtask_host *host);
+
+    /* ---- ABI 1, appended (check BGTASK_HAS(api, app_group_container)) ---- */
+
+    /* The shared container of app group `group_identifier` (a directory the app and its
+     * extensions that name the group in com.apple.security.application-groups all see), or NULL
+     * when this bundle is not entitled to the group. Valid for the life of the process. */
+    const char *(*app_group_container)(bgtask_host *host, const char *group_identifier);
 } bgtask_host_api;
 
 /* Called on the runner's main thread after registration of Info.plist-mapped handlers, as

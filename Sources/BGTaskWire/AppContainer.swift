@@ -1,0 +1,82 @@
+import Glibc
+
+/// An app's container as iOS lays it out, and the environment that makes Linux's Foundation
+/// resolve its directories inside it. Shared by the host, which prepares the directories and
+/// sets the environment, and the runner, which applies it in a zygote child.
+///
+/// How Foundation on Linux finds each directory (swift-foundation and swift-corelibs-foundation,
+/// read at the versions Swift 6.3 ships):
+/// - `NSHomeDirectory()`, `homeDirectoryForCurrentUser`, `URL.homeDirectory`: `CFFIXED_USER_HOME`
+///   first (the variable the iOS simulator sets), then the passwd entry (root's /root), then HOME.
+/// - `urls(for: .documentDirectory)`: the home above + `Documents` (XDG user directories, none
+///   configured under the container's XDG_CONFIG_HOME).
+/// - `.cachesDirectory`: `XDG_CACHE_HOME`; `.applicationSupportDirectory`: `XDG_DATA_HOME`.
+/// - `UserDefaults`: CoreFoundation's preferences, `XDG_CONFIG_HOME/<domain>.plist`.
+/// - `NSTemporaryDirectory()`, `FileManager.temporaryDirectory`: `TMPDIR`.
+public enum AppContainer {
+    /// The directories of a container, parents first.
+    public static let directories = [
+        "Documents", "Library", "Library/Caches", "Library/Application Support", "Library/Preferences", "tmp",
+    ]
+
+    /// The directories of an app group's shared container, parents first.
+    public static let groupDirectories = ["Library", "Library/Caches", "Library/Preferences"]
+
+    /// The environment a launch of the app whose container is `path` runs with.
+    public static func environment(container path: String) -> [String: String] {
+        [
+            "HOME": path,
+            "CFFIXED_USER_HOME": path,
+            "TMPDIR": path + "/tmp",
+            "XDG_CONFIG_HOME": path + "/Library/Preferences",
+            "XDG_CACHE_HOME": path + "/Library/Caches",
+            "XDG_DATA_HOME": path + "/Library/Application Support",
+        ]
+    }
+
+    /// Variables CoreFoundation reads once, when libFoundation is loaded (CFRuntime.c's
+    /// `__CFEnv` keeps the pointers `getenv` returned then, and answers from them alone). A
+    /// zygote child inherits the zygote's pointers, so a `setenv` after the fork is invisible to
+    /// CoreFoundation (UserDefaults would land in the host user's ~/.config). The host starts the
+    /// zygote with these reserved (`reservedValue`), and a child writes its values into the
+    /// reserved bytes in place (`setInPlace`), where both `getenv` and CoreFoundation see them.
+    public static let snapshottedVariables = ["HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"]
+
+    /// A harmless placeholder with room for any path: "/" spelled with PATH_MAX - 1 slashes.
+    public static let reservedValue = String(repeating: "/", count: Int(PATH_MAX) - 1)
+
+    /// Sets `key` to `value`, in place when the current value is at least as long (keeping
+    /// the string's address, which CoreFoundation may hold), with `setenv` otherwise.
+    /// Only for a single-threaded process (a zygote child before it runs any other code).
+    public static func setInPlace(_ key: String, _ value: String) {
+        if let current = getenv(key), strlen(current) >= value.utf8.count {
+            value.withCString { _ = strcpy(current, $0) }
+        } else {
+            setenv(key, value, 1)
+        }
+    }
+
+    /// The shared container of app group `identifier` under `root` (the state directory's
+    /// `groups`).
+    public static func groupDirectory(root: String, identifier: String) -> String {
+        root + "/" + identifier
+    }
+
+    /// Where CoreFoundation keeps the `UserDefaults` domain `domain` of a container (an app's
+    /// or a group's): `UserDefaults(suiteName: group)` lands in the app's, iOS keeps it in the
+    /// group's, so the runner links the first to the second.
+    public static func preferencesFile(in directory: String, domain: String) -> String {
+        directory + "/Library/Preferences/" + domain + ".plist"
+    }
+}
+
+/// An app group the bundle is entitled to, with its shared directory.
+public struct AppGroup: Codable, Sendable, Equatable {
+    public var identifier: String
+    public var directory: String
+
+    public init(identifier: String, directory: String) {
+        self.identifier = identifier
+        self.directory = directory
+    }
+}
