@@ -127,6 +127,12 @@ public struct LaunchAssignment: Codable, Sendable {
 }
 
 /// A task request as it crosses process boundaries.
+///
+/// Its JSON has every field by default: that is the control protocol's form, which the
+/// control server's fast reader expects whole. Encoders that write for people (run records,
+/// the CLI's `--json`) set `userInfo[WireTaskRequest.omitsInapplicableFields] = true` to leave
+/// out what the request's kind does not have (a refresh request has no strategy). Decoding
+/// takes either form: an absent field has its default.
 public struct WireTaskRequest: Codable, Sendable, Equatable {
     public var kind: TaskKind
     public var identifier: String
@@ -156,6 +162,68 @@ public struct WireTaskRequest: Codable, Sendable, Equatable {
         self.subtitle = subtitle
         self.strategyFail = strategyFail
         self.requiredResources = requiredResources
+    }
+
+    /// Set to true in an encoder's `userInfo` to omit the fields the request's kind does not
+    /// have: network and power are processing and health-research fields, the protection
+    /// class a health-research one, title, subtitle, strategy and resources continued-processing
+    /// ones.
+    public static let omitsInapplicableFields = CodingUserInfoKey(rawValue: "bgtask.WireTaskRequest.omitsInapplicableFields")!
+
+    enum CodingKeys: String, CodingKey {
+        case kind, identifier, earliestBeginDate, requiresNetworkConnectivity, requiresExternalPower, protectionType
+        case title, subtitle, strategyFail, requiredResources
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        let every = encoder.userInfo[Self.omitsInapplicableFields] as? Bool != true
+        try container.encode(kind, forKey: .kind)
+        try container.encode(identifier, forKey: .identifier)
+        try container.encodeIfPresent(earliestBeginDate, forKey: .earliestBeginDate)
+        if every || kind == .processing || kind == .healthResearch {
+            try container.encode(requiresNetworkConnectivity, forKey: .requiresNetworkConnectivity)
+            try container.encode(requiresExternalPower, forKey: .requiresExternalPower)
+        }
+        if every || kind == .healthResearch {
+            try container.encode(protectionType, forKey: .protectionType)
+        }
+        if every || kind == .continuedProcessing {
+            try container.encodeIfPresent(title, forKey: .title)
+            try container.encodeIfPresent(subtitle, forKey: .subtitle)
+            try container.encode(strategyFail, forKey: .strategyFail)
+            try container.encode(requiredResources, forKey: .requiredResources)
+        }
+    }
+
+    /// Reads the keys present only (asking for each absent one costs as much as reading one);
+    /// `kind` and `identifier` are required, every other field defaults.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        var kind: TaskKind?, identifier: String?
+        self.init(kind: .refresh, identifier: "")
+        for key in container.allKeys {
+            switch key {
+            case .kind: kind = try container.decode(TaskKind.self, forKey: key)
+            case .identifier: identifier = try container.decode(String.self, forKey: key)
+            case .earliestBeginDate: earliestBeginDate = try container.decodeIfPresent(Double.self, forKey: key)
+            case .requiresNetworkConnectivity: requiresNetworkConnectivity = try container.decode(Bool.self, forKey: key)
+            case .requiresExternalPower: requiresExternalPower = try container.decode(Bool.self, forKey: key)
+            case .protectionType: protectionType = try container.decode(Int32.self, forKey: key)
+            case .title: title = try container.decodeIfPresent(String.self, forKey: key)
+            case .subtitle: subtitle = try container.decodeIfPresent(String.self, forKey: key)
+            case .strategyFail: strategyFail = try container.decode(Bool.self, forKey: key)
+            case .requiredResources: requiredResources = try container.decode(UInt32.self, forKey: key)
+            }
+        }
+        guard let kind else {
+            throw DecodingError.keyNotFound(CodingKeys.kind, .init(codingPath: decoder.codingPath, debugDescription: "No value associated with key kind"))
+        }
+        guard let identifier else {
+            throw DecodingError.keyNotFound(CodingKeys.identifier, .init(codingPath: decoder.codingPath, debugDescription: "No value associated with key identifier"))
+        }
+        self.kind = kind
+        self.identifier = identifier
     }
 }
 

@@ -34,6 +34,22 @@ open class BGTaskRequest: NSObject, NSCopying, @unchecked Sendable {
         return "<\(type(of: self)): \(identifier), earliestBeginDate: \(date)>"
     }
 
+    /// Requests are equal, as Apple's are, when they are of the same class and every field
+    /// is: each subclass adds its own fields after its superclass's.
+    open override func isEqual(_ object: Any?) -> Bool {
+        guard let other = object as? BGTaskRequest, type(of: other) == type(of: self) else { return false }
+        return identifier == other.identifier && earliestBeginDate == other.earliestBeginDate
+    }
+
+    /// The class, identifier and date: equal requests share them whatever their subclass adds.
+    open override var hash: Int {
+        var hasher = Hasher()
+        hasher.combine(ObjectIdentifier(type(of: self)))
+        hasher.combine(identifier)
+        hasher.combine(earliestBeginDate)
+        return hasher.finalize()
+    }
+
     /// The task type the host schedules this request as.
     var taskType: bgtask_task_type { BGTASK_TYPE_REFRESH }
 
@@ -82,6 +98,12 @@ open class BGProcessingTaskRequest: BGTaskRequest, @unchecked Sendable {
         return copy
     }
 
+    open override func isEqual(_ object: Any?) -> Bool {
+        guard super.isEqual(object), let other = object as? BGProcessingTaskRequest else { return false }
+        return requiresNetworkConnectivity == other.requiresNetworkConnectivity
+            && requiresExternalPower == other.requiresExternalPower
+    }
+
     func copyFields(to copy: BGProcessingTaskRequest) {
         copy.earliestBeginDate = earliestBeginDate
         copy.requiresNetworkConnectivity = requiresNetworkConnectivity
@@ -99,14 +121,22 @@ open class BGProcessingTaskRequest: BGTaskRequest, @unchecked Sendable {
 /// A processing request for health research; needs the health-research entitlement.
 open class BGHealthResearchTaskRequest: BGProcessingTaskRequest, @unchecked Sendable {
     private let protectionLock = NSLock()
-    private var _protectionTypeOfRequiredData: FileProtectionType = .completeUntilFirstUserAuthentication
+    private var _protectionTypeOfRequiredData = FileProtectionType.completeUntilFirstUserAuthentication.rawValue
 
-    /// The data protection class of the data the task reads: the task runs only while such data
-    /// is available (see `bgtask device --locked`).
-    open var protectionTypeOfRequiredData: FileProtectionType {
-        get { protectionLock.withLock { _protectionTypeOfRequiredData } }
-        set { protectionLock.withLock { _protectionTypeOfRequiredData = newValue } }
+    /// The data protection class of the data the task reads, a `FileProtectionType` raw value
+    /// (`FileProtectionType.complete.rawValue as NSString`, or the string itself): the task
+    /// runs only while such data is available (see `bgtask device --locked`). An NSString, as
+    /// Apple declares it; a value that is no protection class counts as none.
+    open var protectionTypeOfRequiredData: NSString {
+        get { NSString(string: protectionRawValue) }
+        set {
+            let value = String(newValue)
+            protectionLock.withLock { _protectionTypeOfRequiredData = value }
+        }
     }
+
+    /// `protectionTypeOfRequiredData` as the Swift string it is stored as.
+    var protectionRawValue: String { protectionLock.withLock { _protectionTypeOfRequiredData } }
 
     public override init(identifier: String) {
         super.init(identifier: identifier)
@@ -123,11 +153,18 @@ open class BGHealthResearchTaskRequest: BGProcessingTaskRequest, @unchecked Send
 
     override func fill(_ request: inout bgtask_request) {
         super.fill(&request)
-        request.protection_type = Self.abiValue(of: protectionTypeOfRequiredData)
+        request.protection_type = Self.abiValue(of: protectionRawValue)
     }
 
-    static func abiValue(of type: FileProtectionType) -> Int32 {
-        switch type.rawValue {
+    open override func isEqual(_ object: Any?) -> Bool {
+        guard super.isEqual(object), let other = object as? BGHealthResearchTaskRequest else { return false }
+        return protectionRawValue == other.protectionRawValue
+    }
+
+    /// `bgtask_request.protection_type` for a FileProtectionType raw value (0, none, for any
+    /// other string).
+    static func abiValue(of protectionType: String) -> Int32 {
+        switch protectionType {
         case FileProtectionType.complete.rawValue: 1
         case FileProtectionType.completeUnlessOpen.rawValue: 2
         case FileProtectionType.completeUntilFirstUserAuthentication.rawValue: 3
@@ -200,6 +237,12 @@ open class BGContinuedProcessingTaskRequest: BGTaskRequest, @unchecked Sendable 
         return copy
     }
 
+    open override func isEqual(_ object: Any?) -> Bool {
+        guard super.isEqual(object), let other = object as? BGContinuedProcessingTaskRequest else { return false }
+        return title == other.title && subtitle == other.subtitle && strategy == other.strategy
+            && requiredResources == other.requiredResources
+    }
+
     override var taskType: bgtask_task_type { BGTASK_TYPE_CONTINUED_PROCESSING }
 
     override func fill(_ request: inout bgtask_request) {
@@ -221,7 +264,8 @@ extension BGTaskRequest {
             processing.requiresNetworkConnectivity = request.requires_network
             processing.requiresExternalPower = request.requires_external_power
             if let health = processing as? BGHealthResearchTaskRequest {
-                health.protectionTypeOfRequiredData = BGHealthResearchTaskRequest.protectionType(abiValue: request.protection_type)
+                health.protectionTypeOfRequiredData = NSString(
+                    string: BGHealthResearchTaskRequest.protectionType(abiValue: request.protection_type).rawValue)
             }
             made = processing
         case BGTASK_TYPE_CONTINUED_PROCESSING:

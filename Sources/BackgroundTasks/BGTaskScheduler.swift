@@ -4,7 +4,7 @@ import Foundation
 /// Registers launch handlers and submits task requests, as Apple's `BGTaskScheduler`.
 ///
 /// Inside a bgtask launch every call goes to the runner through the plugin ABI; outside one
-/// (a unit test, a tool) `register` returns false and `submit` throws `.unavailable`.
+/// (a unit test, a tool) `register` returns false and submitting fails with `.unavailable`.
 open class BGTaskScheduler: NSObject, @unchecked Sendable {
     private static let sharedScheduler = BGTaskScheduler(shared: ())
 
@@ -51,7 +51,36 @@ open class BGTaskScheduler: NSObject, @unchecked Sendable {
     }
 
     /// Submits a request. Resubmitting an identifier replaces its pending request.
+    @available(*, deprecated, message: "Use submitTaskRequest(_:completionHandler:) or 'try await submitTaskRequest(_:)' to capture all error conditions")
     open func submit(_ taskRequest: BGTaskRequest) throws {
+        try submitRequest(taskRequest)
+    }
+
+    /// Submits a request and calls `completionHandler` with nil, or the `BGTaskScheduler.Error`
+    /// that refused it, on a background queue (iOS 27). The request reaches the runner before
+    /// this returns, so a task completed right after does not end the launch without it.
+    ///
+    /// `@preconcurrency`, as Apple's Objective-C declarations are when imported: a handler that
+    /// captures non-Sendable state is a warning in Swift 6 mode, as on iOS, not an error.
+    @preconcurrency
+    open func submitTaskRequest(_ taskRequest: BGTaskRequest, completionHandler: @escaping @Sendable ((any Swift.Error)?) -> Void) {
+        let refusal: Error?
+        do {
+            try submitRequest(taskRequest)
+            refusal = nil
+        } catch {
+            refusal = error
+        }
+        DispatchQueue.global().async { completionHandler(refusal) }
+    }
+
+    /// Submits a request; throws a `BGTaskScheduler.Error` when it is refused (iOS 27).
+    open func submitTaskRequest(_ taskRequest: BGTaskRequest) async throws {
+        try submitRequest(taskRequest)
+    }
+
+    /// The one submission path of `submit` and both `submitTaskRequest`s.
+    private func submitRequest(_ taskRequest: BGTaskRequest) throws(Error) {
         guard let (api, host) = HostConnection.current.connection else {
             throw Error(.unavailable, message: "not running inside a bgtask launch")
         }
@@ -92,8 +121,10 @@ open class BGTaskScheduler: NSObject, @unchecked Sendable {
         api.cancel_all(host)
     }
 
-    /// Calls `completionHandler` with this app's pending requests.
-    open func getPendingTaskRequests(completionHandler: @escaping ([BGTaskRequest]) -> Void) {
+    /// Calls `completionHandler` with this app's pending requests (`@preconcurrency` as
+    /// `submitTaskRequest(_:completionHandler:)` is).
+    @preconcurrency
+    open func getPendingTaskRequests(completionHandler: @escaping @Sendable ([BGTaskRequest]) -> Void) {
         completionHandler(currentPendingRequests())
     }
 

@@ -82,7 +82,8 @@ import Testing
         let scratch = try Scratch()
         defer { scratch.remove() }
         let app = try scratch.bundle(library, info: "Tests/Fixtures/\(library)/Info.plist", name: "Patterns.app")
-        let succeeding = ["cast:refresh", "label:processing", "witness:refresh", "pending:refresh"]
+        let succeeding = ["cast:refresh", "label:processing", "witness:refresh", "pending:refresh",
+                          "errors:refresh", "submit:refresh", "requests:refresh"]
         let expiring = ["swifttask:processing", "semaphore:processing"]
         let (record, _) = try scratch.run(app, (succeeding + expiring).flatMap { ["--task", "com.example.patterns.\($0)"] }
                                           + ["--expire-after", "500ms"])
@@ -100,6 +101,37 @@ import Testing
         }
         #expect(record.task("com.example.patterns.label")?.type == .processing)
         #expect(record.submitted.map(\.identifier).contains("com.example.patterns.label"))
+
+        // What each handler observed, line for line as Apple's SDK gives it.
+        let refusal = "'com.example.not.permitted' is not in BGTaskSchedulerPermittedIdentifiers of com.example.patterns"
+        let lines = Set(try record.logText().split(separator: "\n").map(String.init))
+        for line in [
+            // BGTaskScheduler.Error: Apple's initializers, fields and NSError description.
+            #"patterns: errors made: Error Domain=BGTaskSchedulerErrorDomain Code=1 "(null)" | Error Domain=BGTaskSchedulerErrorDomain Code=3 "the message" UserInfo={NSLocalizedDescription=the message}"#,
+            "patterns: errors fields: code notPermitted, errorCode 3, userInfo the message, no userInfo true, domain BGTaskSchedulerErrorDomain true",
+            "patterns: errors localizedDescription: The operation couldn’t be completed. (BGTaskSchedulerErrorDomain error 1.) | the message",
+            "patterns: errors as NSError: BGTaskSchedulerErrorDomain 3 the message",
+            #"patterns: errors SDK refusal: pattern true, text Error Domain=BGTaskSchedulerErrorDomain Code=3 "\#(refusal)" UserInfo={NSLocalizedDescription=\#(refusal)}"#,
+            // A mock's hand-made NSError matches `catch BGTaskScheduler.Error.notPermitted`.
+            "patterns: errors NSError: catch true, switch notPermitted, if case true, other domain false, other code false",
+            #"patterns: errors converted: notPermitted Error Domain=BGTaskSchedulerErrorDomain Code=3 "(null)", bridged tooManyPendingTaskRequests, wrong domain nil, equal true, distinct 3"#,
+            // submitTaskRequest: the handler on another queue, async/await, pending requests equal to the submitted ones.
+            "patterns: submit completionHandler: notPermitted true, on the caller's queue false",
+            "patterns: submit async: accepted, refused notPermitted, mock refused true, completion handler accepted true, "
+                + "pending equal: processing true, study true, refresh true, study protection NSFileProtectionComplete",
+            // Request equality (isEqual/hash) and protectionTypeOfRequiredData as an NSString.
+            "patterns: requests refresh: same fields true, date differs false, same date true, set 2, refresh vs processing false, isEqual true hash true",
+            "patterns: requests processing: power differs false, same true, copy true",
+            "patterns: requests continued: same true, strategy differs false, title differs false",
+            "patterns: requests health: default NSFileProtectionCompleteUntilFirstUserAuthentication, raw value NSFileProtectionComplete, "
+                + "literal NSFileProtectionComplete, string true, protection differs false, same true",
+        ] {
+            #expect(lines.contains(line), "missing from the log: \(line)\nlog:\n\(lines.sorted().joined(separator: "\n"))")
+        }
+        let submitted = Dictionary(record.submitted.map { ($0.identifier, $0) }, uniquingKeysWith: { $1 })
+        #expect(submitted["com.example.patterns.study"]?.kind == .healthResearch)
+        #expect(submitted["com.example.patterns.study"]?.protectionType == 1, "complete")
+        #expect(submitted["com.example.patterns.later"]?.requiresExternalPower == true)
     }
 
     @Test func everyTaskOfALaunchRunsInOneProcess() throws {

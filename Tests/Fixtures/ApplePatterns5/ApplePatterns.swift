@@ -18,12 +18,34 @@ protocol BackgroundTaskScheduling {
         launchHandler: @escaping (BGTask) -> Void
     ) -> Bool
     func submit(_ taskRequest: BGTaskRequest) throws
+    func submitTaskRequest(_ taskRequest: BGTaskRequest, completionHandler: @escaping @Sendable ((any Error)?) -> Void)
+    func submitTaskRequest(_ taskRequest: BGTaskRequest) async throws
     func cancel(taskRequestWithIdentifier identifier: String)
-    func getPendingTaskRequests(completionHandler: @escaping ([BGTaskRequest]) -> Void)
+    func getPendingTaskRequests(completionHandler: @escaping @Sendable ([BGTaskRequest]) -> Void)
     func pendingTaskRequests() async -> [BGTaskRequest]
 }
 
 extension BGTaskScheduler: BackgroundTaskScheduling {}
+
+/// The test double an app's unit tests put in the scheduler's place: it refuses everything with
+/// a hand-made NSError, as such mocks do.
+final class RefusingScheduler: BackgroundTaskScheduling {
+    let refusal = NSError(domain: BGTaskSchedulerErrorDomain, code: 3)
+
+    func register(
+        forTaskWithIdentifier identifier: String,
+        using queue: DispatchQueue?,
+        launchHandler: @escaping (BGTask) -> Void
+    ) -> Bool { false }
+    func submit(_ taskRequest: BGTaskRequest) throws { throw refusal }
+    func submitTaskRequest(_ taskRequest: BGTaskRequest, completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
+        completionHandler(refusal)
+    }
+    func submitTaskRequest(_ taskRequest: BGTaskRequest) async throws { throw refusal }
+    func cancel(taskRequestWithIdentifier identifier: String) {}
+    func getPendingTaskRequests(completionHandler: @escaping @Sendable ([BGTaskRequest]) -> Void) { completionHandler([]) }
+    func pendingTaskRequests() async -> [BGTaskRequest] { [] }
+}
 
 protocol TaskCompleting: AnyObject {
     func setTaskCompleted(success: Bool)
@@ -48,6 +70,16 @@ final class PatternsApp {
     static let pendingIdentifier = "com.example.patterns.pending"
     static let swiftTaskIdentifier = "com.example.patterns.swifttask"
     static let semaphoreIdentifier = "com.example.patterns.semaphore"
+    static let errorsIdentifier = "com.example.patterns.errors"
+    static let submitIdentifier = "com.example.patterns.submit"
+    static let requestsIdentifier = "com.example.patterns.requests"
+    /// Permitted for submissions only: nothing registers them.
+    static let laterIdentifier = "com.example.patterns.later"
+    static let studyIdentifier = "com.example.patterns.study"
+    static let notPermittedIdentifier = "com.example.not.permitted"
+
+    static let submitQueueKey = DispatchSpecificKey<String>()
+    let submitQueue = DispatchQueue(label: "com.example.patterns.submit")
 
     let processingQueue = DispatchQueue(label: "com.example.patterns.processing")
     let processingQueueKey = DispatchSpecificKey<String>()
@@ -55,6 +87,7 @@ final class PatternsApp {
 
     init() {
         processingQueue.setSpecific(key: processingQueueKey, value: "processing")
+        submitQueue.setSpecific(key: Self.submitQueueKey, value: "submit")
     }
 
     func didFinishLaunching() {
@@ -81,6 +114,15 @@ final class PatternsApp {
         }
         BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.semaphoreIdentifier, using: nil) { task in
             self.handleSemaphore(task: task)
+        }
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.errorsIdentifier, using: nil) { task in
+            self.handleErrors(task: task)
+        }
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.submitIdentifier, using: submitQueue) { task in
+            self.handleSubmit(task: task)
+        }
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.requestsIdentifier, using: nil) { task in
+            self.handleRequests(task: task)
         }
     }
 
@@ -162,7 +204,7 @@ final class PatternsApp {
     func handlePending(task: BGTask) {
         let identifier = Self.labelIdentifier
         do {
-            try BGTaskScheduler.shared.submit(BGProcessingTaskRequest(identifier: identifier))
+            try scheduler.submit(BGProcessingTaskRequest(identifier: identifier))
         } catch {
             print("patterns: pending: could not submit \(identifier): \(error)")
             task.setTaskCompleted(success: false)
@@ -203,5 +245,165 @@ final class PatternsApp {
         semaphore.wait()
         print("patterns: semaphore signalled by the expiration handler")
         task.setTaskCompleted(success: false)
+    }
+
+    // MARK: BGTaskScheduler.Error, as apps and their tests use it
+
+    func handleErrors(task: BGTask) {
+        let unavailable = BGTaskScheduler.Error(.unavailable)
+        let described = BGTaskScheduler.Error(.notPermitted, userInfo: [NSLocalizedDescriptionKey: "the message"])
+        print("patterns: errors made: \(unavailable) | \(described)")
+        print("patterns: errors fields: code \(described.code), errorCode \(described.errorCode), "
+              + "userInfo \(described.userInfo[NSLocalizedDescriptionKey] as? String ?? "nil"), "
+              + "no userInfo \(unavailable.userInfo.isEmpty && unavailable.errorUserInfo.isEmpty), "
+              + "domain \(BGTaskScheduler.Error.errorDomain) \(BGTaskScheduler.errorDomain == BGTaskSchedulerErrorDomain)")
+        print("patterns: errors localizedDescription: \(unavailable.localizedDescription) | \(described.localizedDescription)")
+        let bridged = described as NSError
+        print("patterns: errors as NSError: \(bridged.domain) \(bridged.code) \(bridged.userInfo[NSLocalizedDescriptionKey] as? String ?? "nil")")
+
+        // The SDK's own error, thrown for an identifier the Info.plist does not permit.
+        let refused = BGAppRefreshTaskRequest(identifier: Self.notPermittedIdentifier)
+        var sdkPattern = false
+        do {
+            try scheduler.submit(refused)
+        } catch BGTaskScheduler.Error.notPermitted {
+            sdkPattern = true
+        } catch {}
+        var sdkText = "nothing thrown"
+        do {
+            try scheduler.submit(refused)
+        } catch {
+            sdkText = "\(error)"
+        }
+        print("patterns: errors SDK refusal: pattern \(sdkPattern), text \(sdkText)")
+
+        // A test double's hand-made NSError, through the same patterns.
+        let mock: BackgroundTaskScheduling = RefusingScheduler()
+        var mockPattern = false
+        do {
+            try mock.submit(refused)
+        } catch BGTaskScheduler.Error.notPermitted {
+            mockPattern = true
+        } catch {}
+        let handMade: any Error = NSError(domain: BGTaskSchedulerErrorDomain, code: 3)
+        let switched: String
+        switch handMade {
+        case BGTaskScheduler.Error.unavailable: switched = "unavailable"
+        case BGTaskScheduler.Error.notPermitted: switched = "notPermitted"
+        default: switched = "nothing"
+        }
+        var ifCase = false
+        if case BGTaskScheduler.Error.notPermitted = handMade { ifCase = true }
+        let otherDomain = BGTaskScheduler.Error.notPermitted ~= NSError(domain: "OtherDomain", code: 3)
+        let otherCode = BGTaskScheduler.Error.notPermitted ~= NSError(domain: BGTaskSchedulerErrorDomain, code: 1)
+        print("patterns: errors NSError: catch \(mockPattern), switch \(switched), if case \(ifCase), "
+              + "other domain \(otherDomain), other code \(otherCode)")
+
+        let converted = BGTaskScheduler.Error(_nsError: NSError(domain: BGTaskSchedulerErrorDomain, code: 3))
+        let wrongDomain = BGTaskScheduler.Error(_bridgedNSError: NSError(domain: "OtherDomain", code: 3))
+        let rightDomain = BGTaskScheduler.Error(_bridgedNSError: NSError(domain: BGTaskSchedulerErrorDomain, code: 2))
+        let equal = BGTaskScheduler.Error(.unavailable) == unavailable && converted != described
+        let distinct: Set<BGTaskScheduler.Error> = [unavailable, BGTaskScheduler.Error(.unavailable), described, converted]
+        print("patterns: errors converted: \(converted.code) \(converted), bridged \(rightDomain.map { "\($0.code)" } ?? "nil"), "
+              + "wrong domain \(wrongDomain == nil ? "nil" : "converted"), equal \(equal), distinct \(distinct.count)")
+        task.setTaskCompleted(success: sdkPattern && mockPattern && ifCase)
+    }
+
+    // MARK: submitTaskRequest (iOS 27)
+
+    func handleSubmit(task: BGTask) {
+        let refused = BGAppRefreshTaskRequest(identifier: Self.notPermittedIdentifier)
+        BGTaskScheduler.shared.submitTaskRequest(refused) { error in
+            let onCallerQueue = DispatchQueue.getSpecific(key: PatternsApp.submitQueueKey) != nil
+            var matched = false
+            if let error, case BGTaskScheduler.Error.notPermitted = error { matched = true }
+            print("patterns: submit completionHandler: notPermitted \(matched), on the caller's queue \(onCallerQueue)")
+            Task { await PatternsApp.submitAsync(task: task) }
+        }
+    }
+
+    static func submitAsync(task: BGTask) async {
+        let processing = BGProcessingTaskRequest(identifier: laterIdentifier)
+        processing.requiresExternalPower = true
+        processing.earliestBeginDate = Date(timeIntervalSince1970: 2_000_000_000)
+        let study = BGHealthResearchTaskRequest(identifier: studyIdentifier)
+        study.protectionTypeOfRequiredData = FileProtectionType.complete.rawValue as NSString
+        var accepted = "accepted"
+        do {
+            try await BGTaskScheduler.shared.submitTaskRequest(processing)
+            try await BGTaskScheduler.shared.submitTaskRequest(study)
+        } catch {
+            accepted = "\(error)"
+        }
+        var refusal = "accepted"
+        do {
+            try await BGTaskScheduler.shared.submitTaskRequest(BGAppRefreshTaskRequest(identifier: notPermittedIdentifier))
+        } catch let error as BGTaskScheduler.Error {
+            refusal = "\(error.code)"
+        } catch {
+            refusal = "\(error)"
+        }
+        var mockRefusal = false
+        do {
+            try await RefusingScheduler().submitTaskRequest(processing)
+        } catch BGTaskScheduler.Error.notPermitted {
+            mockRefusal = true
+        } catch {}
+        let refresh = BGAppRefreshTaskRequest(identifier: requestsIdentifier)
+        let viaHandler: Bool = await withCheckedContinuation { continuation in
+            BGTaskScheduler.shared.submitTaskRequest(refresh) { error in continuation.resume(returning: error == nil) }
+        }
+        let pending = await BGTaskScheduler.shared.pendingTaskRequests()
+        let pendingStudy = pending.first { $0.identifier == studyIdentifier } as? BGHealthResearchTaskRequest
+        print("patterns: submit async: \(accepted), refused \(refusal), mock refused \(mockRefusal), "
+              + "completion handler accepted \(viaHandler), "
+              + "pending equal: processing \(pending.contains(processing)), study \(pending.contains(study)), refresh \(pending.contains(refresh)), "
+              + "study protection \(pendingStudy.map { "\($0.protectionTypeOfRequiredData)" } ?? "missing")")
+        task.setTaskCompleted(success: accepted == "accepted" && viaHandler && pending.contains(study))
+    }
+
+    // MARK: Request equality and protectionTypeOfRequiredData
+
+    func handleRequests(task: BGTask) {
+        let date = Date(timeIntervalSince1970: 2_000_000_000)
+        let a = BGAppRefreshTaskRequest(identifier: "x"), b = BGAppRefreshTaskRequest(identifier: "x")
+        let same = a == b
+        a.earliestBeginDate = date
+        let dateDiffers = a == b
+        b.earliestBeginDate = date
+        let set: Set<BGTaskRequest> = [a, b, BGAppRefreshTaskRequest(identifier: "y")]
+        let refreshAsRequest: BGTaskRequest = BGAppRefreshTaskRequest(identifier: "x")
+        let processingAsRequest: BGTaskRequest = BGProcessingTaskRequest(identifier: "x")
+        print("patterns: requests refresh: same fields \(same), date differs \(dateDiffers), same date \(a == b), "
+              + "set \(set.count), refresh vs processing \(refreshAsRequest == processingAsRequest), "
+              + "isEqual \(a.isEqual(b)) hash \(a.hash == b.hash)")
+
+        let p = BGProcessingTaskRequest(identifier: "p"), q = BGProcessingTaskRequest(identifier: "p")
+        p.requiresExternalPower = true
+        let powerDiffers = p == q
+        q.requiresExternalPower = true
+        let copied = p.copy() as! BGProcessingTaskRequest
+        print("patterns: requests processing: power differs \(powerDiffers), same \(p == q), copy \(copied == p)")
+
+        let c = BGContinuedProcessingTaskRequest(identifier: "c.1", title: "Export", subtitle: "3 files")
+        let d = BGContinuedProcessingTaskRequest(identifier: "c.1", title: "Export", subtitle: "3 files")
+        let sameContinued = c == d
+        d.strategy = .fail
+        let strategyDiffers = c == d
+        d.strategy = c.strategy
+        d.title = "Import"
+        print("patterns: requests continued: same \(sameContinued), strategy differs \(strategyDiffers), title differs \(c == d)")
+
+        let h = BGHealthResearchTaskRequest(identifier: "h"), i = BGHealthResearchTaskRequest(identifier: "h")
+        let defaultProtection = h.protectionTypeOfRequiredData
+        h.protectionTypeOfRequiredData = FileProtectionType.complete.rawValue as NSString
+        let fromRawValue = h.protectionTypeOfRequiredData
+        let protectionDiffers = h == i
+        i.protectionTypeOfRequiredData = "NSFileProtectionComplete"
+        let fromLiteral = i.protectionTypeOfRequiredData
+        let asString = h.protectionTypeOfRequiredData as String
+        print("patterns: requests health: default \(defaultProtection), raw value \(fromRawValue), literal \(fromLiteral), "
+              + "string \(asString == FileProtectionType.complete.rawValue), protection differs \(protectionDiffers), same \(h == i)")
+        task.setTaskCompleted(success: same && !dateDiffers && a == b && set.count == 2 && h == i)
     }
 }
