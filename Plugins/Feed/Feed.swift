@@ -50,10 +50,9 @@ final class FeedApp: Sendable {
         }
         let request = BGContinuedProcessingTaskRequest(identifier: Self.exportIdentifier, title: "Exporting feed", subtitle: "Preparing…")
         request.strategy = .queue
-        do {
-            try BGTaskScheduler.shared.submit(request)
-        } catch {
-            print("feed: could not start the export: \(error)")
+        // iOS 27's submission API: errors (including ones found after submission) arrive here.
+        BGTaskScheduler.shared.submitTaskRequest(request) { error in
+            if let error { print("feed: could not start the export: \(error)") }
         }
     }
 
@@ -79,20 +78,16 @@ final class FeedApp: Sendable {
     func scheduleAppRefresh() {
         let request = BGAppRefreshTaskRequest(identifier: Self.refreshIdentifier)
         request.earliestBeginDate = Date(timeIntervalSinceNow: 15 * 60)
-        do {
-            try BGTaskScheduler.shared.submit(request)
-        } catch {
-            print("feed: could not schedule app refresh: \(error)")
+        BGTaskScheduler.shared.submitTaskRequest(request) { error in
+            if let error { print("feed: could not schedule app refresh: \(error)") }
         }
     }
 
     func scheduleFeedCleanup() {
         let request = BGProcessingTaskRequest(identifier: Self.cleanupIdentifier)
         request.requiresExternalPower = true
-        do {
-            try BGTaskScheduler.shared.submit(request)
-        } catch {
-            print("feed: could not schedule feed cleanup: \(error)")
+        BGTaskScheduler.shared.submitTaskRequest(request) { error in
+            if let error { print("feed: could not schedule feed cleanup: \(error)") }
         }
     }
 

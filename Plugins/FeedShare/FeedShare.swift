@@ -39,6 +39,8 @@ struct ShareExtension {
 
         // Ask for the app to refresh soon; the host checks it against the app's Info.plist.
         let request = BGAppRefreshTaskRequest(identifier: "com.example.feed.refresh")
+        // The synchronous form (deprecated from iOS 27 on), so that a refusal fails this launch
+        // with the host's reason in the record.
         do {
             try BGTaskScheduler.shared.submit(request)
             print("share: asked for a refresh of the feed")

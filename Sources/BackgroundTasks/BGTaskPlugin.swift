@@ -86,7 +86,10 @@ public enum BGTaskPlugin {
             return 0
         } catch {
             if let errorBuffer, errorSize > 0 {
-                let text = Array("\(error)".utf8CString.prefix(errorSize - 1)) + [0]
+                // A scheduler error as its code and message (its description is NSError's,
+                // which repeats the message in its user info).
+                let description = (error as? BGTaskScheduler.Error).map { "\($0.code): \($0.localizedDescription)" } ?? "\(error)"
+                let text = Array(description.utf8CString.prefix(errorSize - 1)) + [0]
                 text.withUnsafeBufferPointer { errorBuffer.update(from: $0.baseAddress!, count: text.count) }
             }
             return 1

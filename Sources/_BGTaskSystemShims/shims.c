@@ -153,6 +153,28 @@ void bgtask_close_from(int lowest) {
     for (int fd = lowest; fd < 65536; fd++) close(fd);
 }
 
+void bgtask_close_from_except(int lowest, const int *keep, int count) {
+    int next = lowest;
+    for (int i = 0; i < count; i++) {
+        if (keep[i] < next) continue;
+        if (keep[i] > next && syscall(SYS_close_range, (unsigned)next, (unsigned)(keep[i] - 1), 0) != 0) {
+            for (int fd = next; fd < keep[i]; fd++) close(fd);
+        }
+        next = keep[i] + 1;
+    }
+    bgtask_close_from(next);
+}
+
+int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity) {
+    int count = 0;
+    for (int fd = lowest; fd < highest; fd++) {
+        if (fcntl(fd, F_GETFD) == -1) continue;
+        if (count < capacity) out[count] = fd;
+        count++;
+    }
+    return count;
+}
+
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length) {
     struct iovec io = {.iov_base = (void *)payload, .iov_len = length};
     char control[CMSG_SPACE(sizeof(int) * 8)];
@@ -230,21 +252,30 @@ int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) 
     return ppoll(fds, (nfds_t)count, &timeout, NULL);
 }
 
+/* CoreFoundation's functions the runner calls, found once (in the zygote, before it forks). */
+static const char **(*get_process_path)(void);
+static void (*flush_preferences)(void);
+
+void bgtask_resolve_foundation_hooks(void) {
+    /* Looked up, not linked: the shims do not link Foundation, and a Foundation without these
+     * should cost the app its Bundle.main or its unsynchronized defaults, not its launch. */
+    if (get_process_path == NULL) get_process_path = (const char **(*)(void))dlsym(RTLD_DEFAULT, "_CFGetProcessPath");
+    if (flush_preferences == NULL) flush_preferences = (void (*)(void))dlsym(RTLD_DEFAULT, "CFPreferencesFlushCaches");
+}
+
 int bgtask_set_main_executable(const char *path) {
-    /* Looked up, not linked: the shims do not link Foundation, and a Foundation without the
-     * symbol should cost the app its Bundle.main, not its launch. */
-    const char **(*get_process_path)(void) = (const char **(*)(void))dlsym(RTLD_DEFAULT, "_CFGetProcessPath");
+    bgtask_resolve_foundation_hooks();
     if (get_process_path == NULL) return -1;
     const char *copy = strdup(path);
     if (copy == NULL) return -1;
-    /* The first call fills the slot from /proc/self/exe; the runner's path, replaced here. */
+    /* Filled from /proc/self/exe when CoreFoundation loaded (the runner's path), replaced here. */
     *get_process_path() = copy;
     return 0;
 }
 
 int bgtask_flush_preferences(void) {
-    void (*flush)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "CFPreferencesFlushCaches");
-    if (flush == NULL) return -1;
-    flush();
+    bgtask_resolve_foundation_hooks();
+    if (flush_preferences == NULL) return -1;
+    flush_preferences();
     return 0;
 }

@@ -31,6 +31,8 @@ struct HostOptions: ParsableArguments {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.sortedKeys]
+        // Requests as people read them: a refresh request has no strategy, no title.
+        encoder.userInfo[WireTaskRequest.omitsInapplicableFields] = true
         FileHandle.standardOutput.write(try encoder.encode(value) + Data("\n".utf8))
     }
 }

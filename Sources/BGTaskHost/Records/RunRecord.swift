@@ -102,6 +102,8 @@ public struct RunRecord: Codable, Sendable, Equatable {
 
     public func jsonData(pretty: Bool = false) throws -> Data {
         let encoder = JSONEncoder()
+        // A submitted refresh request has no strategy: list only what its kind has.
+        encoder.userInfo[WireTaskRequest.omitsInapplicableFields] = true
         // ISO 8601 with milliseconds: a record read back equals the one written.
         encoder.dateEncodingStrategy = .custom { date, encoder in
             var container = encoder.singleValueContainer()

@@ -73,6 +73,9 @@ int bgtask_set_main_executable(const char *path);
  * while iOS code expects them kept without it. Cheap when preferences were never used. 0, or -1
  * when this Foundation does not export the function. */
 int bgtask_flush_preferences(void);
+/* Finds the two functions above in the loaded Foundation (dlsym), once; the zygote calls it so
+ * that no launch pays for the lookups. */
+void bgtask_resolve_foundation_hooks(void);
 
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
  * the child); only for a single-threaded caller. */
@@ -86,6 +89,11 @@ void bgtask_reset_signals(void);
 void bgtask_note_signal_actions(void);
 /* Closes every descriptor >= lowest. */
 void bgtask_close_from(int lowest);
+/* Closes every descriptor >= lowest except the `count` in `keep` (ascending). */
+void bgtask_close_from_except(int lowest, const int *keep, int count);
+/* Writes the open descriptors in [lowest, highest) to `out` (at most `capacity`, ascending;
+ * fcntl, no /proc) and returns how many there are. */
+int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity);
 /* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno. */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);
 /* recvmsg; *count in: capacity of fds, out: descriptors received (close-on-exec). Returns the
