@@ -39,6 +39,13 @@ struct StateOptions: ParsableArguments {
         return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".local/state/bgtask")
     }
 
+    /// A logger at the default level, for code that runs before the options are read.
+    static func fallbackLogger() -> Logger {
+        var logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+        return logger
+    }
+
     func makeLogger() -> Logger {
         var logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
         let level = ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:))
@@ -58,14 +65,38 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill a launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
     var memoryLimit: ByteCountArgument?
 
-    @Option(name: .long, help: ArgumentHelp("A delegated cgroup v2 directory: enforce memory limits with memory.max in a child cgroup per launch instead of sampling.", valueName: "dir"))
+    @Option(name: .long, help: ArgumentHelp(
+        "A delegated cgroup v2 directory, or auto: a child cgroup per launch with memory.max (instead of sampling), pids.max and cgroup.kill.",
+        discussion: "auto uses the cgroup this process was started in when it is delegated to it (systemd's Delegate=yes), else says why and samples.",
+        valueName: "dir|auto"))
     var cgroup: String?
 
-    /// The validated `--cgroup` directory, if given.
-    func cgroupRoot() throws -> URL? {
+    @Option(name: .customLong("max-processes"), help: ArgumentHelp(
+        "With --cgroup: the most processes and threads a launch may have at once (pids.max; 0 for no limit). Default: \(LaunchSupervisor.defaultProcessLimit).",
+        valueName: "n"))
+    var maxProcesses: Int?
+
+    func validate() throws {
+        if let maxProcesses, maxProcesses < 0 { throw ValidationError("--max-processes must be 0 (no limit) or more") }
+    }
+
+    /// The process limit for each launch's cgroup: nil for none.
+    var processLimit: Int? {
+        let limit = maxProcesses ?? LaunchSupervisor.defaultProcessLimit
+        return limit > 0 ? limit : nil
+    }
+
+    /// The `--cgroup` directory launches get their groups under, if any: validated, or for
+    /// `auto` the delegated cgroup claimed (nil, and a log line saying why, without one).
+    func cgroupRoot(logger: Logger? = nil) throws -> URL? {
         guard let cgroup else { return nil }
+        if cgroup == "auto" {
+            return LaunchSupervisor.claimDelegatedCgroup(logger: logger ?? StateOptions.fallbackLogger())
+        }
         let root = URL(fileURLWithPath: cgroup)
-        do { try LaunchSupervisor.validateCgroupRoot(root) } catch {
+        do {
+            for note in try LaunchSupervisor.validateCgroupRoot(root) { printError("--cgroup: \(note)") }
+        } catch {
             printError("--cgroup: \(error)")
             throw ExitCode.validationFailure
         }

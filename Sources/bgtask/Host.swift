@@ -69,9 +69,11 @@ extension BGTaskCommand {
             configuration.budget = limits.budget?.duration
             configuration.grace = limits.grace?.duration
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes
-            configuration.cgroupRoot = try limits.cgroupRoot()
             var logger = options.makeLogger()
             if !options.verbose && ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"] == nil { logger.logLevel = .info }
+            // Before the host starts any process: `auto` moves this one into a leaf cgroup.
+            configuration.cgroupRoot = try limits.cgroupRoot(logger: logger)
+            configuration.processLimit = limits.processLimit
             do {
                 let host = try TaskHost(configuration: configuration, logger: logger)
                 try host.run()

@@ -79,7 +79,8 @@ extension BGTaskCommand {
                 dataDirectory: state.appendingPathComponent("containers").appendingPathComponent(app.identifier),
                 logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))
             var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
-            supervisor.cgroupRoot = try limitOptions.cgroupRoot()
+            supervisor.cgroupRoot = try limitOptions.cgroupRoot(logger: supervisor.logger)
+            supervisor.processLimit = limitOptions.processLimit
             let record: RunRecord
             do { record = try supervisor.run(plan, broker: InMemoryRequestBroker()) } catch {
                 printError(error.description)

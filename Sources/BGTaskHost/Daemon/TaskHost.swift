@@ -24,6 +24,8 @@ public final class TaskHost: @unchecked Sendable {
         public var grace: Duration?
         public var memoryLimitBytes: UInt64?
         public var cgroupRoot: URL?
+        /// Each launch's `pids.max` under `cgroupRoot`; nil for none.
+        public var processLimit: Int? = LaunchSupervisor.defaultProcessLimit
         public var runnerPath: String = LaunchSupervisor.defaultRunnerPath()
         /// Fork launches from a pre-warmed zygote (the fast path), or spawn the runner each time.
         public var useZygote = true
@@ -138,6 +140,7 @@ public final class TaskHost: @unchecked Sendable {
         clock = try HostClock(mode: configuration.clock, store: store)
         supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
         supervisor.cgroupRoot = configuration.cgroupRoot
+        supervisor.processLimit = configuration.processLimit
         if configuration.useZygote { supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: logger) }
         unlockedSinceBoot = (try? store.setting("device.locked")) != "on"
     }

@@ -2,52 +2,100 @@
 import Foundation
 import Glibc
 
-/// Kernel-enforced memory limits through a delegated cgroup v2 directory (`--cgroup DIR`).
+/// Kernel-enforced limits through a delegated cgroup v2 directory (`--cgroup DIR`, or the one
+/// `--cgroup auto` claims: see `CgroupV2.Delegation`).
 ///
 /// bgtask never writes to the machine's own cgroup hierarchy: it only creates, uses and removes
 /// one child cgroup per launch inside the directory it was handed, which must be a cgroup v2
 /// directory the user may write, with the memory controller enabled for its children
-/// (`+memory` in its `cgroup.subtree_control`).
+/// (`+memory` in its `cgroup.subtree_control`; `+pids` too for a process limit).
 enum CgroupV2 {
     /// One launch's cgroup. Created before the runner receives its launch, so every process of
-    /// the plugin starts inside it.
+    /// the plugin starts inside it. Its limits: `memory.max` (with `memory.swap.max` 0 and
+    /// `memory.oom.group` 1) and `pids.max`; it ends with `cgroup.kill`.
     struct LaunchGroup {
         let url: URL
+        /// The `pids.max` written (the pids controller counts threads as well as processes),
+        /// or nil when the launch has no process limit.
+        private(set) var processLimit: Int?
+        /// What the kernel lacks for this group, each with what is done instead (for the host
+        /// to report once).
+        private(set) var fallbacks: [String] = []
 
-        /// Checks that `root` is a usable delegated cgroup v2 directory.
-        static func validate(root: URL) throws(BGTaskError) {
+        init(url: URL) { self.url = url }
+
+        /// Checks that `root` is a usable delegated cgroup v2 directory. Returns what launches
+        /// under it will go without (no pids controller: no process limit; no `cgroup.kill`).
+        @discardableResult
+        static func validate(root: URL) throws(BGTaskError) -> [String] {
             let controllers = root.appendingPathComponent("cgroup.controllers")
             guard FileManager.default.fileExists(atPath: controllers.path) else {
                 throw BGTaskError(.invalidRequest, file: root.path, "not a cgroup v2 directory (no cgroup.controllers)")
             }
-            let subtree = (try? String(contentsOf: root.appendingPathComponent("cgroup.subtree_control"), encoding: .utf8)) ?? ""
-            guard subtree.split(whereSeparator: \.isWhitespace).contains("memory") else {
-                throw BGTaskError(.invalidRequest, file: root.appendingPathComponent("cgroup.subtree_control").path,
+            let subtreePath = root.appendingPathComponent("cgroup.subtree_control").path
+            let subtree = CgroupV2.words(subtreePath)
+            guard subtree.contains("memory") else {
+                throw BGTaskError(.invalidRequest, file: subtreePath,
                                   "the memory controller is not enabled for children (write +memory here first)")
             }
             guard access(root.path, W_OK) == 0 else {
                 throw BGTaskError(.invalidRequest, file: root.path, errno: errno, "the cgroup directory is not writable (it must be delegated to this user)")
             }
+            var notes: [String] = []
+            if !subtree.contains("pids") {
+                notes.append("\(subtreePath): the pids controller is not enabled for children (write +pids here): launches get no process limit (pids.max)")
+            }
+            // Every non-root cgroup has cgroup.kill from Linux 5.14 on; its absence here says
+            // the launches' groups will lack it too.
+            if !CgroupV2.exists(root.appendingPathComponent("cgroup.kill").path) {
+                notes.append(Self.noKill)
+            }
+            return notes
         }
 
-        static func create(under root: URL, launchID: String, memoryMax: UInt64) throws(BGTaskError) -> LaunchGroup {
+        static func create(under root: URL, launchID: String, memoryMax: UInt64?, processMax: Int?) throws(BGTaskError) -> LaunchGroup {
             let url = root.appendingPathComponent("bgtask-\(launchID)")
             try syscall("mkdir \(url.path)") { mkdir(url.path, 0o755) }
-            let group = LaunchGroup(url: url)
+            var group = LaunchGroup(url: url)
             do {
-                try group.write("memory.max", "\(memoryMax)")
-                // Swap would let a launch hold more than its limit without being killed.
-                if FileManager.default.fileExists(atPath: url.appendingPathComponent("memory.swap.max").path) {
-                    try group.write("memory.swap.max", "0")
-                }
-                // An OOM kill takes the whole launch, as jetsam does, not one process of it.
-                try group.write("memory.oom.group", "1")
+                try group.configure(memoryMax: memoryMax, processMax: processMax)
             } catch {
                 group.remove()
                 throw error
             }
             return group
         }
+
+        /// Writes the launch's limits into its (new, empty) group. A file the kernel lacks is a
+        /// fallback, noted in `fallbacks`; any other failure throws.
+        mutating func configure(memoryMax: UInt64?, processMax: Int?) throws(BGTaskError) {
+            if let memoryMax {
+                try write("memory.max", "\(memoryMax)")
+                // Swap would let a launch hold more than its limit without being killed. (No
+                // such file: the kernel does not account swap, so there is nothing to close.)
+                if has("memory.swap.max") { try write("memory.swap.max", "0") }
+                // An OOM kill takes the whole launch, as jetsam does, not one process of it.
+                if has("memory.oom.group") {
+                    try write("memory.oom.group", "1")
+                } else {
+                    fallbacks.append("memory.oom.group is missing (Linux before 4.19): an OOM kill takes one process of the launch, the supervisor then kills the rest")
+                }
+                if !has("memory.peak") {
+                    fallbacks.append("memory.peak is missing (Linux before 5.19): peak_rss_bytes does not cover the whole launch (at most the runner's own peak)")
+                }
+            }
+            if let processMax {
+                if has("pids.max") {
+                    try write("pids.max", "\(processMax)")
+                    processLimit = processMax
+                } else {
+                    fallbacks.append("pids.max is missing (the pids controller is not enabled for \(url.deletingLastPathComponent().path)'s children: add +pids to its cgroup.subtree_control): launches have no process limit")
+                }
+            }
+            if !has("cgroup.kill") { fallbacks.append(Self.noKill) }
+        }
+
+        static let noKill = "cgroup.kill is missing (Linux before 5.14): a launch is ended by freezing its cgroup (cgroup.freeze) and killing its processes one by one"
 
         func add(_ pid: pid_t) throws(BGTaskError) {
             try write("cgroup.procs", "\(pid)")
@@ -73,9 +121,13 @@ enum CgroupV2 {
                 .flatMap { UInt64($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
         }
 
-        /// Kills every process in the cgroup (cgroup.kill, kernel 5.14+; else one by one).
+        /// Kills every process in the cgroup at once, even those that left the launch's process
+        /// group or tree (cgroup.kill, Linux 5.14+). Without it: freeze the cgroup so nothing in
+        /// it can fork while its list is read (cgroup.freeze, 5.2+; a frozen process still dies
+        /// of SIGKILL), then kill what the list holds.
         func killAll() {
             if (try? write("cgroup.kill", "1")) != nil { return }
+            _ = try? write("cgroup.freeze", "1")
             for pid in processes { kill(pid, SIGKILL) }
         }
 
@@ -93,13 +145,32 @@ enum CgroupV2 {
             }
         }
 
-        private func write(_ file: String, _ value: String) throws(BGTaskError) {
-            let path = url.appendingPathComponent(file).path
-            let fd = try syscall("open \(path)") { open(path, O_WRONLY | O_CLOEXEC) }
-            defer { close(fd) }
-            let bytes = Array(value.utf8)
-            try syscall("write \(path)") { Glibc.write(fd, bytes, bytes.count) }
+        private func has(_ file: String) -> Bool {
+            CgroupV2.exists(url.appendingPathComponent(file).path)
         }
+
+        private func write(_ file: String, _ value: String) throws(BGTaskError) {
+            try CgroupV2.write(url.appendingPathComponent(file).path, value)
+        }
+    }
+
+    /// Writes `value` into a cgroup interface file (which must exist: the kernel makes them;
+    /// nothing is created here).
+    static func write(_ path: String, _ value: String) throws(BGTaskError) {
+        let fd = try syscall("open \(path)") { open(path, O_WRONLY | O_TRUNC | O_CLOEXEC) }
+        defer { close(fd) }
+        let bytes = Array(value.utf8)
+        try syscall("write \(path)") { Glibc.write(fd, bytes, bytes.count) }
+    }
+
+    static func exists(_ path: String) -> Bool {
+        access(path, F_OK) == 0
+    }
+
+    /// The whitespace-separated words of a cgroup file (`cgroup.controllers`,
+    /// `cgroup.subtree_control`); none when it cannot be read.
+    static func words(_ path: String) -> [String] {
+        ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(whereSeparator: \.isWhitespace).map(String.init)
     }
 }
 #endif

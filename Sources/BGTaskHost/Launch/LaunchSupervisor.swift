@@ -27,9 +27,13 @@ public struct LaunchSupervisor: Sendable {
     /// comes this long after the launch starts; a descendant that races ahead of it still
     /// meets the runner's RLIMIT_DATA backstop.
     public var descendantSampleInterval: Duration = .milliseconds(20)
-    /// A delegated cgroup v2 directory: when set, memory limits are kernel-enforced with one
-    /// child cgroup per launch (`memory.max`) instead of sampled.
+    /// A delegated cgroup v2 directory: when set, every launch gets a child cgroup there, its
+    /// memory limit is kernel-enforced (`memory.max`) instead of sampled, its process count is
+    /// capped (`pids.max`) and it ends with `cgroup.kill`.
     public var cgroupRoot: URL?
+    /// The `pids.max` of each launch's cgroup (threads count too); nil for none. Only with a
+    /// `cgroupRoot` whose children have the pids controller.
+    public var processLimit: Int? = LaunchSupervisor.defaultProcessLimit
     /// The fast path: fork launches from a pre-warmed zygote instead of spawning the runner.
     /// Falls back to posix_spawn when the zygote cannot serve.
     public var zygote: Zygote?
@@ -39,8 +43,10 @@ public struct LaunchSupervisor: Sendable {
         self.logger = logger
     }
 
-    /// Checks that `directory` is a delegated cgroup v2 directory usable as `cgroupRoot`.
-    public static func validateCgroupRoot(_ directory: URL) throws(BGTaskError) {
+    /// Checks that `directory` is a delegated cgroup v2 directory usable as `cgroupRoot`, and
+    /// returns what launches under it will go without (e.g. no pids controller: no process limit).
+    @discardableResult
+    public static func validateCgroupRoot(_ directory: URL) throws(BGTaskError) -> [String] {
         try CgroupV2.LaunchGroup.validate(root: directory)
     }
 
@@ -99,7 +105,7 @@ public struct LaunchSupervisor: Sendable {
         let startedAt = Date()
         // The launch, written into the channel before the child exists when no cgroup has to
         // take the child first: the runner finds it waiting instead of asking for it.
-        let startFirst = cgroupRoot == nil || plan.limits.memoryLimitBytes == 0
+        let startFirst = cgroupRoot == nil
         func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
             do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup, groups: groups))) } catch { return "\(error)" }
             return nil
@@ -141,9 +147,12 @@ public struct LaunchSupervisor: Sendable {
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
         var cgroup: CgroupV2.LaunchGroup?
-        if let root = cgroupRoot, plan.limits.memoryLimitBytes > 0 {
+        if let root = cgroupRoot {
             do {
-                let group = try CgroupV2.LaunchGroup.create(under: root, launchID: plan.launchID, memoryMax: plan.limits.memoryLimitBytes)
+                let group = try CgroupV2.LaunchGroup.create(
+                    under: root, launchID: plan.launchID,
+                    memoryMax: plan.limits.memoryLimitBytes > 0 ? plan.limits.memoryLimitBytes : nil, processMax: processLimit)
+                Self.reportOnce(group.fallbacks, logger: logger)
                 do {
                     try group.add(pid)
                     cgroup = group
@@ -152,7 +161,7 @@ public struct LaunchSupervisor: Sendable {
                     throw error
                 }
             } catch {
-                logger.warning("cgroup memory limit unavailable, sampling instead", metadata: ["error": "\(error)"])
+                logger.warning("launch cgroup unavailable: memory is sampled, no process limit", metadata: ["error": "\(error)"])
             }
         }
         defer { cgroup?.remove() }
@@ -196,8 +205,9 @@ public struct LaunchSupervisor: Sendable {
         log.drain()
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
-        let record = state.record(
+        var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
+        record.processLimit = cgroup?.processLimit
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
     }

@@ -66,6 +66,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var peakRSSBytes: UInt64
     public var memoryLimitBytes: UInt64
     public var memoryMechanism: String
+    /// The launch's process limit: its cgroup's `pids.max` (threads count too). Nil when it had
+    /// none (no cgroup, or no pids controller for it).
+    public var processLimit: Int? = nil
     public var budgetMs: Double
     public var graceMs: Double
     /// When expiration was sent to the launch (budget reached or simulated).
@@ -89,7 +92,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
         case launchID = "launch_id", exitStatus = "exit_status", wallMs = "wall_ms", cpuMs = "cpu_ms"
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
-        case memoryMechanism = "memory_mechanism", budgetMs = "budget_ms", graceMs = "grace_ms"
+        case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher
     }
@@ -151,6 +154,7 @@ extension RunRecord: CustomStringConvertible {
         }
         let limit = memoryLimitBytes > 0 ? " of \(Self.mib(memoryLimitBytes)) (\(memoryMechanism))" : ""
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(Self.ms(budgetMs)) + grace \(Self.ms(graceMs)), pid \(pid)")
+        if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         lines.append("  log: \(log ?? "none (the launch wrote nothing)")")

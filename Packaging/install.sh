@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Builds bgtask (release) and installs it as a systemd service: the `bgtask` CLI and its
+# `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), the
+# README as the unit's documentation, the unit file with its paths rewritten to PREFIX, and the
+# state and plugin directories. See README.md, "Running as a service".
+#
+# The binaries load the Swift runtime from where the toolchain that built them keeps it (their
+# RUNPATH); plugins need that runtime too, so install on a machine with the same toolchain.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR]
+
+  --prefix DIR     where the binaries go (DIR/bin) and the README (DIR/share/doc/bgtask);
+                   default /usr/local, or ~/.local with --user
+  --user           install the user unit (~/.config/systemd/user/bgtask.service, for
+                   systemctl --user) and ~/.local/state/bgtask, instead of the system unit
+                   (/etc/systemd/system/bgtask.service) and /var/lib/bgtask
+  --destdir DIR    stage every file under DIR (for packaging), leaving systemd alone;
+                   default $DESTDIR
+  --print          print the commands instead of running them (a dry run: nothing is built,
+                   written or reloaded)
+  --no-build       install what is already built instead of running swift build
+  --build-dir DIR  where the built bgtask and bgtask-runner are; default .build/release
+
+Then: systemctl enable --now bgtask (with --user: systemctl --user enable --now bgtask).
+EOF
+}
+
+# Builtins only until a command is run: with --print nothing outside bash is ever executed.
+case "$0" in
+    */*) script_dir=${0%/*} ;;
+    *) script_dir=. ;;
+esac
+repo=$(cd "$script_dir/.." && pwd)
+prefix=""
+user=0
+print=0
+build=1
+build_dir=""
+destdir="${DESTDIR:-}"
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix) [ $# -ge 2 ] || { usage >&2; exit 64; }; prefix=$2; shift 2 ;;
+        --prefix=*) prefix=${1#*=}; shift ;;
+        --user) user=1; shift ;;
+        --destdir) [ $# -ge 2 ] || { usage >&2; exit 64; }; destdir=$2; shift 2 ;;
+        --destdir=*) destdir=${1#*=}; shift ;;
+        --print|--dry-run) print=1; shift ;;
+        --no-build) build=0; shift ;;
+        --build-dir) [ $# -ge 2 ] || { usage >&2; exit 64; }; build_dir=$2; shift 2 ;;
+        --build-dir=*) build_dir=${1#*=}; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 64 ;;
+    esac
+done
+
+if [ "$user" = 1 ]; then
+    : "${HOME:?install.sh --user: HOME is not set}"
+    prefix=${prefix:-$HOME/.local}
+    unit_source=$repo/Packaging/systemd/user/bgtask.service
+    unit_dir=${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user
+    # The unit's state directory (%h/.local/state/bgtask): the CLI's default when
+    # XDG_STATE_HOME is unset.
+    state_dir=$HOME/.local/state/bgtask
+    exec_prefix='%h/.local'
+    systemctl=(systemctl --user)
+    journalctl="journalctl --user -u bgtask"
+else
+    prefix=${prefix:-/usr/local}
+    unit_source=$repo/Packaging/systemd/bgtask.service
+    unit_dir=/etc/systemd/system
+    state_dir=/var/lib/bgtask
+    exec_prefix='/usr/local'
+    systemctl=(systemctl)
+    journalctl="journalctl -u bgtask"
+fi
+case "$prefix" in
+    /*) ;;
+    *) echo "install.sh: --prefix must be an absolute path, not '$prefix'" >&2; exit 64 ;;
+esac
+# The prefix goes into ExecStart= and a sed expression: no whitespace, no '|', no '\'.
+case "$prefix" in
+    *[[:space:]\|\\]*) echo "install.sh: --prefix '$prefix' has whitespace, '|' or '\\' (systemd's ExecStart= would need quoting)" >&2; exit 64 ;;
+esac
+prefix=${prefix%/}
+[ -n "$prefix" ] || prefix=/
+if [ -n "$destdir" ]; then
+    case "$destdir" in
+        /*) ;;
+        *) destdir=$(pwd)/$destdir ;;
+    esac
+    destdir=${destdir%/}
+fi
+build_dir=${build_dir:-$repo/.build/release}
+bin_dir=$prefix/bin
+doc_dir=$prefix/share/doc/bgtask
+
+# Prints its arguments as one shell command line: plain words as they are, others in single
+# quotes (what --print shows can be pasted into a shell).
+quote() {
+    local separator="" word
+    for word in "$@"; do
+        if [[ "$word" =~ ^[A-Za-z0-9_./=:%@+,-]+$ ]]; then
+            printf '%s%s' "$separator" "$word"
+        else
+            printf "%s'%s'" "$separator" "${word//\'/\'\\\'\'}"
+        fi
+        separator=" "
+    done
+}
+
+# Runs a command, or prints it with --print.
+run() {
+    if [ "$print" = 1 ]; then
+        quote "$@"; printf '\n'
+    else
+        "$@"
+    fi
+}
+
+# Runs a command with its output into a file, or prints it with --print.
+run_into() {
+    local out=$1; shift
+    if [ "$print" = 1 ]; then
+        quote "$@"; printf ' > '; quote "$out"; printf '\n'
+    else
+        "$@" > "$out"
+    fi
+}
+
+if [ "$build" = 1 ]; then
+    run swift build -c release --package-path "$repo" --product bgtask
+    run swift build -c release --package-path "$repo" --product bgtask-runner
+fi
+if [ "$print" = 0 ]; then
+    for binary in bgtask bgtask-runner; do
+        [ -x "$build_dir/$binary" ] || { echo "install.sh: $build_dir/$binary is not built (run without --no-build, or pass --build-dir)" >&2; exit 1; }
+    done
+fi
+
+run install -d -m 0755 "$destdir$bin_dir"
+run install -m 0755 "$build_dir/bgtask" "$destdir$bin_dir/bgtask"
+run install -m 0755 "$build_dir/bgtask-runner" "$destdir$bin_dir/bgtask-runner"
+run install -d -m 0755 "$destdir$doc_dir"
+run install -m 0644 "$repo/README.md" "$destdir$doc_dir/README.md"
+
+# The unit, with ExecStart= and Documentation= pointing into the prefix.
+run install -d -m 0755 "$destdir$unit_dir"
+run_into "$destdir$unit_dir/bgtask.service" sed \
+    -e "s|^ExecStart=$exec_prefix/bin/bgtask |ExecStart=$bin_dir/bgtask |" \
+    -e "s|^Documentation=file:///usr/local/share/doc/bgtask/|Documentation=file://$doc_dir/|" \
+    "$unit_source"
+run chmod 0644 "$destdir$unit_dir/bgtask.service"
+
+# The state directory, owner-only (the database, the control socket, containers, logs), and
+# the plugin directory the unit reads bundles from.
+run install -d -m 0700 "$destdir$state_dir"
+run install -d -m 0755 "$destdir$state_dir/plugins"
+
+if [ -z "$destdir" ]; then
+    if [ "$print" = 1 ] || { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; }; then
+        run "${systemctl[@]}" daemon-reload
+    else
+        echo "install.sh: systemd is not running here: run '${systemctl[*]} daemon-reload' where it is" >&2
+    fi
+fi
+
+next="${systemctl[*]} enable --now bgtask; logs: $journalctl"
+if [ "$print" = 1 ]; then
+    echo "# then: $next"
+else
+    echo "installed bgtask in $bin_dir and $destdir$unit_dir/bgtask.service; plugins go in $state_dir/plugins" >&2
+    echo "start it: $next" >&2
+fi
