@@ -16,6 +16,8 @@ public struct BGTaskError: Error, CustomStringConvertible, Equatable, Sendable {
         public static let system = Code(name: "system")
         /// The launch could not be started.
         public static let launch = Code(name: "launch")
+        /// A value (a date, a clock advance, a size) is outside the bound the host keeps.
+        public static let outOfRange = Code(name: "out-of-range")
     }
 
     public var code: Code

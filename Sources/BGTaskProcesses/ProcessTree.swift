@@ -51,25 +51,38 @@ public enum ProcessTree {
     }
 
     /// SIGKILLs every descendant of `root`, repeating until none is left (a process being
-    /// killed may have forked a moment before), then `root` itself. Does not reap.
+    /// killed may have forked a moment before), then `root` itself. Does not reap. Returns
+    /// every descendant it saw, zombies included: once their parents die they are re-parented
+    /// to the nearest subreaper, which must reap them.
     @discardableResult
     public static func killTree(_ root: pid_t) -> Set<pid_t> {
-        var killed = Set<pid_t>()
+        var seen = Set<pid_t>()
         for _ in 0..<64 {
+            let all = descendants(of: root)
+            seen.formUnion(all)
             // Zombies are dead already; only their parent (or, later, this process) can reap them.
-            let pids = descendants(of: root).filter { !isZombie($0) }
+            let pids = all.filter { !isZombie($0) }
             if pids.isEmpty { break }
             for pid in pids { kill(pid, SIGKILL) }
-            killed.formUnion(pids)
         }
         kill(root, SIGKILL)
-        return killed
+        return seen
     }
 
     public static func isZombie(_ pid: pid_t) -> Bool {
+        status(of: pid)?.state == UInt8(ascii: "Z")
+    }
+
+    /// The state letter (`R`, `S`, `Z`, ...) and process group of `pid`, from /proc/PID/stat,
+    /// which a zombie still has (its cmdline and environ are gone). Nil when it is gone.
+    public static func status(of pid: pid_t) -> (state: UInt8, processGroup: pid_t)? {
         let stat = readFile("/proc/\(pid)/stat")
-        guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return false }
-        return stat[close + 2] == UInt8(ascii: "Z")
+        // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses, so fields are
+        // counted from its last ")".
+        guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return nil }
+        let fields = stat[(close + 2)...].split(separator: UInt8(ascii: " "), maxSplits: 3)
+        guard fields.count >= 3, let group = pid_t(String(decoding: fields[2], as: UTF8.self)) else { return nil }
+        return (stat[close + 2], group)
     }
 
     /// True when `pid` runs with a launch's environment (`BGTASK_LAUNCH_ID`), i.e. it is a

@@ -16,6 +16,12 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.size = UInt32(MemoryLayout<bgtask_host_api>.size)
     api.register_handler = { _, identifier, handler, context in
         guard let identifier, let handler else { return 0 }
+        // Checked before the string is copied or anything is sent: a registration too large for
+        // the launch channel would otherwise be lost, and an identifier this long is no one's.
+        if let problem = oversized("the identifier", identifier, limit: InputLimits.identifierBytes) {
+            runner.report(.registerRefused(identifier: preview(identifier), reason: problem))
+            return 0
+        }
         return runner.register(String(cString: identifier), .abi(handler, context)) ? 1 : 0
     }
     api.set_expiration_handler = { _, task, handler, context in
@@ -25,6 +31,10 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         runner.complete(task, success: success)
     }
     api.submit = { _, request, message, messageSize in
+        if let request, let problem = request.pointee.oversizedField {
+            write(message, messageSize, problem)
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
         guard let request, let wire = WireTaskRequest(abi: request.pointee) else {
             write(message, messageSize, "invalid request: missing identifier or unknown type")
             return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
@@ -35,6 +45,11 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     }
     api.cancel = { _, identifier in
         guard let identifier else { return }
+        if let problem = oversized("the identifier", identifier, limit: InputLimits.identifierBytes) {
+            // No request can have it: nothing to cancel, and nothing to ask the host.
+            runner.report(.log(level: BGTASK_LOG_ERROR, message: "cancel(taskRequestWithIdentifier: \"\(preview(identifier))\"): \(problem); nothing cancelled"))
+            return
+        }
         _ = runner.ask { .cancel(seq: $0, identifier: String(cString: identifier)) }
     }
     api.cancel_all = { _ in
@@ -50,17 +65,18 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     }
     api.log = { _, level, message in
         guard let message else { return }
-        runner.report(.log(level: level, message: String(cString: message)))
+        runner.report(.log(level: level, message: bounded(message, limit: InputLimits.logMessageBytes, what: "log message")))
     }
     api.update_progress = { _, task, completed, total in
         runner.report(.progress(task: task, completed: completed, total: total))
     }
     api.update_title = { _, task, title, subtitle in
-        runner.report(.title(task: task, title: title.map { String(cString: $0) } ?? "", subtitle: subtitle.map { String(cString: $0) }))
+        runner.report(.title(task: task, title: title.map { bounded($0, limit: InputLimits.titleBytes, what: "title") } ?? "",
+                             subtitle: subtitle.map { bounded($0, limit: InputLimits.titleBytes, what: "subtitle") }))
     }
     api.supported_resources = { _ in runner.assignment.supportedResources }
     api.app_group_container = { _, identifier in
-        guard let identifier else { return nil }
+        guard let identifier, strnlen(identifier, InputLimits.identifierBytes + 1) <= InputLimits.identifierBytes else { return nil }
         return appGroupDirectories[String(cString: identifier)].map { UnsafePointer($0) }
     }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
@@ -69,11 +85,53 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     return table
 }
 
+/// Why the C string at `text` is refused (`what` is N bytes, over the limit), or nil when it has
+/// at most `limit` bytes. Reads at most `limit + 1` bytes unless it is refused.
+private func oversized(_ what: String, _ text: UnsafePointer<CChar>, limit: Int) -> String? {
+    guard strnlen(text, limit + 1) > limit else { return nil }
+    return "\(what) is \(strlen(text)) bytes, over the limit of \(InputLimits.bytes(limit))"
+}
+
+/// The first bytes of an oversized string, for a message that names it.
+private func preview(_ text: UnsafePointer<CChar>) -> String {
+    let length = strnlen(text, 48)
+    let head = text.withMemoryRebound(to: UInt8.self, capacity: length) {
+        String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self)
+    }
+    return strnlen(text, 49) > 48 ? head + "…" : head
+}
+
+/// The C string at `text`, cut after `limit` bytes with a note that says so (a `void` host
+/// function has no error to return; what fits is more use than nothing).
+private func bounded(_ text: UnsafePointer<CChar>, limit: Int, what: String) -> String {
+    guard strnlen(text, limit + 1) > limit else { return String(cString: text) }
+    let head = text.withMemoryRebound(to: UInt8.self, capacity: limit) {
+        String(decoding: UnsafeBufferPointer(start: $0, count: limit), as: UTF8.self)
+    }
+    return head + " … [\(what) cut: \(strlen(text)) bytes, over the limit of \(InputLimits.bytes(limit))]"
+}
+
 /// Copies `text` into a caller's buffer, NUL-terminated and truncated to fit.
 private func write(_ buffer: UnsafeMutablePointer<CChar>?, _ size: Int, _ text: String) {
     guard let buffer, size > 0 else { return }
     let bytes = Array(text.utf8CString.prefix(size - 1)) + [0]
     bytes.withUnsafeBufferPointer { buffer.update(from: $0.baseAddress!, count: bytes.count) }
+}
+
+extension bgtask_request {
+    /// Why a request is refused before it is sent (an identifier, title or subtitle over its
+    /// limit), or nil.
+    var oversizedField: String? {
+        if let identifier, let problem = oversized("the request's identifier", identifier, limit: InputLimits.identifierBytes) {
+            return "invalid request: \(problem)"
+        }
+        for (name, text) in [("title", title), ("subtitle", subtitle)] {
+            if let text, let problem = oversized("the request's \(name)", text, limit: InputLimits.titleBytes) {
+                return "invalid request: \(problem)"
+            }
+        }
+        return nil
+    }
 }
 
 extension WireTaskRequest {

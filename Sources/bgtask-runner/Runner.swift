@@ -275,7 +275,15 @@ final class Runner: @unchecked Sendable {
             waiters[nextSeq] = waiter
             return nextSeq
         }
-        report(make(seq))
+        do {
+            try channel.send(make(seq))
+        } catch where error.code == .oversized {
+            // Nothing was sent, so no answer will come: say so now rather than in 30 s.
+            _ = lock.withLock { waiters.removeValue(forKey: seq) }
+            return (Int32(BGTASK_E_INVALID_ARGUMENT.rawValue), "the request is too large for the launch channel: \(error)", [])
+        } catch {
+            channelLost("send: \(error)")
+        }
         guard waiter.semaphore.wait(timeout: .now() + 30) == .success else {
             _ = lock.withLock { waiters.removeValue(forKey: seq) }
             return (Int32(BGTASK_E_HOST.rawValue), "the host did not answer within 30 s", [])

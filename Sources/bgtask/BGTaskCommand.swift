@@ -65,6 +65,9 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill a launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
     var memoryLimit: ByteCountArgument?
 
+    @Option(name: .customLong("log-limit"), help: ArgumentHelp("The most a launch's log keeps (e.g. 1MiB); later output is read and discarded, and the record says how much. Default: 16 MiB.", valueName: "size"))
+    var logLimit: ByteCountArgument?
+
     @Option(name: .long, help: ArgumentHelp(
         "A delegated cgroup v2 directory, or auto: a child cgroup per launch with memory.max (instead of sampling), pids.max and cgroup.kill.",
         discussion: "auto uses the cgroup this process was started in when it is delegated to it (systemd's Delegate=yes), else says why and samples.",

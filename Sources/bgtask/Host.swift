@@ -43,6 +43,15 @@ extension BGTaskCommand {
         @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).")
         var launcher: String = "zygote"
 
+        @Option(name: .customLong("max-connections"), help: "Control connections served at once; the next one is refused with too-many-connections. Default: 64.")
+        var maxConnections = 64
+
+        @Option(name: .customLong("request-timeout"), help: ArgumentHelp("A control request must arrive whole within this of its first byte (and an answer be read within it). Default: 5 s.", valueName: "duration"))
+        var requestTimeout: DurationArgument?
+
+        @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30 s.", valueName: "duration"))
+        var idleTimeout: DurationArgument?
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
@@ -52,6 +61,10 @@ extension BGTaskCommand {
             guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
             guard historyPerApp >= 1 else { throw ValidationError("--history-per-app must be at least 1") }
+            guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+            for (name, value) in [("--request-timeout", requestTimeout), ("--idle-timeout", idleTimeout)] where value?.duration == .zero {
+                throw ValidationError("\(name) must be more than 0")
+            }
         }
 
         func run() throws {
@@ -69,6 +82,10 @@ extension BGTaskCommand {
             configuration.budget = limits.budget?.duration
             configuration.grace = limits.grace?.duration
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes
+            if let logLimit = limits.logLimit { configuration.logLimitBytes = logLimit.bytes }
+            configuration.controlLimits.maximumConnections = maxConnections
+            if let requestTimeout { configuration.controlLimits.requestTimeout = requestTimeout.duration }
+            if let idleTimeout { configuration.controlLimits.idleTimeout = idleTimeout.duration }
             var logger = options.makeLogger()
             if !options.verbose && ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"] == nil { logger.logLevel = .info }
             // Before the host starts any process: `auto` moves this one into a leaf cgroup.

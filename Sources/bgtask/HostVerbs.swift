@@ -83,6 +83,9 @@ extension BGTaskCommand {
                 let response = try host.send(ControlRequest(verb: "apps", limit: pageSize, after: after))
                 apps += response.apps ?? []
                 if after == nil { invalid = response.invalid ?? [] }
+                if after == nil, let omitted = response.omitted {
+                    printError("apps: \(omitted) more invalid bundle(s) not listed (the answer's size limit)")
+                }
                 // A host from before paging answers everything at once, without `next`.
                 guard let next = response.next, after.map({ next > $0 }) ?? true else { break }
                 after = next
@@ -237,7 +240,11 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let records = try host.send(ControlRequest(verb: "history", app: app, limit: limit)).records ?? []
+            let response = try host.send(ControlRequest(verb: "history", app: app, limit: limit))
+            let records = response.records ?? []
+            if let omitted = response.omitted {
+                printError("history: \(omitted) record(s) left out to fit the answer's size limit (ask for fewer with --limit, or one app)")
+            }
             if host.json {
                 let objects = try records.map { try JSONSerialization.jsonObject(with: $0.jsonData()) }
                 FileHandle.standardOutput.write(try JSONSerialization.data(withJSONObject: objects, options: [.sortedKeys]) + Data("\n".utf8))

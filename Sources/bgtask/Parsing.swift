@@ -16,7 +16,9 @@ struct DurationArgument: ExpressibleByArgument {
             scale = factor
             break
         }
-        guard let value = Double(number), value >= 0, value.isFinite else { return nil }
+        // Bounded so that the milliseconds fit an Int64 (1e308 would trap); the host refuses
+        // what is further than its own bound (100 years) with an error that names it.
+        guard let value = Double(number), value >= 0, value.isFinite, value * scale < 1e15 else { return nil }
         duration = .milliseconds(Int64((value * scale * 1000).rounded()))
     }
 

@@ -70,8 +70,20 @@ extension BGTaskCommand {
             if let budget = limitOptions.budget { limits.budget = budget.duration }
             if let grace = limitOptions.grace { limits.grace = grace.duration }
             if let memoryLimit = limitOptions.memoryLimit { limits.memoryLimitBytes = memoryLimit.bytes }
+            if let logLimit = limitOptions.logLimit { limits.logLimitBytes = logLimit.bytes }
 
             let state = options.stateDirectory
+            // As the host does: an owner-only state directory, SIGPIPE a write error rather than
+            // death (a FIFO or a closed reader must not cost the record), and every child this
+            // process adopts reaped (it starts none but the runner).
+            do {
+                if let warning = try TaskHost.prepareStateDirectory(state) { printError(warning) }
+            } catch {
+                printError(error.description)
+                throw Status.cannotLaunch
+            }
+            signal(SIGPIPE, SIG_IGN)
+            LaunchSupervisor.adoptsEveryChild = true
             let launchID = LaunchPlan.newLaunchID()
             let plan = LaunchPlan(
                 bundle: app, tasks: assignments, reason: reason, limits: limits,

@@ -549,6 +549,9 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var paged = ControlResponse()
         paged.next = "a"
         #expect(!paged.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 14, "a new ControlResponse field: add it to isBareOK")
+        var truncated = ControlResponse()
+        (truncated.truncated, truncated.omitted) = (true, 1)
+        #expect(!truncated.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 16, "a new ControlResponse field: add it to isBareOK")
     }
 }

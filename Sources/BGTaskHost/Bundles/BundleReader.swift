@@ -1,10 +1,28 @@
 import BGTaskWire
 import Foundation
+import Glibc
 
 /// Reads and validates bundles (the layout and keys of DESIGN.md). Every error names the file,
 /// the key and what is wrong. Reading never loads plugin code: the executable is only checked
 /// to exist and to be an ELF shared object.
+///
+/// Reading never blocks and never leaves the bundle: Info.plist and the executable must be
+/// regular files (a FIFO, device, socket or directory there is an invalid bundle, found without
+/// opening it, and opened `O_NONBLOCK | O_NOFOLLOW` in case it changed since), reached directly or
+/// through a symlink that stays inside the bundle. What a bundle may declare is bounded
+/// (`Limits`), so that no bundle can make the host's answers about it too large to send.
 public enum BundleReader {
+    /// The most a bundle may declare, each refused by name with the limit.
+    public enum Limits {
+        public static let infoPlistBytes = 1 << 20
+        public static let permittedIdentifiers = 1000
+        /// Of CFBundleIdentifier, each permitted identifier, mapped handler and app group.
+        public static let identifierBytes = InputLimits.identifierBytes
+        public static let backgroundModes = 16
+        public static let extensions = 64
+        public static let appGroups = 64
+    }
+
     /// Reads the bundle at `url` (`Name.app` or `Name.appex`).
     public static func read(_ url: URL) throws(BGTaskError) -> PluginBundle {
         let kind: PluginBundle.Kind = url.pathExtension == "appex" ? .extension : .app
@@ -22,14 +40,21 @@ public enum BundleReader {
         }
         let plistURL = url.appendingPathComponent("Info.plist")
         let plist = plistURL.path
-        guard FileManager.default.fileExists(atPath: plist) else {
-            throw BGTaskError(.invalidBundle, file: plist, "Info.plist is missing")
-        }
         let data: Data
-        do {
-            data = try Data(contentsOf: plistURL)
-        } catch {
-            throw BGTaskError(.invalidBundle, file: plist, "cannot be read: \(error.localizedDescription)")
+        switch openInBundle(plist, bundle: bundlePath) {
+        case .missing:
+            throw BGTaskError(.invalidBundle, file: plist, "Info.plist is missing")
+        case .refused(let problem, let errno):
+            throw BGTaskError(.invalidBundle, file: plist, errno: errno, "Info.plist \(problem)")
+        case .opened(let fd, let size):
+            defer { close(fd) }
+            guard size <= Limits.infoPlistBytes else {
+                throw BGTaskError(.invalidBundle, file: plist, "is \(size) bytes, over the limit of \(InputLimits.bytes(Limits.infoPlistBytes)) for an Info.plist")
+            }
+            guard let bytes = readAll(fd, limit: Limits.infoPlistBytes) else {
+                throw BGTaskError(.invalidBundle, file: plist, errno: errno, "cannot be read, or grew past \(InputLimits.bytes(Limits.infoPlistBytes)) while it was")
+            }
+            data = Data(bytes)
         }
         let root: Any
         do {
@@ -43,6 +68,10 @@ public enum BundleReader {
         let fields = Fields(info: info, file: plist)
 
         let identifier = try fields.string("CFBundleIdentifier")
+        guard identifier.utf8.count <= Limits.identifierBytes else {
+            throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleIdentifier",
+                              "is \(identifier.utf8.count) bytes, over the limit of \(Limits.identifierBytes) bytes")
+        }
         guard isReverseDNS(identifier) else {
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleIdentifier",
                               "'\(identifier)' is not a reverse-DNS identifier (like com.example.feed: two or more dot-separated parts of letters, digits and hyphens)")
@@ -57,18 +86,22 @@ public enum BundleReader {
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable",
                               "'\(executable)' must be a file name inside the bundle, not a path")
         }
-        try checkELF(url.appendingPathComponent(executable), plist: plist)
+        try checkELF(url.appendingPathComponent(executable), bundle: bundlePath, plist: plist)
 
-        let permitted = try fields.optionalStrings("BGTaskSchedulerPermittedIdentifiers") ?? []
+        let permitted = try fields.optionalStrings("BGTaskSchedulerPermittedIdentifiers", atMost: Limits.permittedIdentifiers) ?? []
         for (index, entry) in permitted.enumerated() {
             let key = "BGTaskSchedulerPermittedIdentifiers[\(index)]"
+            guard entry.utf8.count <= Limits.identifierBytes else {
+                throw BGTaskError(.invalidBundle, file: plist, key: key,
+                                  "is \(entry.utf8.count) bytes, over the limit of \(Limits.identifierBytes) bytes for a task identifier")
+            }
             let base = entry.hasSuffix(".*") ? String(entry.dropLast(2)) : entry
             guard isReverseDNS(base) else {
                 throw BGTaskError(.invalidBundle, file: plist, key: key,
                                   "'\(entry)' is not a reverse-DNS task identifier (a wildcard may only end it, as in com.example.app.export.*)")
             }
         }
-        let modes = Set(try fields.optionalStrings("UIBackgroundModes") ?? [])
+        let modes = Set(try fields.optionalStrings("UIBackgroundModes", atMost: Limits.backgroundModes) ?? [])
 
         var entitlements: [String: Bool] = [:]
         var appGroups: [String] = []
@@ -130,7 +163,12 @@ public enum BundleReader {
         if kind == .app {
             let plugIns = url.appendingPathComponent("PlugIns")
             let entries = (try? FileManager.default.contentsOfDirectory(atPath: plugIns.path)) ?? []
-            for name in entries.sorted() where name.hasSuffix(".appex") {
+            let appexes = entries.sorted().filter { $0.hasSuffix(".appex") }
+            guard appexes.count <= Limits.extensions else {
+                throw BGTaskError(.invalidBundle, file: plugIns.path,
+                                  "holds \(appexes.count) extensions, over the limit of \(Limits.extensions)")
+            }
+            for name in appexes {
                 do {
                     extensions.append(try read(plugIns.appendingPathComponent(name), kind: .extension, containingApp: identifier))
                 } catch {
@@ -152,6 +190,9 @@ public enum BundleReader {
         let key = "Entitlements.\(PluginBundle.appGroupsEntitlement)"
         guard let array = value as? [Any] else {
             throw BGTaskError(.invalidBundle, file: file, key: key, "must be an array of app group identifiers (like group.com.example.feed), found \(typeName(value))")
+        }
+        guard array.count <= Limits.appGroups else {
+            throw BGTaskError(.invalidBundle, file: file, key: key, "has \(array.count) entries, over the limit of \(Limits.appGroups)")
         }
         var groups: [String] = []
         for (index, element) in array.enumerated() {
@@ -178,15 +219,22 @@ public enum BundleReader {
         }
     }
 
-    static func checkELF(_ executable: URL, plist: String) throws(BGTaskError) {
-        guard let handle = FileHandle(forReadingAtPath: executable.path) else {
-            let exists = FileManager.default.fileExists(atPath: executable.path)
+    static func checkELF(_ executable: URL, bundle: String, plist: String) throws(BGTaskError) {
+        let fd: Int32
+        switch openInBundle(executable.path, bundle: bundle) {
+        case .missing:
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable",
-                              exists ? "'\(executable.lastPathComponent)' cannot be read"
-                                     : "names '\(executable.lastPathComponent)', which is not in the bundle")
+                              "names '\(executable.lastPathComponent)', which is not in the bundle")
+        case .refused(let problem, let errno):
+            throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable", errno: errno,
+                              "'\(executable.lastPathComponent)' \(problem)")
+        case .opened(let opened, _):
+            fd = opened
         }
-        defer { try? handle.close() }
-        let header = (try? handle.read(upToCount: 18)) ?? Data()
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 18)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 18, 0) }
+        let header = Data(bytes.prefix(max(0, count)))
         guard header.count >= 18, header.prefix(4) == Data([0x7f, 0x45, 0x4c, 0x46]) else {
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable",
                               "'\(executable.lastPathComponent)' is not an ELF shared library")
@@ -196,6 +244,82 @@ public enum BundleReader {
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable",
                               "'\(executable.lastPathComponent)' is an ELF file but not a shared library (build it as a dynamic library product)")
         }
+    }
+
+    /// What opening a file of the bundle found.
+    enum Opened {
+        case missing
+        /// Not a file the host reads: what it is, and the errno when a call failed.
+        case refused(String, errno: Int32?)
+        /// A regular file, open for reading (the caller closes it), and its size.
+        case opened(Int32, size: Int)
+    }
+
+    /// Opens `path`, a file of the bundle at `bundle`, for reading without ever blocking or
+    /// leaving the bundle: its type is checked before it is opened (a FIFO would block open(),
+    /// a device may act on it), a symlink is followed only to a file inside the bundle, and the
+    /// descriptor is checked again (the entry may have been swapped in between).
+    static func openInBundle(_ path: String, bundle: String) -> Opened {
+        var info = stat()
+        guard lstat(path, &info) == 0 else {
+            return errno == ENOENT ? .missing : .refused("cannot be examined", errno: errno)
+        }
+        var target = path
+        if info.st_mode & S_IFMT == S_IFLNK {
+            guard let resolved = realpath(path, nil) else {
+                return errno == ENOENT ? .missing : .refused("is a symbolic link that does not resolve", errno: errno)
+            }
+            target = String(cString: resolved)
+            free(resolved)
+            var root = bundle
+            if let resolvedBundle = realpath(bundle, nil) {
+                root = String(cString: resolvedBundle)
+                free(resolvedBundle)
+            }
+            guard target.hasPrefix(root + "/") else {
+                return .refused("is a symbolic link to \(target), outside the bundle", errno: nil)
+            }
+            guard stat(target, &info) == 0 else { return .refused("cannot be examined", errno: errno) }
+        }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            return .refused("is \(fileKind(info.st_mode)), not a regular file", errno: nil)
+        }
+        let fd = open(target, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY)
+        guard fd >= 0 else { return .refused("cannot be read", errno: errno) }
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            let kind = fileKind(info.st_mode)
+            close(fd)
+            return .refused("is \(kind), not a regular file", errno: nil)
+        }
+        return .opened(fd, size: Int(info.st_size))
+    }
+
+    /// "a FIFO", "a directory", ... for a message.
+    static func fileKind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFIFO: "a FIFO"
+        case S_IFCHR: "a character device"
+        case S_IFBLK: "a block device"
+        case S_IFSOCK: "a socket"
+        case S_IFDIR: "a directory"
+        case S_IFLNK: "a symbolic link"
+        default: "a special file"
+        }
+    }
+
+    /// All of `fd`, or nil on a read error or when it holds more than `limit` bytes (it may
+    /// have grown since its size was checked).
+    static func readAll(_ fd: Int32, limit: Int) -> [UInt8]? {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while bytes.count <= limit {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { return nil }
+            if n == 0 { return bytes }
+            bytes += chunk[0..<n]
+        }
+        return nil
     }
 
     private static func describe(_ error: Error) -> String {
@@ -239,10 +363,13 @@ private struct Fields {
         return text
     }
 
-    func optionalStrings(_ key: String) throws(BGTaskError) -> [String]? {
+    func optionalStrings(_ key: String, atMost limit: Int) throws(BGTaskError) -> [String]? {
         guard let raw = info[key] else { return nil }
         guard let array = raw as? [Any] else {
             throw BGTaskError(.invalidBundle, file: file, key: key, "must be an array of strings, found \(typeName(raw))")
+        }
+        guard array.count <= limit else {
+            throw BGTaskError(.invalidBundle, file: file, key: key, "has \(array.count) entries, over the limit of \(limit)")
         }
         var strings: [String] = []
         for (index, element) in array.enumerated() {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import _BGTaskSystemShims
 
 /// Frames on the control socket: an 8-byte header — magic "BG" (0x42 0x47), version (1 byte,
 /// currently 1), flags (1 byte, 0), payload length (4 bytes, big-endian) — then a JSON payload
@@ -12,7 +13,8 @@ public enum ControlFrame {
     public static let maximumPayload = 1 << 20
 
     public struct FrameError: Error, CustomStringConvertible, Equatable, Sendable {
-        public enum Code: String, Sendable { case badMagic, unsupportedVersion, oversized, truncated, malformedPayload, closed }
+        /// `timedOut`: a request not complete by its deadline (`ControlFrameReader.requestTimeout`).
+        public enum Code: String, Sendable { case badMagic, unsupportedVersion, oversized, truncated, malformedPayload, closed, timedOut }
         public var code: Code
         public var description: String
     }
@@ -77,18 +79,25 @@ public enum ControlFrame {
         try send(try encode(payload), to: fd, what: "a frame (\(payload.count)-byte payload)")
     }
 
-    /// Writes several frames with one `send` (answers to pipelined requests).
-    public static func write(payloads: [Data], to fd: Int32) throws(FrameError) {
+    /// Writes several frames with one `send` (answers to pipelined requests). With `deadline`
+    /// (CLOCK_MONOTONIC nanoseconds), a peer still reading when it passes is given up on, however
+    /// slowly it keeps reading (each `send` is bounded by the socket's SO_SNDTIMEO).
+    public static func write(payloads: [Data], to fd: Int32, deadline: UInt64? = nil) throws(FrameError) {
         var frames = Data(capacity: payloads.reduce(0) { $0 + headerSize + $1.count })
         for payload in payloads { frames.append(try encode(payload)) }
-        try send(frames, to: fd, what: "\(payloads.count) frames (\(frames.count) bytes)")
+        try send(frames, to: fd, what: "\(payloads.count) frames (\(frames.count) bytes)", deadline: deadline)
     }
 
-    static func send(_ frame: Data, to fd: Int32, what: String) throws(FrameError) {
+    static func send(_ frame: Data, to fd: Int32, what: String, deadline: UInt64? = nil) throws(FrameError) {
         var failure: FrameError?
         frame.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
             var offset = 0
             while offset < buffer.count {
+                if offset > 0, let deadline, bgtask_monotonic_ns() > deadline {
+                    failure = FrameError(code: .closed, description:
+                        "peer reads the control socket too slowly: \(offset) of \(buffer.count) bytes of \(what) taken by the answer's deadline")
+                    return
+                }
                 // MSG_NOSIGNAL: a closed peer is EPIPE, not a SIGPIPE that kills the process.
                 let sent = Glibc.send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
                 if sent >= 0 {
@@ -196,21 +205,35 @@ public enum ControlFrame {
 /// errors as `ControlFrame.read`.
 public struct ControlFrameReader {
     public let fd: Int32
+    /// How long `next` waits for the first byte of a frame; then the stream counts as ended
+    /// (`closed`: an idle peer). Nil: for ever (a client waiting for its answer).
+    public var idleTimeout: Duration?
+    /// How long a frame may take from its first byte to its last; then `next` throws `timedOut`
+    /// (a peer sending one byte a second must not hold its connection for ever). Nil: no bound.
+    public var requestTimeout: Duration?
     /// Received bytes live in `storage[start..<end]`; the rest is room for the next read.
     private var storage = [UInt8](repeating: 0, count: ControlFrameReader.chunk)
     private var start = 0
     private var end = 0
+    /// When the first buffered byte of the frame being read arrived (nil: nothing buffered).
+    private var frameStartNs: UInt64?
     static let chunk = 64 * 1024
 
-    public init(fd: Int32) { self.fd = fd }
+    public init(fd: Int32, idleTimeout: Duration? = nil, requestTimeout: Duration? = nil) {
+        self.fd = fd
+        self.idleTimeout = idleTimeout
+        self.requestTimeout = requestTimeout
+    }
 
     private var available: Int { end - start }
 
     /// The next frame's payload, waiting for it; nil when the stream ends between frames.
     public mutating func next() throws(ControlFrame.FrameError) -> Data? {
+        let idleDeadline = idleTimeout.map { bgtask_monotonic_ns() + UInt64($0.nanoseconds) }
         while true {
             if let frame = try bufferedFrame() { return frame }
             let needed = try neededBytes()
+            if try !awaitBytes(needed: needed, idleDeadline: idleDeadline) { return nil }
             switch receive(wait: true, needed: needed) {
             case .complete:
                 continue
@@ -239,6 +262,39 @@ public struct ControlFrameReader {
         return try bufferedFrame()
     }
 
+    /// Waits until the socket is readable, within the deadline that applies: the request's
+    /// (from its first byte) once part of a frame is buffered, else the idle one. False when an
+    /// idle peer's time is up (the stream counts as ended); `timedOut` for a request's.
+    private func awaitBytes(needed: Int, idleDeadline: UInt64?) throws(ControlFrame.FrameError) -> Bool {
+        let deadline: UInt64
+        if available > 0 {
+            guard let requestTimeout, let frameStartNs else { return true }
+            deadline = frameStartNs + UInt64(requestTimeout.nanoseconds)
+        } else {
+            guard let idleDeadline else { return true }
+            deadline = idleDeadline
+        }
+        while true {
+            let now = bgtask_monotonic_ns()
+            if now < deadline {
+                var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                let ready = bgtask_poll_ns(&pfd, 1, Int64(clamping: deadline - now))
+                if ready > 0 { return true }
+                if ready < 0 && errno == EINTR { continue }
+                if ready < 0 { return true } // let the read report the error
+            }
+            guard available > 0 else { return false }
+            throw .init(code: .timedOut, description:
+                "the request was not complete \(ControlFrameReader.describe(requestTimeout ?? .zero)) after its first byte (\(available) of \(needed) bytes arrived): the whole-request deadline")
+        }
+    }
+
+    /// `5 s`, `250 ms`.
+    static func describe(_ duration: Duration) -> String {
+        let ms = duration.nanoseconds / 1_000_000
+        return ms % 1000 == 0 ? "\(ms / 1000) s" : "\(ms) ms"
+    }
+
     /// The frame's total size (header included) once its header is buffered, else the header's.
     private func neededBytes() throws(ControlFrame.FrameError) -> Int {
         guard available >= ControlFrame.headerSize else { return ControlFrame.headerSize }
@@ -252,7 +308,13 @@ public struct ControlFrameReader {
         guard available >= ControlFrame.headerSize, available >= needed else { return nil }
         let payload = storage.withUnsafeBytes { Data(bytes: $0.baseAddress! + start + ControlFrame.headerSize, count: needed - ControlFrame.headerSize) }
         start += needed
-        if start == end { (start, end) = (0, 0) }
+        if start == end {
+            (start, end) = (0, 0)
+            frameStartNs = nil
+        } else {
+            // The next frame has begun (pipelined): its deadline counts from now at the latest.
+            frameStartNs = bgtask_monotonic_ns()
+        }
         return payload
     }
 
@@ -276,6 +338,7 @@ public struct ControlFrameReader {
             }
             let error = errno
             if count > 0 {
+                if end == start { frameStartNs = bgtask_monotonic_ns() }
                 end += count
                 return .complete
             }

@@ -188,6 +188,11 @@ public struct ControlResponse: Codable, Sendable {
     /// A paged `apps` answer with more apps after it: the `after` of the next page (the last
     /// identifier of this one). nil on the last page. `invalid` comes with the first page only.
     public var next: String?
+    /// A list left short so that the answer fits a control frame: `history` records (the
+    /// oldest asked for, or one too large by itself) or `apps`' invalid bundles, `omitted` of
+    /// them. Nil when the answer is whole.
+    public var truncated: Bool?
+    public var omitted: Int?
 
     public init(ok: Bool = true) { self.ok = ok }
 
@@ -195,6 +200,7 @@ public struct ControlResponse: Codable, Sendable {
     var isBareOK: Bool {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
+            && truncated == nil && omitted == nil
     }
 
     public static func failure(_ code: String, _ message: String) -> ControlResponse {

@@ -11,10 +11,23 @@ public struct PeerCredentials: Sendable, Equatable {
 }
 
 /// The host's control socket: a Unix stream socket in the state directory with owner-only
-/// permissions. Each connection is served on its own thread; a peer whose credentials
-/// (SO_PEERCRED) are not this process's user gets one error frame and is dropped. A bad frame
-/// ends only its own connection.
+/// permissions. Each connection is served on its own thread, at most `limits.maximumConnections`
+/// at once: the one over the cap gets a `too-many-connections` error frame and is closed. A peer
+/// whose credentials (SO_PEERCRED) are not this process's user gets one error frame and is
+/// dropped. A bad frame, or a request not complete by its deadline, ends only its own connection.
 public final class ControlServer: @unchecked Sendable {
+    /// What one client may hold of the host, as data.
+    public struct Limits: Sendable, Equatable {
+        /// Connections served at once (each holds a thread); the next one is refused.
+        public var maximumConnections = 64
+        /// From a request's first byte to its last: a peer that sends slowly is cut off, and
+        /// the same bound applies to writing an answer to a peer that reads slowly.
+        public var requestTimeout: Duration = .seconds(5)
+        /// How long a connection may sit between requests before it is closed.
+        public var idleTimeout: Duration = .seconds(30)
+
+        public init() {}
+    }
     public typealias Handler = @Sendable (ControlRequest, _ peer: PeerCredentials) -> ControlResponse
     /// Answers several pipelined requests, in order (one response each, in the same order).
     public typealias BatchHandler = @Sendable ([ControlRequest], _ peer: PeerCredentials) -> [ControlResponse]
@@ -31,6 +44,11 @@ public final class ControlServer: @unchecked Sendable {
 
     /// The uid allowed to connect (default: this process's effective uid).
     public var allowedUID: uid_t = geteuid()
+
+    /// Set before `start()`.
+    public var limits = Limits()
+    /// Connections being served (behind `lock`).
+    private var connections = 0
 
     /// `batch` answers pipelined requests together; by default each goes to `handler` in turn.
     public init(path: String, logger: Logger, handler: @escaping Handler, batch: BatchHandler? = nil) throws(BGTaskError) {
@@ -95,32 +113,72 @@ public final class ControlServer: @unchecked Sendable {
                 }
                 return
             }
-            let thread = Thread { [self] in serve(client) }
+            let admitted = lock.withLock {
+                guard connections < limits.maximumConnections else { return false }
+                connections += 1
+                return true
+            }
+            guard admitted else {
+                refuseOverCap(client)
+                continue
+            }
+            let thread = Thread { [self] in
+                serve(client)
+                lock.withLock { connections -= 1 }
+            }
             thread.name = "bgtask.control.connection"
             thread.start()
         }
     }
 
+    /// Answers a connection over the cap with a named error and closes it, on the accept
+    /// thread: the frame is small and the socket new, so the write does not wait (and may not
+    /// for long: SO_SNDTIMEO).
+    private func refuseOverCap(_ fd: Int32) {
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let maximum = limits.maximumConnections
+        reply(.failure("too-many-connections", "the host serves at most \(maximum) control connections at once (bgtask host --max-connections); try again when one closes"), to: fd)
+        // One line a second at most, however fast connections come (only this thread counts).
+        refusedOverCap += 1
+        let now = bgtask_monotonic_ns()
+        if now >= lastOverCapWarningNs + 1_000_000_000 {
+            logger.warning("control socket: refused connections over the cap", metadata: ["limit": "\(maximum)", "refused": "\(refusedOverCap)"])
+            (lastOverCapWarningNs, refusedOverCap) = (now, 0)
+        }
+    }
+
+    /// Refusals over the cap since the last warning, and when that was (accept thread only).
+    private var refusedOverCap = 0
+    private var lastOverCapWarningNs: UInt64 = 0
+
     private func serve(_ fd: Int32) {
         defer { close(fd) }
         var credentials = PeerCredentials(pid: 0, uid: 0, gid: 0)
         guard bgtask_peer_credentials(fd, &credentials.pid, &credentials.uid, &credentials.gid) == 0 else { return }
-        // A 30 s receive timeout: an idle or stalled peer does not hold a thread forever.
-        var timeout = timeval(tv_sec: 30, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        // A peer that stops reading its answer does not hold the thread either: each send waits
+        // at most this long, and the whole answer has the same deadline (`reply`).
+        var timeout = timeval(tv_sec: Int(limits.requestTimeout.components.seconds),
+                              tv_usec: Int(limits.requestTimeout.components.attoseconds / 1_000_000_000_000))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         if credentials.uid != allowedUID && credentials.uid != 0 {
             logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(credentials.uid)", "peer.pid": "\(credentials.pid)"])
             reply(.failure("permission-denied", "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
             return
         }
-        var reader = ControlFrameReader(fd: fd)
+        // An idle peer is closed after `idleTimeout`; a request must be whole within
+        // `requestTimeout` of its first byte (SO_RCVTIMEO would restart at every byte).
+        var reader = ControlFrameReader(fd: fd, idleTimeout: limits.idleTimeout, requestTimeout: limits.requestTimeout)
         let decoder = JSONDecoder.control
         while true {
             let first: Data?
             do {
                 first = try reader.next()
             } catch {
-                if error.code != .closed {
+                if error.code == .timedOut {
+                    reply(.failure("request-timeout", "\(error) (bgtask host --request-timeout)"), to: fd)
+                } else if error.code != .closed {
                     reply(.failure("bad-frame", "\(error)"), to: fd)
                 }
                 return
@@ -163,7 +221,11 @@ public final class ControlServer: @unchecked Sendable {
                 answer ?? handled.popFirst() ?? .failure("internal", "the host gave no answer")
             }
             if let frameError, !close {
-                if frameError.code != .closed { responses.append(.failure("bad-frame", "\(frameError)")) }
+                if frameError.code == .timedOut {
+                    responses.append(.failure("request-timeout", "\(frameError) (bgtask host --request-timeout)"))
+                } else if frameError.code != .closed {
+                    responses.append(.failure("bad-frame", "\(frameError)"))
+                }
                 close = true
             }
             guard reply(responses, to: fd), !close else { return }
@@ -199,7 +261,8 @@ public final class ControlServer: @unchecked Sendable {
             }
             payloads.append(data)
         }
-        do { try ControlFrame.write(payloads: payloads, to: fd) } catch { return false }
+        let deadline = bgtask_monotonic_ns() + UInt64(limits.requestTimeout.nanoseconds)
+        do { try ControlFrame.write(payloads: payloads, to: fd, deadline: deadline) } catch { return false }
         return true
     }
 

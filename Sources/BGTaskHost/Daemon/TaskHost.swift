@@ -41,6 +41,10 @@ public final class TaskHost: @unchecked Sendable {
         /// Ended launches (with their run records) kept per app: when a launch ends, its app's
         /// older ended launches are deleted. Running launches are never deleted.
         public var historyPerApp = 1000
+        /// Control connections at once, and the deadlines of a request and of an idle connection.
+        public var controlLimits = ControlServer.Limits()
+        /// A launch's log beyond this many bytes is read and discarded (its record says so).
+        public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -112,6 +116,50 @@ public final class TaskHost: @unchecked Sendable {
 
     deinit { close(lockFD) }
 
+    /// The state directory's mode: owner-only (0700); as root 0711, because launches then run
+    /// as their apps' own uids and must pass through it to their containers (by path: every
+    /// Foundation API an app uses). Either way no one else can list it or read what is in it:
+    /// the database and logs are 0600, `logs/` 0700, the control socket 0600.
+    public static var stateDirectoryMode: mode_t { geteuid() == 0 ? 0o711 : 0o700 }
+
+    /// Creates the state directory with `stateDirectoryMode`, with its `logs` (0700), or makes
+    /// an existing one so when this user owns it: it holds the database, the control socket and
+    /// every launch's log. Returns a warning when it cannot be (another owner, or a shared
+    /// directory with the sticky bit, such as /tmp, which is left alone).
+    public static func prepareStateDirectory(_ directory: URL) throws(BGTaskError) -> String? {
+        let path = directory.path
+        let mode = stateDirectoryMode
+        if mkdir(path, mode) != 0 && errno != EEXIST {
+            do {
+                try FileManager.default.createDirectory(at: directory.deletingLastPathComponent(), withIntermediateDirectories: true)
+            } catch {
+                throw BGTaskError(.system, file: path, "cannot create the state directory: \(error.localizedDescription)")
+            }
+            if mkdir(path, mode) != 0 && errno != EEXIST {
+                throw BGTaskError(.system, file: path, errno: errno, "cannot create the state directory")
+            }
+        }
+        var warning: String?
+        var info = stat()
+        if stat(path, &info) == 0, info.st_mode & 0o777 != mode {
+            if info.st_uid == geteuid() && info.st_mode & S_ISVTX == 0 {
+                chmod(path, mode)
+            } else if info.st_mode & 0o066 != 0 {
+                warning = "the state directory \(path) is open to others (mode \(String(info.st_mode & 0o7777, radix: 8))) and not this user's own to restrict: use a directory of its own (\(String(mode, radix: 8)))"
+            }
+        }
+        let logs = path + "/logs"
+        if mkdir(logs, 0o700) != 0 && errno == EEXIST {
+            // Through a descriptor that is the directory itself: never a link's target.
+            let fd = Glibc.open(logs, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            if fd >= 0 {
+                fchmod(fd, 0o700)
+                close(fd)
+            }
+        }
+        return warning
+    }
+
     /// Takes the state directory's lock, or says which host holds it.
     private static func lockStateDirectory(_ directory: URL) throws(BGTaskError) -> Int32 {
         let path = directory.appendingPathComponent("bgtask.lock").path
@@ -130,14 +178,11 @@ public final class TaskHost: @unchecked Sendable {
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
         self.configuration = configuration
         self.logger = logger
-        do {
-            try FileManager.default.createDirectory(at: configuration.stateDirectory, withIntermediateDirectories: true)
-        } catch {
-            throw BGTaskError(.system, file: configuration.stateDirectory.path, "cannot create the state directory: \(error.localizedDescription)")
-        }
+        if let warning = try Self.prepareStateDirectory(configuration.stateDirectory) { logger.warning("\(warning)") }
         lockFD = try Self.lockStateDirectory(configuration.stateDirectory)
         store = try PendingRequestStore(directory: configuration.stateDirectory)
         clock = try HostClock(mode: configuration.clock, store: store)
+        if let reason = clock.resetReason { logger.warning("virtual clock reset: \(reason)") }
         supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
         supervisor.cgroupRoot = configuration.cgroupRoot
         supervisor.processLimit = configuration.processLimit
@@ -166,6 +211,14 @@ public final class TaskHost: @unchecked Sendable {
 
     /// Starts serving without blocking (tests drive a host this way too).
     public func start() throws(BGTaskError) {
+        // A peer that closes its end (a control client, a FIFO a launch left where the host
+        // writes) is EPIPE for the call, never a signal that kills the host. Launches start
+        // with every signal at its default (posix_spawn's SETSIGDEF; the zygote's spares reset
+        // theirs), so they do not inherit this.
+        signal(SIGPIPE, SIG_IGN)
+        // Every child this process adopts (a killed launch's orphans and zombies) is its own to
+        // reap: nothing else here starts processes.
+        LaunchSupervisor.adoptsEveryChild = true
         try recoverInterruptedLaunches()
         catalog = PluginCatalog.scan(configuration.pluginsDirectory)
         logCatalog()
@@ -179,6 +232,7 @@ public final class TaskHost: @unchecked Sendable {
             return self.handle(requests, peer: peer)
         }
         self.server = server
+        server.limits = configuration.controlLimits
         server.start()
         if FileManager.default.fileExists(atPath: configuration.pluginsDirectory.path) {
             watcher = try PluginDirectoryWatcher(directory: configuration.pluginsDirectory) { [weak self] in
@@ -397,6 +451,7 @@ public final class TaskHost: @unchecked Sendable {
         if let budget = configuration.budget { limits.budget = budget }
         if let grace = configuration.grace { limits.grace = grace }
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
+        limits.logLimitBytes = configuration.logLimitBytes
         let launchID = LaunchPlan.newLaunchID()
         var plan = LaunchPlan(
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
@@ -528,6 +583,7 @@ public final class TaskHost: @unchecked Sendable {
     func submitAll(_ items: [(request: WireTaskRequest, app: PluginBundle)]) -> [SubmissionRules.Rejection?] {
         let conditions = self.conditions()
         let supported = conditions.supportedResources
+        let now = clock.now
         var rejections: [SubmissionRules.Rejection?] = Array(repeating: nil, count: items.count)
         var submissions: [PendingRequestStore.Submission] = []
         var positions: [Int] = []
@@ -539,7 +595,7 @@ public final class TaskHost: @unchecked Sendable {
             submissions.append(.init(
                 app: bundle.identifier, request: request, at: clock.now,
                 admit: { Self.appAdmission(request, state: $0) },
-                check: { SubmissionRules.check(request, app: bundle, pending: $0, supportedResources: supported) }))
+                check: { SubmissionRules.check(request, app: bundle, pending: $0, supportedResources: supported, now: now) }))
             positions.append(position)
         }
         var accepted = false
@@ -579,7 +635,7 @@ public final class TaskHost: @unchecked Sendable {
     /// when a slot is free; otherwise it waits (`.queue`) or is refused (`.fail`).
     func submitContinued(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String?) -> SubmissionRules.Rejection? {
         let supported = conditions().supportedResources
-        if let rejection = SubmissionRules.check(request, app: bundle, pending: [], supportedResources: supported) { return rejection }
+        if let rejection = SubmissionRules.check(request, app: bundle, pending: [], supportedResources: supported, now: clock.now) { return rejection }
         return queue.sync {
             guard let launchID, let launch = running[launchID], launch.role == .foreground, !launch.closed else {
                 return .init(status: .unavailable, message: "continued-processing requests are submitted from the foreground: open the app (bgtask open \(bundle.identifier)) and submit from it")
@@ -776,7 +832,13 @@ public final class TaskHost: @unchecked Sendable {
                 return r
             }
         case "history":
-            return respond { var r = ControlResponse(); r.records = try store.history(app: request.app, limit: request.limit ?? 50); return r }
+            return respond {
+                var r = ControlResponse()
+                let (records, omitted) = Self.fitting(try store.history(app: request.app, limit: request.limit ?? 50))
+                r.records = records
+                if omitted > 0 { (r.truncated, r.omitted) = (true, omitted) }
+                return r
+            }
         case "why": return why(request)
         case "device": return device(request)
         case "clock": return clockVerb(request)
@@ -803,8 +865,29 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     /// A page of `apps` stops before its estimated JSON passes this, so that it fits a control
-    /// frame whatever the apps hold (long paths, many permitted identifiers).
+    /// frame whatever the apps hold (long paths, many permitted identifiers: an app's own size
+    /// is bounded by validation, see `BundleReader.Limits`).
     static let appsPageBytes = ControlFrame.maximumPayload / 2
+
+    /// Room for the records of a `history` answer: the frame less room for the rest of it.
+    static let historyBytes = ControlFrame.maximumPayload - 64 * 1024
+
+    /// `records` (newest first) as many as fit `budget` bytes of the control protocol's JSON,
+    /// in order, and how many were left out: the oldest that did not fit, and any record too
+    /// large by itself (so that no launch's record can make another app's history unanswerable).
+    static func fitting(_ records: [RunRecord], budget: Int = historyBytes) -> ([RunRecord], omitted: Int) {
+        let encoder = JSONEncoder.control
+        var kept: [RunRecord] = []
+        var bytes = 0
+        for record in records {
+            let size = ((try? encoder.encode(record))?.count ?? budget) + 1
+            if size > budget { continue }
+            if bytes + size > budget { break }
+            bytes += size
+            kept.append(record)
+        }
+        return (kept, records.count - kept.count)
+    }
 
     /// An upper estimate of an app's JSON in an `apps` answer: its strings, doubled for
     /// escapes (JSONEncoder writes `/` as `\/`), and room for the keys and the fixed fields.
@@ -823,6 +906,7 @@ public final class TaskHost: @unchecked Sendable {
     private func apps(_ request: ControlRequest) -> ControlResponse {
         if let limit = request.limit, limit < 1 { return .failure("bad-request", "apps: limit must be at least 1, not \(limit)") }
         let paged = request.limit != nil || request.after != nil
+        var omittedInvalid = 0
         // The catalog and the running launches are the queue's; the store is read off it.
         let (page, runningByApp, invalid, next) = queue.sync { () -> ([PluginBundle], [String: String], [InvalidBundle]?, String?) in
             var runningByApp: [String: String] = [:]
@@ -830,12 +914,24 @@ public final class TaskHost: @unchecked Sendable {
             var bundles = Array(catalog.apps.values)
             if let after = request.after { bundles.removeAll { $0.identifier <= after } }
             bundles.sort { $0.identifier < $1.identifier }
-            let invalid = request.after == nil
-                ? catalog.invalid.sorted { $0.key < $1.key }.map { InvalidBundle(path: $0.key, error: $0.value.description) }
-                : nil
-            guard paged else { return (bundles, runningByApp, invalid, nil) }
+            // Invalid bundles (with the first page) take half a page at most; the rest are
+            // counted (`omitted`).
+            var invalid: [InvalidBundle]?
+            var bytes = 0
+            if request.after == nil {
+                invalid = []
+                for (path, error) in catalog.invalid.sorted(by: { $0.key < $1.key }) {
+                    let entry = InvalidBundle(path: path, error: error.description)
+                    let size = 2 * (entry.path.utf8.count + entry.error.utf8.count) + 32
+                    if bytes + size > Self.appsPageBytes / 2 { break }
+                    bytes += size
+                    invalid?.append(entry)
+                }
+                omittedInvalid = catalog.invalid.count - (invalid?.count ?? 0)
+            }
+            // Unpaged too: an answer that would pass the page's bytes becomes a page, with
+            // `next`, rather than an error for everyone.
             var count = 0
-            var bytes = (invalid ?? []).reduce(0) { $0 + 2 * ($1.path.utf8.count + $1.error.utf8.count) + 32 }
             while count < min(bundles.count, request.limit ?? .max) {
                 bytes += Self.estimatedBytes(bundles[count], running: runningByApp[bundles[count].identifier])
                 if count > 0 && bytes > Self.appsPageBytes { break }
@@ -859,6 +955,7 @@ public final class TaskHost: @unchecked Sendable {
         }
         response.invalid = invalid
         response.next = next
+        if omittedInvalid > 0 { (response.truncated, response.omitted) = (true, omittedInvalid) }
         return response
     }
 
@@ -874,8 +971,8 @@ public final class TaskHost: @unchecked Sendable {
                 continue
             }
             if let delay = request.delay {
-                guard delay.isFinite, abs(delay) < 100 * 365 * 86_400 else {
-                    responses[position] = .failure("bad-request", "delay \(delay) s is not a usable offset")
+                guard delay.isFinite, abs(delay) <= HostClock.maximumOffset else {
+                    responses[position] = .failure("out-of-range", "submit: delay \(delay) s is outside the bound of \(HostClock.maximumOffsetText) from the host's clock")
                     continue
                 }
                 task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
@@ -1001,9 +1098,12 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func clockVerb(_ request: ControlRequest) -> ControlResponse {
-        queue.sync {
+        queue.sync { () -> ControlResponse in
             if let seconds = request.advance {
-                do { _ = try clock.advance(by: seconds) } catch { return .failure("bad-request", (error as? BGTaskError)?.description ?? "\(error)") }
+                do { _ = try clock.advance(by: seconds) } catch {
+                    let error = error as? BGTaskError
+                    return .failure(error?.code == .outOfRange ? "out-of-range" : "bad-request", error?.description ?? "clock advance failed")
+                }
                 evaluate()
             }
             var response = ControlResponse()

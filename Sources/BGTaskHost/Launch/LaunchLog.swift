@@ -9,8 +9,19 @@ import _BGTaskSystemShims
 /// costs no inode. (An inode is not free: ext4 without a journal skips every inode deleted in
 /// the last minute when it allocates one, which with logs pruned as launches end cost up to a
 /// millisecond of the supervisor's time per launch.)
+///
+/// Bounded twice: the file keeps at most `limit` bytes (what comes after is read and discarded,
+/// and counted in `droppedBytes`, which the record reports), and one `drain` reads at most
+/// `drainBudget` bytes, so a launch writing as fast as it can does not keep the supervisor's
+/// loop from its deadlines (expiry, the watchdog): the loop comes back for the rest.
+///
+/// The file is the host's, in a directory a launch may be able to write: it is made new
+/// (`O_EXCL`, mode 0600) and never through a link, so nothing a launch put at its path (a
+/// symlink, a hard link, a FIFO, a file) is ever followed, appended to or opened.
 final class LaunchLog {
     let path: String
+    /// The most the file keeps, in bytes.
+    let limit: UInt64
     /// The pipe's write end, for the child's descriptors 1 and 2 (until `closeChildEnd`).
     private(set) var childEnd: Int32
     /// The pipe's read end (non-blocking), -1 once the child side is closed for good.
@@ -19,9 +30,21 @@ final class LaunchLog {
     /// Why the file could not be written, once (then the log's bytes are dropped).
     private(set) var failure: String?
     private var buffer: [UInt8] = []
+    /// Bytes written to the file.
+    private(set) var keptBytes: UInt64 = 0
+    /// Bytes read past `limit` and discarded.
+    private(set) var droppedBytes: UInt64 = 0
 
-    init(path: String) throws(BGTaskError) {
+    /// What one `drain()` reads at most: a few reads' worth (well under a millisecond).
+    static let drainBudget = 256 * 1024
+    /// What the last drain, after the launch's processes are gone, reads at most: whatever a
+    /// pipe can hold (1 MiB at most, unless raised by root), with room to spare, yet bounded if
+    /// something that escaped the launch still writes.
+    static let finalDrainBytes = 16 << 20
+
+    init(path: String, limit: UInt64 = LaunchLimits.defaultLogLimitBytes) throws(BGTaskError) {
         self.path = path
+        self.limit = limit
         var fds: [Int32] = [-1, -1]
         try syscall("pipe2") { bgtask_pipe_cloexec(&fds) }
         readEnd = fds[0]
@@ -38,23 +61,28 @@ final class LaunchLog {
     /// Whether anything was written (the file exists).
     var written: Bool { file >= 0 }
 
+    /// Whether output was discarded past `limit`.
+    var truncated: Bool { droppedBytes > 0 }
+
     /// Once the child has its copy.
     func closeChildEnd() {
         if childEnd >= 0 { close(childEnd) }
         childEnd = -1
     }
 
-    /// Moves what the pipe holds into the file. Returns false once every writer is gone (the
-    /// read end is then closed).
+    /// Moves what the pipe holds into the file, `budget` bytes at most. Returns false once every
+    /// writer is gone (the read end is then closed).
     @discardableResult
-    func drain() -> Bool {
+    func drain(budget: Int = LaunchLog.drainBudget) -> Bool {
         guard readEnd >= 0 else { return false }
         // Not zeroed: read() fills what is used (a launch that prints nothing costs no memset).
         if buffer.isEmpty { buffer = [UInt8](unsafeUninitializedCapacity: 64 * 1024) { $1 = $0.count } }
-        while true {
-            let n = buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, $0.count) }
+        var left = budget
+        while left > 0 {
+            let n = buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, min($0.count, left)) }
             if n > 0 {
-                buffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                left -= n
+                buffer.withUnsafeBytes { keep(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
                 continue
             }
             if n < 0 && errno == EINTR { continue }
@@ -63,6 +91,7 @@ final class LaunchLog {
             readEnd = -1
             return false
         }
+        return true
     }
 
     /// A line of the supervisor's, tagged with its level (`[bgtask error] ...`).
@@ -70,17 +99,30 @@ final class LaunchLog {
         // The child's output before it, first: it was written first.
         drain()
         let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
-        Array("[bgtask \(tag)] \(text)\n".utf8).withUnsafeBytes { write($0) }
+        Array("[bgtask \(tag)] \(text)\n".utf8).withUnsafeBytes { keep($0) }
+    }
+
+    /// Writes what fits under `limit` and counts the rest; the first time output is cut, a line
+    /// in the file says so.
+    private func keep(_ bytes: UnsafeRawBufferPointer) {
+        let room = keptBytes < limit ? Int(min(UInt64(bytes.count), limit - keptBytes)) : 0
+        if room > 0 {
+            write(UnsafeRawBufferPointer(rebasing: bytes[0..<room]))
+            keptBytes += UInt64(room)
+        }
+        guard room < bytes.count else { return }
+        if droppedBytes == 0 {
+            Array("\n[bgtask error] log truncated at its limit of \(limit) bytes: later output is discarded (the run record's log_bytes_dropped counts it)\n".utf8)
+                .withUnsafeBytes { write($0) }
+        }
+        droppedBytes += UInt64(bytes.count - room)
     }
 
     private func write(_ bytes: UnsafeRawBufferPointer) {
         if file < 0 {
             guard failure == nil else { return }
-            file = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
-            guard file >= 0 else {
-                failure = "\(path): \(String(cString: strerror(errno)))"
-                return
-            }
+            file = create()
+            guard file >= 0 else { return }
         }
         var offset = 0
         while offset < bytes.count {
@@ -92,5 +134,32 @@ final class LaunchLog {
             }
             offset += n
         }
+    }
+
+    /// Makes the file: new (`O_EXCL`: nothing at the path is opened, a FIFO included), never
+    /// through a symlink (the name or its directory), owner-only. Whatever a launch planted at
+    /// the name (it knows its launch id) is removed first (`unlinkat` removes a link, not its
+    /// target), once. -1, with `failure` set, when the file cannot be made.
+    private func create() -> Int32 {
+        let slash = path.lastIndex(of: "/")
+        let directory = slash.map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
+        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
+        let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard directoryFD >= 0 else {
+            failure = "\(directory): \(String(cString: strerror(errno))) (a log directory that is a symlink is not followed)"
+            return -1
+        }
+        defer { close(directoryFD) }
+        for attempt in 0..<2 {
+            let fd = openat(directoryFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+            if fd >= 0 { return fd }
+            let error = errno
+            guard error == EEXIST, attempt == 0 else {
+                failure = "\(path): \(String(cString: strerror(error)))"
+                return -1
+            }
+            unlinkat(directoryFD, name, 0)
+        }
+        return -1
     }
 }

@@ -9,6 +9,8 @@ public struct LaunchLimits: Sendable, Equatable {
     public var grace: Duration
     /// Resident memory above which the launch is killed without a callback (jetsam).
     public var memoryLimitBytes: UInt64
+    /// The most its log keeps; beyond, output is read and discarded (`log_truncated`).
+    public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
 
     public init(budget: Duration, grace: Duration, memoryLimitBytes: UInt64) {
         self.budget = budget
@@ -17,6 +19,7 @@ public struct LaunchLimits: Sendable, Equatable {
     }
 
     public static let defaultGrace: Duration = .seconds(5)
+    public static let defaultLogLimitBytes: UInt64 = 16 << 20
 
     /// The defaults for a launch running `kinds` (the most generous kind wins).
     public static func defaults(for kinds: [TaskKind]) -> LaunchLimits {

@@ -23,8 +23,15 @@ struct LaunchState {
     var phase = Phase.spawned
     var tasks: [UInt64: TaskProgress]
     var registered: [String] = []
-    var refused: [String] = []
-    var submitted: [WireTaskRequest] = []
+    // Listed up to `InputLimits.recordListEntries`, counted after (whoever appends).
+    var refused: [String] = [] {
+        didSet { if refused.count > InputLimits.recordListEntries { refused.removeLast(); refusedOmitted += 1 } }
+    }
+    var refusedOmitted = 0
+    var submitted: [WireTaskRequest] = [] {
+        didSet { if submitted.count > InputLimits.recordListEntries { submitted.removeLast(); submittedOmitted += 1 } }
+    }
+    var submittedOmitted = 0
     var finished = false
     /// The launch started processes of its own (the runner said so, or the supervisor saw
     /// one): what it left behind must be looked for after the runner is reaped.
@@ -181,7 +188,7 @@ struct LaunchState {
         }
         let cpuMs = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
             + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
-        return RunRecord(
+        var record = RunRecord(
             app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason, tasks: taskRecords,
             termination: termination, signal: signal, exitStatus: exitStatus, error: error,
             wallMs: (Double(wallNs) / 1_000).rounded() / 1000, cpuMs: (cpuMs * 1000).rounded() / 1000,
@@ -191,5 +198,9 @@ struct LaunchState {
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
             log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
+        if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
+        if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
+        if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }
+        return record
     }
 }

@@ -87,7 +87,7 @@ public struct LaunchSupervisor: Sendable {
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
-        let log = try LaunchLog(path: logPath)
+        let log = try LaunchLog(path: logPath, limit: plan.limits.logLimitBytes)
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
@@ -199,10 +199,10 @@ public struct LaunchSupervisor: Sendable {
         // A runner that ended its launch itself and never had a child left nothing to find
         // (its orphans would have been its children: it is their subreaper).
         if !state.finished || state.hadDescendants || state.killed != nil {
-            Self.reapOrphans(sparing: zygote?.processes ?? [])
+            Self.reapOrphans(sparing: zygote?.processes ?? [], launchGroup: pid)
         }
         // What the launch wrote before it ended, then what it said on its channel.
-        log.drain()
+        log.drain(budget: LaunchLog.finalDrainBytes)
         drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
 
         var record = state.record(
@@ -478,27 +478,71 @@ public struct LaunchSupervisor: Sendable {
     /// touches another launch's runner.
     private static let activeRunners = LockedValue(Set<pid_t>())
 
+    /// Whether every child of this process that is not a running launch's runner, the zygote or
+    /// a spare is a launch's leftover, as in the host daemon and `bgtask run`, which start
+    /// nothing else: then every zombie child is reaped, whatever it was. An embedding process
+    /// (the tests) leaves it false: its own children are not this code's to reap, so a zombie
+    /// is reaped only when its process group was the launch's.
+    public static var adoptsEveryChild: Bool {
+        get { adoptsEveryChildValue.withLock { $0 } }
+        set { adoptsEveryChildValue.withLock { $0 = newValue } }
+    }
+    private static let adoptsEveryChildValue = LockedValue(false)
+
     /// Kills and reaps processes re-parented to this process (it is a child subreaper) that
     /// are descendants of launches whose runner died: children that are not the runner of a
-    /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment. Other
-    /// children of an embedding process are left alone.
+    /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment or are in
+    /// the process group of the launch that ended (`launchGroup`: its runner's pid), with
+    /// everything below them; and zombies: a killed launch's processes die as zombies of their
+    /// parents, which die too, and come here already dead, with no environment left to
+    /// recognise (hundreds of them after a fork-happy launch was killed, until no pid was left).
+    /// A zombie is reaped when its group was the launch's (or an orphan's killed here), or
+    /// whatever it was with `adoptsEveryChild`. Other children of an embedding process are left
+    /// alone.
     ///
     /// `sparing`: the zygote and its spares, which are this process's children too. They are
     /// not even looked at: reading a spare's /proc entries would make its reaping slower once
     /// it has become a launch.
-    static func reapOrphans(sparing: Set<pid_t> = []) {
+    static func reapOrphans(sparing: Set<pid_t> = [], launchGroup: pid_t? = nil) {
+        let everyChild = adoptsEveryChild
         // Under the lock that spawning holds, so a runner spawned a moment ago (not yet in
         // activeRunners) is never taken for an orphan.
         spawnLock.withLock {
-            for orphan in ProcessTree.children(of: getpid())
-            where !sparing.contains(orphan) && !activeRunners.withLock({ $0.contains(orphan) }) && ProcessTree.isLaunchProcess(orphan) {
-                let killed = ProcessTree.killTree(orphan)
-                var status: Int32 = 0
-                _ = bgtask_wait4(orphan, &status, 0, nil)
-                // Its own descendants came here when it died; those already dead are zombies
-                // no environment test can recognise: reaped by pid.
-                for descendant in killed { _ = bgtask_wait4(descendant, &status, WNOHANG, nil) }
+            var groups = Set(launchGroup.map { [$0] } ?? [])
+            var zombies: [(pid: pid_t, group: pid_t)] = []
+            for child in ProcessTree.children(of: getpid())
+            where !sparing.contains(child) && !activeRunners.withLock({ $0.contains(child) }) {
+                guard let (state, group) = ProcessTree.status(of: child) else { continue }
+                if state == UInt8(ascii: "Z") {
+                    zombies.append((child, group))
+                    continue
+                }
+                // Still alive, or dying: a process of the launch's group may be past the point
+                // where its environment can be read, and is the launch's all the same.
+                guard groups.contains(group) || ProcessTree.isLaunchProcess(child) else { continue }
+                groups.insert(group)
+                reapKilled(child, ProcessTree.killTree(child))
             }
+            var status: Int32 = 0
+            for (zombie, group) in zombies where everyChild || groups.contains(group) {
+                _ = bgtask_wait4(zombie, &status, WNOHANG, nil)
+            }
+        }
+    }
+
+    /// Reaps `orphan`, killed, then its `descendants` (killed with it): each comes to this
+    /// process (the nearest subreaper) when its parent dies, so they are waited for in passes,
+    /// each pass reaping those that are this process's children by then, until a pass finds
+    /// none (the rest were reaped by parents of their own before those died).
+    private static func reapKilled(_ orphan: pid_t, _ descendants: Set<pid_t>) {
+        var status: Int32 = 0
+        _ = bgtask_wait4(orphan, &status, 0, nil)
+        // Never a running launch's runner, should a pid have been reused since.
+        var left = descendants.subtracting(activeRunners.withLock { $0 })
+        while !left.isEmpty {
+            let reaped = left.filter { bgtask_wait4($0, &status, 0, nil) == $0 }
+            if reaped.isEmpty { break }
+            left.subtract(reaped)
         }
     }
 

@@ -14,8 +14,6 @@ public enum SubmissionRules {
 
     public static let maximumPendingRefresh = 1
     public static let maximumPendingProcessing = 10
-    /// Dates past the year 10000 (seconds since 1970) are nobody's schedule.
-    static let maximumDate: Double = 253_402_300_800
 
     public struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
         public var status: Status
@@ -25,14 +23,15 @@ public enum SubmissionRules {
 
     /// Checks `request` from `app` against its Info.plist and the requests already pending
     /// for it. Returns nil when it may be accepted (replacing any pending request with the
-    /// same identifier).
+    /// same identifier). `now` is the host's clock, which bounds `earliestBeginDate`.
     public static func check(
         _ request: WireTaskRequest, app: PluginBundle, pending: [WireTaskRequest],
-        supportedResources: UInt32 = 0
+        supportedResources: UInt32 = 0, now: Date = Date()
     ) -> Rejection? {
+        if let problem = oversizedField(request) { return Rejection(status: .notPermitted, message: problem) }
         let id = request.identifier
-        if let date = request.earliestBeginDate, !date.isFinite || abs(date) > maximumDate {
-            return Rejection(status: .notPermitted, message: "earliestBeginDate of '\(id)' is not a usable date (\(date))")
+        if let date = request.earliestBeginDate, let problem = HostClock.checkDate(date, now: now) {
+            return Rejection(status: .notPermitted, message: "earliestBeginDate of '\(id)' \(problem)")
         }
         guard app.permits(id) else {
             return Rejection(status: .notPermitted, message: "'\(id)' is not in BGTaskSchedulerPermittedIdentifiers of \(app.identifier)")
@@ -73,6 +72,19 @@ public enum SubmissionRules {
             }
         case .continuedProcessing:
             break
+        }
+        return nil
+    }
+
+    /// Why a request is too large to keep (an identifier, title or subtitle over its limit, in
+    /// `InputLimits`), or nil. The runner refuses these before they are sent; a control client
+    /// is checked here.
+    static func oversizedField(_ request: WireTaskRequest) -> String? {
+        let fields = [("identifier", request.identifier, InputLimits.identifierBytes),
+                      ("title", request.title ?? "", InputLimits.titleBytes),
+                      ("subtitle", request.subtitle ?? "", InputLimits.titleBytes)]
+        for (name, text, limit) in fields where text.utf8.count > limit {
+            return "the request's \(name) is \(text.utf8.count) bytes, over the limit of \(InputLimits.bytes(limit))"
         }
         return nil
     }

@@ -80,6 +80,14 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// registrations, the plugin's `log` calls). Nil when the launch wrote nothing: no file is
     /// made for it.
     public var log: String?
+    /// True when the log reached its limit (`--log-limit`, 16 MiB by default) and later output
+    /// was read and discarded; `logBytesDropped` says how much.
+    public var logTruncated: Bool? = nil
+    public var logBytesDropped: UInt64? = nil
+    /// Refused registrations and submissions past the first `InputLimits.recordListEntries`,
+    /// counted rather than listed: no launch can make its record too large to answer.
+    public var refusedRegistrationsOmitted: Int? = nil
+    public var submittedOmitted: Int? = nil
     /// Identifiers whose handlers the launch registered, and those it was refused.
     public var registered: [String]
     public var refusedRegistrations: [String]
@@ -90,6 +98,8 @@ public struct RunRecord: Codable, Sendable, Equatable {
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
+        case logTruncated = "log_truncated", logBytesDropped = "log_bytes_dropped"
+        case refusedRegistrationsOmitted = "refused_registrations_omitted", submittedOmitted = "submitted_omitted"
         case launchID = "launch_id", exitStatus = "exit_status", wallMs = "wall_ms", cpuMs = "cpu_ms"
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
@@ -156,8 +166,11 @@ extension RunRecord: CustomStringConvertible {
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(Self.ms(budgetMs)) + grace \(Self.ms(graceMs)), pid \(pid)")
         if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
+        if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
+        if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
         lines.append("  log: \(log ?? "none (the launch wrote nothing)")")
+        if logTruncated == true { lines.append("  log truncated: \(logBytesDropped ?? 0) bytes past its limit were discarded") }
         return lines.joined(separator: "\n")
     }
 

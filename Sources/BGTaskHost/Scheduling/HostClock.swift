@@ -13,16 +13,44 @@ public final class HostClock: @unchecked Sendable {
 
     static let settingKey = "clock.virtual"
 
+    /// How far from now a date may be: the virtual clock from the real one (so one advance
+    /// moves it at most this far), and a request's `earliestBeginDate` or a submission's delay
+    /// from the host's clock. A date beyond it is no schedule but an attack on the arithmetic
+    /// (`clock advance 1e308` left no date representable after it).
+    public static let maximumOffset: TimeInterval = 100 * 365.25 * 86_400
+    static let maximumOffsetText = "100 years"
+
+    /// Why a persisted virtual clock was not used (it was reset to now), for the host to log.
+    public private(set) var resetReason: String?
+
     public init(mode: Mode, store: PendingRequestStore) throws(BGTaskError) {
         self.mode = mode
         self.store = store
-        if let saved = try store.setting(Self.settingKey), let seconds = Double(saved) {
-            virtualNow = Date(timeIntervalSince1970: seconds)
-        } else {
-            // A whole second, so that dates printed to the second are exact.
-            virtualNow = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
-            if mode == .virtual { try store.setSetting(Self.settingKey, "\(virtualNow.timeIntervalSince1970)") }
+        // A whole second, so that dates printed to the second are exact.
+        let realNow = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
+        if let saved = try store.setting(Self.settingKey) {
+            if let seconds = Double(saved), let problem = Self.checkDate(seconds, now: Date()) {
+                resetReason = "the saved virtual clock (\(saved)) \(problem); reset to now"
+            } else if let seconds = Double(saved) {
+                virtualNow = Date(timeIntervalSince1970: seconds)
+                return
+            } else {
+                resetReason = "the saved virtual clock ('\(saved)') is not a number; reset to now"
+            }
         }
+        virtualNow = realNow
+        if mode == .virtual || resetReason != nil { try store.setSetting(Self.settingKey, "\(virtualNow.timeIntervalSince1970)") }
+    }
+
+    /// Why `date` (seconds since 1970) is refused: not finite, or further than `maximumOffset`
+    /// from `now`. Nil when it is usable.
+    public static func checkDate(_ date: Double, now: Date) -> String? {
+        guard date.isFinite else { return "is not a finite date (\(date))" }
+        let offset = date - now.timeIntervalSince1970
+        guard abs(offset) <= maximumOffset else {
+            return "is \(String(format: "%.3g", abs(offset) / (365.25 * 86_400))) years \(offset > 0 ? "after" : "before") the host's clock, beyond the bound of \(maximumOffsetText)"
+        }
+        return nil
     }
 
     public var now: Date {
@@ -34,12 +62,19 @@ public final class HostClock: @unchecked Sendable {
         guard mode == .virtual else {
             throw BGTaskError(.invalidRequest, "the host runs on the real clock; start it with --clock virtual to advance time")
         }
-        guard seconds >= 0 else { throw BGTaskError(.invalidRequest, "the clock only moves forward") }
-        let next = lock.withLock {
-            virtualNow = virtualNow.addingTimeInterval(seconds)
-            return virtualNow
+        guard seconds.isFinite, seconds >= 0 else {
+            throw BGTaskError(.invalidRequest, "clock advance \(seconds) s: the clock only moves forward, by a finite amount")
+        }
+        // Checked and moved under the lock, persisted before anyone else may move it again: a
+        // refused advance leaves the clock, and the store, as they were.
+        lock.lock()
+        defer { lock.unlock() }
+        let next = virtualNow.addingTimeInterval(seconds)
+        if let problem = Self.checkDate(next.timeIntervalSince1970, now: Date()) {
+            throw BGTaskError(.outOfRange, "clock advance \(seconds) s: the virtual clock would be at a date that \(problem.replacingOccurrences(of: "the host's clock", with: "real time")) (it runs at most \(Self.maximumOffsetText) ahead of real time)")
         }
         try store.setSetting(Self.settingKey, "\(next.timeIntervalSince1970)")
+        virtualNow = next
         return next
     }
 }

@@ -743,6 +743,19 @@ extension PendingRequestStore {
             let code = errno
             throw BGTaskError(.system, file: databasePath, errno: code, "the state directory \(directoryPath) is not writable (SQLite creates the database and its -wal and -shm files there)")
         }
+        // Owner-only: the database holds every app's requests and records. SQLite makes a new
+        // file 0644 (less the umask) and gives its -wal and -shm the database's mode, so the
+        // database is made here, 0600, and existing files are made so (through a descriptor:
+        // never a link's target).
+        let created = open(databasePath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        if created >= 0 { close(created) }
+        for path in [databasePath, databasePath + "-wal", databasePath + "-shm"] {
+            let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            guard fd >= 0 else { continue }
+            var info = stat()
+            if fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_mode & 0o077 != 0 { fchmod(fd, 0o600) }
+            close(fd)
+        }
         if FileManager.default.fileExists(atPath: databasePath), access(databasePath, R_OK | W_OK) != 0 {
             let code = errno
             throw BGTaskError(.system, file: databasePath, errno: code, "the database file is not readable and writable by this user")

@@ -273,5 +273,8 @@ enum Misbehaving {
             for line in status.split(separator: "\n") where line.hasPrefix("Sig") { print(line) }
             task.setTaskCompleted(success: true)
         }
+
+        // Resource abuse (ResourceAbuse.swift).
+        registerResourceAbuse()
     }
 }
