@@ -35,6 +35,7 @@ let package = Package(
         .library(name: "CrashInConstructor", type: .dynamic, targets: ["CrashInConstructor"]),
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
+        .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -113,6 +114,7 @@ let package = Package(
             name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",
             exclude: ["Info.plist", "Share-Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
         ),
+        .target(name: "Hostile", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/Hostile", exclude: ["Info.plist"]),
 
         // MARK: Tests
         .testTarget(

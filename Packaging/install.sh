@@ -155,9 +155,13 @@ run_into "$destdir$unit_dir/bgtask.service" sed \
     "$unit_source"
 run chmod 0644 "$destdir$unit_dir/bgtask.service"
 
-# The state directory, owner-only (the database, the control socket, containers, logs), and
-# the plugin directory the unit reads bundles from.
-run install -d -m 0700 "$destdir$state_dir"
+# The state directory (the database, the control socket, containers, logs): owner-only for a
+# user unit; traversable by others for the system unit, whose apps run as their own uids and
+# pass through it to their containers (what is inside stays owner-only). And the plugin
+# directory the unit reads bundles from.
+state_mode=0711
+[ "$user" = 1 ] && state_mode=0700
+run install -d -m "$state_mode" "$destdir$state_dir"
 run install -d -m 0755 "$destdir$state_dir/plugins"
 
 if [ -z "$destdir" ]; then

@@ -85,6 +85,15 @@ public enum ProcessTree {
         return (stat[close + 2], group)
     }
 
+    /// The parent of `pid` (from /proc/PID/stat), or nil when it is gone.
+    public static func parent(of pid: pid_t) -> pid_t? {
+        let stat = readFile("/proc/\(pid)/stat")
+        guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return nil }
+        let fields = stat[(close + 2)...].split(separator: UInt8(ascii: " "), maxSplits: 3)
+        guard fields.count >= 2 else { return nil }
+        return pid_t(String(decoding: fields[1], as: UTF8.self))
+    }
+
     /// True when `pid` runs with a launch's environment (`BGTASK_LAUNCH_ID`), i.e. it is a
     /// runner or something a plugin started. A plugin that clears its environment before
     /// forking and then kills its own runner can hide an orphan from this test; the runner

@@ -80,3 +80,32 @@ public struct AppGroup: Codable, Sendable, Equatable {
         self.directory = directory
     }
 }
+
+/// One confinement layer of a launch, as its run record reports it (DESIGN.md: "sandbox").
+public struct SandboxLayer: Codable, Sendable, Equatable {
+    public var applied: Bool
+    /// What the layer is (`ABI 7`), or why the launch runs without it.
+    public var detail: String
+
+    public init(applied: Bool, detail: String) {
+        self.applied = applied
+        self.detail = detail
+    }
+
+    /// The layers' names, in the record's order.
+    public static let names = ["landlock", "seccomp", "no_new_privs", "pid_namespace", "uid"]
+}
+
+/// Who a launch runs as, when the host can choose (it runs as root): the app's own uid, its gid,
+/// and its app groups' gids as supplementary groups.
+public struct LaunchIdentity: Codable, Sendable, Equatable {
+    public var uid: UInt32
+    public var gid: UInt32
+    public var groups: [UInt32]
+
+    public init(uid: UInt32, gid: UInt32, groups: [UInt32]) {
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+    }
+}

@@ -98,6 +98,12 @@ public struct LaunchAssignment: Codable, Sendable {
     public var mappedHandlers: [MappedHandler]
     public var eventJSON: String?
     public var supportedResources: UInt32
+    /// Confine the launch (Landlock, seccomp, no_new_privs); false for `--no-sandbox`.
+    public var confine: Bool
+    /// Run as this uid, gid and groups (the host is root); nil: stay the host's user.
+    public var identity: LaunchIdentity?
+    /// RLIMIT_NPROC for the launch's uid (with `identity`): a fork bomb's ceiling.
+    public var processLimit: UInt32?
     /// RLIMIT_DATA for the runner: a backstop for the sampled memory limit, far above it, that
     /// stops an allocation burst faster than the sampler can see it.
     public var memoryBackstopBytes: UInt64?
@@ -108,7 +114,8 @@ public struct LaunchAssignment: Codable, Sendable {
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
         executablePath: String, dataDirectory: String, permittedIdentifiers: [String],
         tasks: [TaskAssignment], mappedHandlers: [MappedHandler], eventJSON: String? = nil,
-        supportedResources: UInt32 = 0, memoryBackstopBytes: UInt64? = nil, appGroups: [AppGroup] = []
+        supportedResources: UInt32 = 0, memoryBackstopBytes: UInt64? = nil, appGroups: [AppGroup] = [],
+        confine: Bool = true, identity: LaunchIdentity? = nil, processLimit: UInt32? = nil
     ) {
         self.launchID = launchID
         self.role = role
@@ -123,6 +130,9 @@ public struct LaunchAssignment: Codable, Sendable {
         self.supportedResources = supportedResources
         self.memoryBackstopBytes = memoryBackstopBytes
         self.appGroups = appGroups
+        self.confine = confine
+        self.identity = identity
+        self.processLimit = processLimit
     }
 }
 
@@ -253,6 +263,9 @@ public enum ChildMessage: Sendable, Equatable {
     case finished(at: UInt64, descendants: Bool)
     /// The answer to `probeChildren`: whether the runner has a child process now.
     case children(Bool)
+    /// The confinement the runner applied to itself, sent before it loads any plugin code (so
+    /// nothing the plugin does can have written it).
+    case sandbox([String: SandboxLayer])
 }
 
 /// Messages the parent sends to its child.

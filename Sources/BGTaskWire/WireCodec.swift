@@ -184,6 +184,13 @@ extension LaunchAssignment {
             $0.string($1.identifier)
             $0.string($1.directory)
         }
+        writer.bool(confine)
+        writer.optional(identity) {
+            $0.u32($1.uid)
+            $0.u32($1.gid)
+            $0.array($1.groups) { $0.u32($1) }
+        }
+        writer.optional(processLimit) { $0.u32($1) }
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -200,6 +207,12 @@ extension LaunchAssignment {
             appGroups: try reader.array("appGroups") { (r: inout WireReader) throws(ChannelError) in
                 AppGroup(identifier: try r.string("appGroup.identifier"), directory: try r.string("appGroup.directory"))
             })
+        confine = try reader.bool("confine")
+        identity = try reader.optional("identity") { (r: inout WireReader) throws(ChannelError) in
+            LaunchIdentity(uid: try r.u32("identity.uid"), gid: try r.u32("identity.gid"),
+                           groups: try r.array("identity.groups") { (g: inout WireReader) throws(ChannelError) in try g.u32("identity.group") })
+        }
+        processLimit = try reader.optional("processLimit") { (r: inout WireReader) throws(ChannelError) in try r.u32("processLimit") }
     }
 }
 
@@ -253,6 +266,13 @@ extension ChildMessage: WireMessage {
         case let .title(task, title, subtitle): writer.u8(16); writer.u64(task); writer.string(title); writer.optional(subtitle) { $0.string($1) }
         case let .finished(at, descendants): writer.u8(17); writer.u64(at); writer.bool(descendants)
         case let .children(has): writer.u8(18); writer.bool(has)
+        case let .sandbox(layers):
+            writer.u8(19)
+            writer.array(layers.sorted { $0.key < $1.key }) {
+                $0.string($1.key)
+                $0.bool($1.value.applied)
+                $0.string($1.value.detail)
+            }
         }
     }
 
@@ -277,6 +297,11 @@ extension ChildMessage: WireMessage {
                                subtitle: try reader.optional("subtitle") { (r: inout WireReader) throws(ChannelError) in try r.string("subtitle") })
         case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"))
         case 18: self = .children(try reader.bool("children"))
+        case 19:
+            let layers = try reader.array("layers") { (r: inout WireReader) throws(ChannelError) in
+                (try r.string("layer"), SandboxLayer(applied: try r.bool("applied"), detail: try r.string("detail")))
+            }
+            self = .sandbox(Dictionary(layers) { _, last in last })
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }

@@ -59,6 +59,9 @@ struct BGTaskBench: ParsableCommand {
         var template = Array("\(scratch)/bgtask-bench-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw BenchError("cannot create a scratch directory in \(scratch)") }
         let root = URL(fileURLWithPath: String(cString: made))
+        // mkdtemp makes it 0700; launches run as their app's uid (this process is root) and must
+        // reach their bundles and containers through it, as through a host's state directory.
+        chmod(made, 0o711)
         defer {
             if keep { progress("scratch kept: \(root.path)") } else { try? FileManager.default.removeItem(at: root) }
         }

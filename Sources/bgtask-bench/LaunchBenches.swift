@@ -133,7 +133,9 @@ final class LaunchBench: @unchecked Sendable {
     let supervisor: LaunchSupervisor
     let launcher: Launcher
 
-    init(root: URL, launcher: Launcher) throws {
+    /// `confined`: as `bgtask host` runs launches (Landlock, seccomp, no_new_privs, and the
+    /// app's own uid when this process is root); false: as `--no-sandbox` does.
+    init(root: URL, launcher: Launcher, confined: Bool = true) throws {
         self.root = root
         self.launcher = launcher
         let url = root.appendingPathComponent("Bench.app")
@@ -143,6 +145,8 @@ final class LaunchBench: @unchecked Sendable {
         logger.logLevel = .error
         var supervisor = LaunchSupervisor(runnerPath: Products.runner, logger: logger)
         if launcher == .zygote { supervisor.zygote = Zygote(runnerPath: Products.runner, logger: logger) }
+        supervisor.confine = confined
+        if confined && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: root) }
         self.supervisor = supervisor
     }
 

@@ -30,6 +30,7 @@ struct SectionRunner {
 
         var figures: [LaunchBench.Launcher: LauncherFigures] = [:]
         var zygoteRSS = Double.nan
+        var unconfined: Samples?
         for launcher in [LaunchBench.Launcher.zygote, .spawn] {
             let bench = try LaunchBench(root: root.appendingPathComponent("launch-\(launcher.rawValue)"), launcher: launcher)
             defer { bench.stop() }
@@ -41,6 +42,13 @@ struct SectionRunner {
             let sequential = try bench.throughput(n.launchThroughput, threads: 1)
             let concurrent = try bench.throughput(n.launchThroughput, threads: 2)
             figures[launcher] = LauncherFigures(latency: latency, sequential: sequential, concurrent: concurrent)
+            if launcher == .zygote {
+                // What confinement costs: the same launches with --no-sandbox.
+                let open = try LaunchBench(root: root.appendingPathComponent("launch-zygote-unconfined"), launcher: .zygote, confined: false)
+                defer { open.stop() }
+                progress("launch (zygote, --no-sandbox): \(n.launchLatency) no-op launches for latency")
+                unconfined = try open.latency(n.launchLatency).start
+            }
             for (name, result) in [("sequential", sequential), ("concurrency 2", concurrent)] where result.failures > 0 {
                 report.note("\(launcher.rawValue) launch throughput, \(name): \(result.failures) of \(n.launchThroughput) no-op launches failed (not counted in the rate); first:\n      \(result.firstFailure?.replacingOccurrences(of: "\n", with: "\n      ") ?? "?")")
             }
@@ -92,6 +100,14 @@ struct SectionRunner {
                        ratio: pct(seq / forkSeq * 100), target: "≥ 50 % of floor", verdict: verdict(seq >= forkSeq / 2))
             report.row("no-op launches/s (\(name)), concurrency 2", perSecond(c2), floor: "forks/s \(perSecond(forkC2))",
                        ratio: pct(c2 / forkC2 * 100), target: "≥ 50 % of floor", verdict: verdict(c2 >= forkC2 / 2))
+            if isDefault, let unconfined {
+                report.row("launch p50 (zygote, --no-sandbox)", us(unconfined.p50), floor: "fork p50 \(us(floor))", ratio: times(unconfined.p50 / floor),
+                           target: "confinement adds \(us(p50 - unconfined.p50))")
+                report.row("launch p99 (zygote, --no-sandbox)", us(unconfined.p99), floor: "fork p50 \(us(floor))", ratio: times(unconfined.p99 / floor),
+                           target: "confinement adds \(us(p99 - unconfined.p99))")
+                report.set("launch_unconfined_p50_us", unconfined.p50, 1)
+                report.set("launch_unconfined_p99_us", unconfined.p99, 1)
+            }
         }
     }
 

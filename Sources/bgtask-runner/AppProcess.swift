@@ -30,7 +30,7 @@ enum AppProcess {
     /// `Runner.finish`, on whichever thread ends the last task.
     static func runMainThread() -> Never {
         while true {
-            RunLoop.main.run(mode: .default, before: .distantFuture)
+            _ = RunLoop.main.run(mode: .default, before: .distantFuture)
         }
     }
 

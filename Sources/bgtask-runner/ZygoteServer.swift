@@ -170,6 +170,9 @@ enum ZygoteServer {
         done.wait()
         rehearseSymbolLookups()
         rehearseMainThread()
+        // The system's part of the launch's Landlock ruleset (a score of rules, each an open and
+        // a system call): made while the spare waits, the launch adds its bundle and containers.
+        Sandbox.prepareRuleset()
     }
 
     /// The app's main thread, made ready in the spare, which becomes the launch's process: the
@@ -182,7 +185,7 @@ enum ZygoteServer {
         var before = [Int32](repeating: -1, count: 64)
         let openBefore = Int(bgtask_open_descriptors(4, 256, &before, Int32(before.count)))
         DispatchQueue.main.async {}
-        RunLoop.main.run(mode: .default, before: Date())
+        _ = RunLoop.main.run(mode: .default, before: Date())
         var after = [Int32](repeating: -1, count: 64)
         let openAfter = Int(bgtask_open_descriptors(4, 256, &after, Int32(after.count)))
         let existing = Set(before.prefix(min(openBefore, before.count)))
@@ -244,14 +247,15 @@ enum ZygoteServer {
     }
 
     /// Descriptors 0-3 as a spawned runner has them, and nothing else but the main run loop's
-    /// own (see `rehearseMainThread`); the launch's environment.
+    /// own (see `rehearseMainThread`) and the prepared Landlock ruleset; the launch's environment.
     private static func becomeLaunch(_ request: Request) {
         let (channel, stdin, log) = (request.fds[0], request.fds[1], request.fds[2])
         dup2(stdin, 0)
         dup2(log, 1)
         dup2(log, 2)
         dup2(channel, 3)
-        bgtask_close_from_except(4, mainThreadDescriptors, Int32(mainThreadDescriptors.count))
+        let keep = (mainThreadDescriptors + (Sandbox.preparedRuleset >= 0 ? [Sandbox.preparedRuleset] : [])).sorted()
+        bgtask_close_from_except(4, keep, Int32(keep.count))
         // In place where the value fits: CoreFoundation holds the addresses of some variables'
         // values from before the fork (AppContainer.snapshottedVariables).
         for (key, value) in environment(request.payload) { AppContainer.setInPlace(key, value) }
@@ -271,6 +275,7 @@ enum ZygoteServer {
     /// every child instantiated it anew), the environment parse. Starts no thread.
     private static func warmUp() {
         bgtask_resolve_foundation_hooks()
+        Sandbox.findLibraryDirectories()
         var writer = WireWriter()
         ParentMessage.start(rehearsalAssignment).write(to: &writer)
         startPacket = writer.bytes

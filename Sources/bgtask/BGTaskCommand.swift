@@ -14,7 +14,7 @@ struct BGTaskCommand: ParsableCommand {
             """,
         subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
                       CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self,
-                      Extension.self, Open.self, Progress.self, CancelTask.self]
+                      Extension.self, Open.self, Progress.self, CancelTask.self, Doctor.self]
     )
 }
 
@@ -56,6 +56,9 @@ struct StateOptions: ParsableArguments {
 
 /// Launch limits `run` and `host` share.
 struct LimitOptions: ParsableArguments {
+    @Flag(name: .customLong("no-sandbox"), help: "Run launches without confinement (Landlock, the system-call filter, no_new_privs): for debugging a plugin the sandbox stops. Records say so.")
+    var noSandbox = false
+
     @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m). Default: 30 s for refresh, 10 min for processing.", valueName: "duration"))
     var budget: DurationArgument?
 

@@ -91,6 +91,7 @@ extension BGTaskCommand {
             // Before the host starts any process: `auto` moves this one into a leaf cgroup.
             configuration.cgroupRoot = try limits.cgroupRoot(logger: logger)
             configuration.processLimit = limits.processLimit
+            configuration.confine = !limits.noSandbox
             do {
                 let host = try TaskHost(configuration: configuration, logger: logger)
                 try host.run()

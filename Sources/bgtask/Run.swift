@@ -93,6 +93,8 @@ extension BGTaskCommand {
             var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
             supervisor.cgroupRoot = try limitOptions.cgroupRoot(logger: supervisor.logger)
             supervisor.processLimit = limitOptions.processLimit
+            supervisor.confine = !limitOptions.noSandbox
+            if supervisor.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: state) }
             let record: RunRecord
             do { record = try supervisor.run(plan, broker: InMemoryRequestBroker()) } catch {
                 printError(error.description)

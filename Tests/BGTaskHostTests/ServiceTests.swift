@@ -348,7 +348,7 @@ import Testing
             "install -m 0755 \(repo)/.build/release/bgtask-runner \(stage)/opt/bgtask/bin/bgtask-runner",
             "install -m 0644 \(repo)/README.md \(stage)/opt/bgtask/share/doc/bgtask/README.md",
             "sed -e 's|^ExecStart=/usr/local/bin/bgtask |ExecStart=/opt/bgtask/bin/bgtask |' -e 's|^Documentation=file:///usr/local/share/doc/bgtask/|Documentation=file:///opt/bgtask/share/doc/bgtask/|' \(repo)/Packaging/systemd/bgtask.service > \(stage)/etc/systemd/system/bgtask.service",
-            "install -d -m 0700 \(stage)/var/lib/bgtask",
+            "install -d -m 0711 \(stage)/var/lib/bgtask",
             "install -d -m 0755 \(stage)/var/lib/bgtask/plugins",
             "# then: systemctl enable --now bgtask; logs: journalctl -u bgtask",
         ] {
@@ -401,7 +401,7 @@ import Testing
             .replacingOccurrences(of: "\nExecStart=/usr/local/bin/", with: "\nExecStart=/opt/bgtask/bin/")
             .replacingOccurrences(of: "\nDocumentation=file:///usr/local/", with: "\nDocumentation=file:///opt/bgtask/"))
         #expect(unit.contains("\nExecStart=/opt/bgtask/bin/bgtask host --plugins /var/lib/bgtask/plugins"))
-        #expect(Self.mode("\(stage)/var/lib/bgtask") == 0o700)
+        #expect(Self.mode("\(stage)/var/lib/bgtask") == 0o711)
         #expect(Self.mode("\(stage)/var/lib/bgtask/plugins") == 0o755)
         #expect(Self.mode("\(stage)/etc/systemd/system/bgtask.service") == 0o644)
     }

@@ -177,11 +177,13 @@ public enum BundleReader {
             }
         }
 
-        return PluginBundle(
+        var bundle = PluginBundle(
             kind: kind, url: url, identifier: identifier, executableName: executable,
             permittedIdentifiers: permitted, backgroundModes: modes, mappedHandlers: mapped,
             entitlements: entitlements, appGroups: appGroups, extensionPoint: extensionPoint,
             extensions: extensions, invalidExtensions: invalid)
+        bundle.containingApp = containingApp
+        return bundle
     }
 
     /// The `com.apple.security.application-groups` entitlement: an array of `group.`-prefixed

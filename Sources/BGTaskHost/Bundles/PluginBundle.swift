@@ -18,6 +18,8 @@ public struct PluginBundle: Sendable, Equatable {
     /// App groups (`com.apple.security.application-groups`): shared containers between an app
     /// and its extensions.
     public var appGroups: [String] = []
+    /// An extension's app (the bundle whose `PlugIns` holds it), when it was read through it.
+    public var containingApp: String? = nil
     /// The `NSExtension` dictionary's `NSExtensionPointIdentifier`, for extensions.
     public var extensionPoint: String?
     /// Extensions in `PlugIns/` that validated.

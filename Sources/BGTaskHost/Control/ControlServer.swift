@@ -28,6 +28,7 @@ public final class ControlServer: @unchecked Sendable {
 
         public init() {}
     }
+
     public typealias Handler = @Sendable (ControlRequest, _ peer: PeerCredentials) -> ControlResponse
     /// Answers several pipelined requests, in order (one response each, in the same order).
     public typealias BatchHandler = @Sendable ([ControlRequest], _ peer: PeerCredentials) -> [ControlResponse]
@@ -165,6 +166,12 @@ public final class ControlServer: @unchecked Sendable {
         if credentials.uid != allowedUID && credentials.uid != 0 {
             logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(credentials.uid)", "peer.pid": "\(credentials.pid)"])
             reply(.failure("permission-denied", "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
+            return
+        }
+        // A launch drives nothing but its own app, through its channel: never this socket.
+        if let runner = LaunchSupervisor.launchRunner(containing: credentials.pid) {
+            logger.warning("control socket: refused a launch's process", metadata: ["peer.pid": "\(credentials.pid)", "child.pid": "\(runner)"])
+            reply(.failure("permission-denied", "pid \(credentials.pid) belongs to a running launch (runner \(runner)); launches may not use the control socket"), to: fd)
             return
         }
         // An idle peer is closed after `idleTimeout`; a request must be whole within

@@ -29,6 +29,8 @@ public final class TaskHost: @unchecked Sendable {
         public var runnerPath: String = LaunchSupervisor.defaultRunnerPath()
         /// Fork launches from a pre-warmed zygote (the fast path), or spawn the runner each time.
         public var useZygote = true
+        /// Confine launches (see LaunchSupervisor.confine).
+        public var confine = true
         /// How often device conditions are re-read while something depends on them.
         public var conditionsInterval: Duration = .seconds(1)
         /// Continued-processing tasks that may run at once, over all apps.
@@ -187,6 +189,8 @@ public final class TaskHost: @unchecked Sendable {
         supervisor.cgroupRoot = configuration.cgroupRoot
         supervisor.processLimit = configuration.processLimit
         if configuration.useZygote { supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: logger) }
+        supervisor.confine = configuration.confine
+        if configuration.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: configuration.stateDirectory) }
         unlockedSinceBoot = (try? store.setting("device.locked")) != "on"
     }
 

@@ -33,12 +33,18 @@ struct LaunchState {
     }
     var submittedOmitted = 0
     var finished = false
+    /// When the child said every task had ended: it must be gone soon after, or it is killed.
+    var finishedNs: UInt64?
+    /// The confinement the runner reported before loading the plugin.
+    var sandbox: [String: SandboxLayer]?
     /// The launch started processes of its own (the runner said so, or the supervisor saw
     /// one): what it left behind must be looked for after the runner is reaped.
     var hadDescendants = false
     /// The runner's last answer to `probeChildren` (nil: none since the last probe).
     var childrenAnswer: Bool?
     var launchFailure: String?
+    /// Why the watchdog killed a launch that said it had finished.
+    var lingering: String?
     var fatal: String?
     var error: String?
     var forcedTermination: RunRecord.Termination?
@@ -97,11 +103,15 @@ struct LaunchState {
             tasks[task]?.success = success
         case .fatal(let error): fatal = error
         case let .finished(_, descendants):
+            if !finished { finishedNs = bgtask_monotonic_ns() }
             finished = true
             if descendants { hadDescendants = true }
         case .children(let has):
             childrenAnswer = has
             if has { hadDescendants = true }
+        case .sandbox(let layers):
+            // Only from the runner itself: once it reports loading, plugin code may be talking.
+            if phase == .spawned && sandbox == nil { sandbox = layers }
         case .progress, .title, .log, .submit, .cancel, .pending: break
         }
     }
@@ -132,7 +142,9 @@ struct LaunchState {
         if let killed, killed == .watchdog || killed == .jetsam {
             termination = killed
             signal = "SIGKILL"
-            if killed == .watchdog {
+            if killed == .watchdog, let lingering {
+                error = lingering
+            } else if killed == .watchdog {
                 error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) still open"
             } else {
                 error = "resident memory crossed the limit of \(RunRecord.mib(plan.limits.memoryLimitBytes)) (peak \(RunRecord.mib(peak(usage))))"
@@ -198,6 +210,7 @@ struct LaunchState {
             expiredAtMs: ms(expiredAtNs), pid: pid, startedAt: startedAt, bundlePath: plan.bundle.url.path,
             log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
+        record.sandbox = sandbox
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

@@ -27,6 +27,15 @@ public struct LaunchSupervisor: Sendable {
     /// comes this long after the launch starts; a descendant that races ahead of it still
     /// meets the runner's RLIMIT_DATA backstop.
     public var descendantSampleInterval: Duration = .milliseconds(20)
+    /// How often the sampler walks a launch's tree whatever the runner answers to the probe (a
+    /// forged "no child" hides a child for at most this long).
+    public var descendantCheckInterval: Duration = .milliseconds(100)
+    /// Confine every launch (Landlock, seccomp-bpf, no_new_privs; see the runner's Sandbox).
+    /// Off only for debugging: records then say each layer is off.
+    public var confine = true
+    /// When set (the host runs as root), each app runs as its own uid from this table, its
+    /// container is its own, and its app groups' gids are its supplementary groups.
+    public var identities: AppIdentities?
     /// A delegated cgroup v2 directory: when set, every launch gets a child cgroup there, its
     /// memory limit is kernel-enforced (`memory.max`) instead of sampled, its process count is
     /// capped (`pids.max`) and it ends with `cgroup.kill`.
@@ -78,6 +87,7 @@ public struct LaunchSupervisor: Sendable {
             return AppGroup(identifier: identifier, directory: directory)
         }
         try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
+        let identity = try identity(for: plan, container: dataPath, groups: groups)
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -107,7 +117,7 @@ public struct LaunchSupervisor: Sendable {
         // take the child first: the runner finds it waiting instead of asking for it.
         let startFirst = cgroupRoot == nil
         func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
-            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup, groups: groups))) } catch { return "\(error)" }
+            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup, groups: groups, identity: identity))) } catch { return "\(error)" }
             return nil
         }
         var startError = startFirst ? sendStart(nil) : nil
@@ -214,7 +224,7 @@ public struct LaunchSupervisor: Sendable {
 
     /// What the runner is told about its launch. Without a cgroup, an `RLIMIT_DATA` backstop
     /// well above the limit catches a runaway between two samples.
-    private func assignment(_ plan: LaunchPlan, cgroup: CgroupV2.LaunchGroup?, groups: [AppGroup]) -> LaunchAssignment {
+    private func assignment(_ plan: LaunchPlan, cgroup: CgroupV2.LaunchGroup?, groups: [AppGroup], identity: LaunchIdentity?) -> LaunchAssignment {
         LaunchAssignment(
             launchID: plan.launchID, role: plan.role, bundleIdentifier: plan.bundle.identifier,
             bundlePath: plan.bundle.url.path, executablePath: plan.bundle.executableURL.path,
@@ -223,17 +233,56 @@ public struct LaunchSupervisor: Sendable {
             supportedResources: plan.supportedResources,
             memoryBackstopBytes: cgroup == nil && plan.limits.memoryLimitBytes > 0
                 ? max(plan.limits.memoryLimitBytes * 4, plan.limits.memoryLimitBytes + (2 << 30)) : nil,
-            appGroups: groups)
+            appGroups: groups, confine: confine, identity: identity,
+            processLimit: identity == nil ? nil : processLimit.map { UInt32(clamping: $0) })
     }
 
-    /// Makes `path` and its `subdirectories` (relative, parents first). One mkdir each, and no
-    /// stat when they exist: this runs before every launch.
+    /// The uid, gid and groups the launch runs as, with its container and its groups'
+    /// containers given to them; nil unless the host may choose (it is root and confines).
+    private func identity(for plan: LaunchPlan, container: String, groups: [AppGroup]) throws(BGTaskError) -> LaunchIdentity? {
+        guard let identities, confine else { return nil }
+        // The app's uid must reach its container through the state directory: traverse (x),
+        // never list or read, for others; what is in it stays owner-only.
+        let containers = (container as NSString).deletingLastPathComponent
+        AppIdentities.allowTraversal([(containers as NSString).deletingLastPathComponent, containers, plan.groupsDirectory.path])
+        let uid = try identities.uid(forApp: plan.bundle.containingApp ?? plan.bundle.identifier)
+        AppIdentities.giveContainer(container, uid: uid, gid: uid)
+        var gids: [UInt32] = []
+        for group in groups {
+            let gid = try identities.gid(forGroup: group.identifier)
+            AppIdentities.giveGroupContainer(group.directory, subdirectories: AppContainer.groupDirectories, gid: gid)
+            gids.append(gid)
+        }
+        return LaunchIdentity(uid: uid, gid: uid, groups: gids)
+    }
+
+    /// Makes `path` and its `subdirectories` (relative, parents first), never through a link:
+    /// the container is the app's, and an app that swapped its `Library` for a symbolic link
+    /// to /etc must not make the host (root) create `/etc/Caches`. Each directory is reached
+    /// from its parent's descriptor with O_NOFOLLOW and made with mkdirat; a link, or anything
+    /// but a directory, where one is expected is left alone (the app broke its own layout).
+    /// A few system calls each: this runs before every launch.
     private func prepareContainer(_ path: String, subdirectories: [String]) throws(BGTaskError) {
         if mkdir(path, 0o755) != 0 { try makeDirectories(path) }
+        let root = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard root >= 0 else {
+            throw BGTaskError(.system, file: path, errno: errno, "the app container is not a directory (a symbolic link is refused)")
+        }
+        defer { close(root) }
         for subdirectory in subdirectories {
-            let directory = path + "/" + subdirectory
-            if mkdir(directory, 0o755) != 0 && errno != EEXIST {
-                throw BGTaskError(.system, file: directory, errno: errno, "cannot create the app container's directory")
+            let parts = subdirectory.split(separator: "/").map(String.init)
+            var parent = root
+            var opened: [Int32] = []
+            defer { opened.forEach { close($0) } }
+            for part in parts.dropLast() {
+                let fd = openat(parent, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                guard fd >= 0 else { break }
+                opened.append(fd)
+                parent = fd
+            }
+            guard opened.count == parts.count - 1, let name = parts.last else { continue }
+            if mkdirat(parent, name, 0o755) != 0 && errno != EEXIST {
+                throw BGTaskError(.system, file: path + "/" + subdirectory, errno: errno, "cannot create the app container's directory")
             }
         }
     }
@@ -259,6 +308,7 @@ public struct LaunchSupervisor: Sendable {
         var nextDescendantWalkNs = state.startNs + descendantWalkNs
         var knownDescendants: [pid_t] = []
         var probeSent = false
+        var nextUnconditionalWalkNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -268,14 +318,23 @@ public struct LaunchSupervisor: Sendable {
                 killAt = now + UInt64(plan.limits.grace.nanoseconds)
                 logger.debug("expiration sent")
             }
-            if let deadline = killAt, now >= deadline, state.killed == nil, !state.finished {
+            // The child's word never disarms the watchdog: a launch is over when its process is
+            // gone (reaped), not when it says so. One that said its tasks had ended has
+            // `exitAfterFinished` to be gone.
+            if let deadline = killAt, now >= deadline, state.killed == nil {
                 state.killed = .watchdog
                 Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: grace period over")
             }
+            if let finishedNs = state.finishedNs, now >= finishedNs + Self.exitAfterFinished, state.killed == nil {
+                state.killed = .watchdog
+                state.lingering = "the launch said its tasks had ended but its process was still running \(Self.exitAfterFinished / 1_000_000) ms later"
+                Self.terminate(pid, cgroup: state.cgroup)
+                logger.info("watchdog kill: still running after it said it had finished")
+            }
             // A task expired on its own (stalled, cancelled, conditions lost) that is still open
             // when its grace ends takes the launch down with it, as on iOS.
-            if state.killed == nil, !state.finished,
+            if state.killed == nil,
                let (task, _) = state.taskKillAt.first(where: { now >= $0.value && state.tasks[$0.key]?.completedNs == nil }) {
                 state.killed = .watchdog
                 Self.terminate(pid, cgroup: state.cgroup)
@@ -283,8 +342,11 @@ public struct LaunchSupervisor: Sendable {
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
                 if now >= nextDescendantWalkNs {
-                    // Walk when the runner said it has a child, or when it did not answer.
-                    if probeSent && state.childrenAnswer != false {
+                    // Walk when the runner said it has a child, or when it did not answer, and
+                    // every `descendantCheckInterval` whatever it said: its answer saves a
+                    // short launch the walk, it cannot hide a child for longer than that.
+                    if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
+                        nextUnconditionalWalkNs = now + UInt64(descendantCheckInterval.nanoseconds)
                         knownDescendants = ProcessTree.descendants(of: pid)
                         if !knownDescendants.isEmpty { state.hadDescendants = true }
                     } else {
@@ -315,6 +377,7 @@ public struct LaunchSupervisor: Sendable {
             if state.killed != nil { next = UInt64.max }
             if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, max(nextSampleNs, now)) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
+            if let finishedNs = state.finishedNs, state.killed == nil { next = min(next, finishedNs + Self.exitAfterFinished) }
             if state.killed == nil {
                 for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
             }
@@ -383,6 +446,8 @@ public struct LaunchSupervisor: Sendable {
 
     /// How long a child that closed its channel has to exit before it counts as hung up.
     static let exitAfterHangUp: UInt64 = 250_000_000
+    /// How long a child that said its tasks had ended has to be gone before it is killed.
+    static let exitAfterFinished: UInt64 = 250_000_000
 
     /// Kills the launch: its process group (or its cgroup), in one syscall.
     ///
@@ -477,6 +542,25 @@ public struct LaunchSupervisor: Sendable {
     /// Runner pids of launches this process is supervising, so that orphan reaping never
     /// touches another launch's runner.
     private static let activeRunners = LockedValue(Set<pid_t>())
+
+    /// The process this host started that `pid` is, or descends from (a launch's runner, the
+    /// zygote or a spare), or nil. Every launch is the host's child (spawned, or forked by the
+    /// zygote with CLONE_PARENT), and a launch's processes cannot leave its runner's tree (the
+    /// system-call filter refuses CLONE_PARENT and giving up the subreaper; orphans come back
+    /// to the runner, or to the host, a subreaper too), so the parent chain finds it, even for a
+    /// launch the host has not finished recording yet: how the control socket recognises a
+    /// launch whatever its uid.
+    public static func launchRunner(containing pid: pid_t) -> pid_t? {
+        let host = getpid()
+        guard pid != host else { return nil }
+        var current = pid
+        for _ in 0..<256 {
+            guard current > 1, let parent = ProcessTree.parent(of: current), parent != current else { return nil }
+            if parent == host { return current }
+            current = parent
+        }
+        return nil
+    }
 
     /// Whether every child of this process that is not a running launch's runner, the zygote or
     /// a spare is a launch's leftover, as in the host daemon and `bgtask run`, which start

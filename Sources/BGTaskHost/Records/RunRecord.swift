@@ -95,6 +95,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var submitted: [WireTaskRequest]
     /// How the child was started: `zygote` (forked from the pre-warmed launcher) or `spawn`.
     public var launcher: String?
+    /// The launch's confinement, layer by layer (`SandboxLayer.names`): applied, with what it
+    /// is, or not, with why. Nil when the runner never reported it (it died first).
+    public var sandbox: [String: SandboxLayer]? = nil
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -104,7 +107,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
-        case refusedRegistrations = "refused_registrations", launcher
+        case refusedRegistrations = "refused_registrations", launcher, sandbox
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -169,6 +172,13 @@ extension RunRecord: CustomStringConvertible {
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
+        if let sandbox {
+            let applied = SandboxLayer.names.filter { sandbox[$0]?.applied == true }
+            let missing = SandboxLayer.names.filter { sandbox[$0]?.applied == false }
+            var text = "  sandbox: " + (applied.isEmpty ? "none" : applied.map { "\($0) (\(sandbox[$0]!.detail))" }.joined(separator: ", "))
+            if !missing.isEmpty { text += "; without " + missing.map { "\($0): \(sandbox[$0]!.detail)" }.joined(separator: "; ") }
+            lines.append(text)
+        }
         lines.append("  log: \(log ?? "none (the launch wrote nothing)")")
         if logTruncated == true { lines.append("  log truncated: \(logBytesDropped ?? 0) bytes past its limit were discarded") }
         return lines.joined(separator: "\n")

@@ -77,6 +77,39 @@ int bgtask_flush_preferences(void);
  * that no launch pays for the lookups. */
 void bgtask_resolve_foundation_hooks(void);
 
+/* The launch's confinement (sandbox.c), applied by the runner to itself on its main thread while
+ * it is the process's only thread, before the plugin is loaded.
+ * bgtask_landlock_abi: the kernel's Landlock ABI version, 0 without Landlock.
+ * bgtask_landlock_create: a ruleset handling every file access right of this ABI and, from ABI
+ * 6, scoping signals and abstract sockets to the domain; its descriptor (-1 without Landlock),
+ * and the ABI in *abi. bgtask_landlock_allow: grants `kind` beneath each path (read and execute;
+ * read and write a character device; everything); missing read and device paths are skipped,
+ * a missing read-write path is an error (-1 and `error`). bgtask_landlock_restrict: confines
+ * this thread and everything it starts from now on, and closes the ruleset. A ruleset may be
+ * made ahead (a zygote spare makes the system's part while it waits).
+ * bgtask_apply_syscall_filter: seccomp-bpf for every thread (TSYNC): another architecture's
+ * system calls kill the process; new namespaces, CLONE_PARENT, giving up being a subreaper,
+ * ptrace and cross-process memory access, mounts, modules, kexec, bpf, keyrings, io_uring,
+ * perf, userfaultfd, file handles, clock setting and raw I/O ports fail with EPERM; clone3 with
+ * ENOSYS (libc falls back to clone, whose flags the filter can read). 0, or -1 with `error`.
+ * bgtask_set_no_new_privs: prctl(PR_SET_NO_NEW_PRIVS) (required for both as non-root). */
+int bgtask_landlock_abi(void);
+enum { BGTASK_LANDLOCK_READ_EXECUTE = 0, BGTASK_LANDLOCK_DEVICE = 1, BGTASK_LANDLOCK_READ_WRITE = 2 };
+int bgtask_landlock_create(int *abi);
+int bgtask_landlock_allow(int ruleset, const char *const *paths, int count, int kind, char *error, size_t error_size);
+int bgtask_landlock_restrict(int ruleset, char *error, size_t error_size);
+int bgtask_apply_syscall_filter(char *error, size_t error_size);
+int bgtask_set_no_new_privs(void);
+/* Becomes `uid`:`gid` with exactly `groups` as supplementary groups (at most 64), for good
+ * (setres*id), with RLIMIT_NPROC `process_limit` first (0: unchanged) and umask 007. 0, or -1
+ * and errno; checks that every id took. */
+int bgtask_become_user(uint32_t uid, uint32_t gid, const uint32_t *groups, int group_count, uint32_t process_limit);
+/* prctl(PR_GET_SECCOMP): 0 (none yet), 2 (filtered), or -1 without seccomp. */
+int bgtask_seccomp_mode(void);
+/* The directories of every shared object loaded in this process (dl_iterate_phdr), each once,
+ * NUL-separated into `buffer`; returns the bytes written. */
+size_t bgtask_loaded_library_directories(char *buffer, size_t size);
+
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
  * the child); only for a single-threaded caller. */
 pid_t bgtask_clone_parent(void);

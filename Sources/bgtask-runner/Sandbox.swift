@@ -1,0 +1,147 @@
+import BGTaskWire
+import Glibc
+import _BGTaskSystemShims
+
+/// The confinement a launch applies to itself, on the runner's main thread, after the app
+/// process is prepared and before the parent reader starts or any plugin code is loaded (so
+/// every thread the launch will have inherits it, and no plugin code runs unconfined).
+///
+/// - Landlock: the launch reads and executes only the system's directories and libraries and its
+///   own bundle; it writes only its container (with its `tmp`) and its app groups; it may signal
+///   only its own processes (not the host, not another launch) and reach only its own abstract
+///   sockets. Not the state directory: other containers, the database, the logs and the control
+///   socket are out of its reach.
+/// - seccomp-bpf: no new namespaces, no CLONE_PARENT sibling, no giving up the subreaper (so
+///   every process a launch makes stays in its tree, where the supervisor counts and kills it),
+///   no ptrace or cross-process memory, mounts, modules, bpf, keyrings, io_uring, and only the
+///   native system-call ABI.
+/// - no_new_privs.
+/// Every layer the kernel or the privileges at hand cannot give is reported with its reason, in
+/// the record's `sandbox`; none is dropped silently.
+enum Sandbox {
+    /// What every launch may read and execute besides its bundle. All of /proc: libdispatch
+    /// reads /proc/TID/stat of each of its worker threads (and traps when it cannot), and a
+    /// thread's /proc/TID is not beneath the process's /proc/PID, so no narrower rule works.
+    /// Another process's entries that matter (environ, mem, fd, root, cwd) need ptrace access,
+    /// which Landlock refuses outside the launch's domain; environ alone is checked only by uid,
+    /// so it stays readable while launches run as the host's uid (see the `uid` layer).
+    static let systemDirectories = ["/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/sys", "/run", "/proc"]
+
+    /// True once Landlock confines this launch's signals to its own processes: then `kill(-1)`
+    /// reaches exactly the launch's processes (see `killDescendants`).
+    nonisolated(unsafe) static var signalsScoped = false
+    /// Character devices every launch may read and write.
+    static let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"]
+
+    /// The ruleset with the system's part granted (`prepareRuleset`), or -1; made by a zygote
+    /// spare while it waits, so a launch adds only its bundle and containers.
+    nonisolated(unsafe) static var preparedRuleset: Int32 = -1
+    nonisolated(unsafe) static var preparedABI: Int32 = 0
+    nonisolated(unsafe) static var preparationError: String?
+
+    /// Makes the ruleset and grants what every launch may read and execute and the devices.
+    /// Library directories beneath a system directory need no rule of their own.
+    static func prepareRuleset() {
+        if libraryDirectories.isEmpty { findLibraryDirectories() }
+        var abi: Int32 = 0
+        let ruleset = bgtask_landlock_create(&abi)
+        preparedABI = abi
+        guard ruleset >= 0 else {
+            preparationError = abi <= 0 ? "landlock: not available in this kernel" : "landlock: create_ruleset: \(String(cString: strerror(errno)))"
+            return
+        }
+        let readExec = systemDirectories + libraryDirectories.filter { directory in
+            !systemDirectories.contains { directory == $0 || directory.hasPrefix($0 + "/") }
+        }
+        var error = [CChar](repeating: 0, count: 512)
+        guard withCStrings(readExec, { bgtask_landlock_allow(ruleset, $0, Int32(readExec.count), Int32(BGTASK_LANDLOCK_READ_EXECUTE), &error, error.count) }) == 0,
+              withCStrings(devices, { bgtask_landlock_allow(ruleset, $0, Int32(devices.count), Int32(BGTASK_LANDLOCK_DEVICE), &error, error.count) }) == 0 else {
+            close(ruleset)
+            preparationError = text(error)
+            return
+        }
+        preparedRuleset = ruleset
+    }
+
+    /// The directories of the libraries this process has loaded (the Swift runtime's may be
+    /// anywhere): found once in the zygote, inherited by its children.
+    nonisolated(unsafe) static var libraryDirectories: [String] = []
+
+    static func findLibraryDirectories() {
+        var buffer = [CChar](repeating: 0, count: 16 * 1024)
+        let used = bgtask_loaded_library_directories(&buffer, buffer.count)
+        libraryDirectories = buffer[..<used].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+    }
+
+    /// Becomes the app's own user (when the host, as root, gave the launch an identity): its
+    /// uid and gid, its app groups' gids and nothing else, RLIMIT_NPROC for its uid (a fork
+    /// bomb's ceiling: the kernel counts the processes of each uid), umask 007 (what it makes in
+    /// a group's setgid container is the group's). Before anything else of the app's happens;
+    /// a launch that cannot drop root does not run.
+    static func becomeApp(_ assignment: LaunchAssignment) -> SandboxLayer {
+        guard let identity = assignment.identity else {
+            return SandboxLayer(applied: false, detail: geteuid() == 0
+                ? "runs as root: confinement is off (--no-sandbox)"
+                : "runs as the host's uid \(geteuid()) (a host that is not root cannot give each app its own)")
+        }
+        let groups = identity.groups
+        guard bgtask_become_user(identity.uid, identity.gid, groups, Int32(groups.count), assignment.processLimit ?? 0) == 0 else {
+            launchFailed("cannot run as the app's uid \(identity.uid): \(String(cString: strerror(errno)))")
+        }
+        let limit = assignment.processLimit.map { ", at most \($0) processes" } ?? ""
+        return SandboxLayer(applied: true, detail: "uid \(identity.uid), gid \(identity.gid)\(groups.isEmpty ? "" : ", groups \(identity.groups.map(String.init).joined(separator: " "))")\(limit)")
+    }
+
+    static func apply(_ assignment: LaunchAssignment) -> [String: SandboxLayer] {
+        var layers: [String: SandboxLayer] = [
+            "pid_namespace": SandboxLayer(applied: false, detail: "not implemented yet; the system-call filter keeps every process in the launch's tree and Landlock scopes its signals to it"),
+        ]
+        guard assignment.confine else {
+            for name in ["landlock", "seccomp", "no_new_privs"] {
+                layers[name] = SandboxLayer(applied: false, detail: "confinement is off for this launch (--no-sandbox)")
+            }
+            return layers
+        }
+        layers["no_new_privs"] = bgtask_set_no_new_privs() == 0
+            ? SandboxLayer(applied: true, detail: "set")
+            : SandboxLayer(applied: false, detail: "prctl: \(String(cString: strerror(errno)))")
+
+        if preparedRuleset < 0 { prepareRuleset() }
+        var error = [CChar](repeating: 0, count: 512)
+        var abi = Int(preparedABI)
+        if preparedRuleset < 0 {
+            layers["landlock"] = SandboxLayer(applied: false, detail: preparationError ?? "landlock: not available in this kernel")
+        } else {
+            let readWrite = [assignment.dataDirectory] + assignment.appGroups.map(\.directory)
+            let granted = withCStrings([assignment.bundlePath]) {
+                bgtask_landlock_allow(preparedRuleset, $0, 1, Int32(BGTASK_LANDLOCK_READ_EXECUTE), &error, error.count)
+            } == 0 && withCStrings(readWrite) {
+                bgtask_landlock_allow(preparedRuleset, $0, Int32(readWrite.count), Int32(BGTASK_LANDLOCK_READ_WRITE), &error, error.count)
+            } == 0
+            if !granted || bgtask_landlock_restrict(preparedRuleset, &error, error.count) != 0 { abi = 0 }
+            if !granted { close(preparedRuleset) }
+            preparedRuleset = -1
+            signalsScoped = abi >= 6
+            layers["landlock"] = abi > 0
+                ? SandboxLayer(applied: true, detail: "ABI \(abi): files\(abi >= 6 ? ", signals and abstract sockets" : " only (signal and socket scoping need ABI 6)")")
+                : SandboxLayer(applied: false, detail: text(error))
+        }
+
+        error = [CChar](repeating: 0, count: 512)
+        layers["seccomp"] = bgtask_apply_syscall_filter(&error, error.count) == 0
+            ? SandboxLayer(applied: true, detail: "deny-list filter, native ABI only")
+            : SandboxLayer(applied: false, detail: text(error))
+        return layers
+    }
+
+    private static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// Lends `strings` as a C array of C strings for the duration of `body`.
+    private static func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> R) -> R {
+        let copies = strings.map { UnsafePointer(strdup($0)) }
+        defer { copies.forEach { free(UnsafeMutablePointer(mutating: $0)) } }
+        return copies.withUnsafeBufferPointer { body($0.baseAddress!) }
+    }
+}

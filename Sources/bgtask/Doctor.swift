@@ -1,0 +1,34 @@
+import ArgumentParser
+import BGTaskHost
+import Foundation
+
+extension BGTaskCommand {
+    struct Doctor: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Say which confinement layers this machine gives launches, and how to get the rest.",
+            discussion: """
+                Each launch's record lists the layers it had (`sandbox`); this says what the \
+                kernel and the privileges at hand allow, before any launch. Exit status 0 when \
+                every layer bgtask implements is available, 1 otherwise.
+                """)
+
+        @Flag(name: .long, help: "Print the findings as one JSON array.")
+        var json = false
+
+        func run() throws {
+            let findings = ConfinementProbe.findings()
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys]
+                FileHandle.standardOutput.write(try encoder.encode(findings) + Data("\n".utf8))
+            } else {
+                for finding in findings {
+                    print("\(finding.available ? "yes" : "no ")  \(finding.layer): \(finding.detail)")
+                    if let remedy = finding.remedy { print("     to get it: \(remedy)") }
+                }
+            }
+            let implemented: Set = ["landlock", "seccomp", "no_new_privs", "uid", "cgroup"]
+            if findings.contains(where: { implemented.contains($0.layer) && !$0.available }) { throw ExitCode.failure }
+        }
+    }
+}

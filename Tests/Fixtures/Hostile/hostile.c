@@ -1,0 +1,210 @@
+/*
+ * Hostile: a plugin written against the published ABI that tries to reach past its launch.
+ * Each attempt prints one line, "hostile: NAME: RESULT", where RESULT is "denied (ERRNO)" or
+ * "ALLOWED"; SandboxTests assert every line. Nothing here is destructive when it is allowed:
+ * signals are probes (0), writes go to files the test made for the purpose.
+ *
+ *  - com.example.hostile.probe          every attempt below, then completes the task.
+ *  - com.example.hostile.forgefinished  writes a forged `finished` message into the launch
+ *                                       channel (fd 3) and keeps running, never completing.
+ *  - com.example.hostile.escape         forks a child that tries to leave the launch's tree
+ *                                       (CLONE_PARENT, giving up the subreaper) and sleeps.
+ */
+#define _GNU_SOURCE
+#include <bgtask/plugin.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const bgtask_host_api *api;
+static bgtask_host *host;
+static char container[4096];
+static char bundle[4096];
+
+static void report(const char *name, long rc) {
+    if (rc < 0) printf("hostile: %s: denied (%s)\n", name, strerrorname_np(errno) ? strerrorname_np(errno) : "?");
+    else printf("hostile: %s: ALLOWED\n", name);
+    fflush(stdout);
+}
+
+static long open_for(const char *path, int flags) {
+    int fd = open(path, flags | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    return fd;
+}
+
+static long connect_to(const char *path, int abstract) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    socklen_t length;
+    if (abstract) {
+        strncpy(address.sun_path + 1, path, sizeof address.sun_path - 2);
+        length = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(path));
+    } else {
+        strncpy(address.sun_path, path, sizeof address.sun_path - 1);
+        length = sizeof address;
+    }
+    long rc = connect(fd, (struct sockaddr *)&address, length);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* Connects to the host's control socket (STATE/control.sock, named from the container: a
+ * socket path must fit in 108 bytes) and waits (at most 5 s) for what the host does. */
+static void use_control_socket(void) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    strncpy(address.sun_path, "../../control.sock", sizeof address.sun_path - 1);
+    if (chdir(container) != 0 || connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        report("use the control socket", -1);
+        close(fd);
+        return;
+    }
+    char answer[4096];
+    size_t used = 0;
+    struct pollfd poller = {.fd = fd, .events = POLLIN};
+    while (used < sizeof answer - 1 && poll(&poller, 1, 5000) == 1) {
+        ssize_t n = read(fd, answer + used, sizeof answer - 1 - used);
+        if (n <= 0) break;
+        used += (size_t)n;
+    }
+    answer[used] = 0;
+    close(fd);
+    /* The answer is a length-prefixed frame (its first bytes may be NULs): memmem, not strstr. */
+    static const char refusal[] = "launches may not use the control socket";
+    if (memmem(answer, used, "permission-denied", 17) && memmem(answer, used, refusal, sizeof refusal - 1))
+        printf("hostile: use the control socket: denied (refused by the host)\n");
+    else
+        printf("hostile: use the control socket: ALLOWED (%zu bytes of answer)\n", used);
+    fflush(stdout);
+}
+
+static void probe(void *context, const bgtask_task_info *task) {
+    (void)context;
+    char path[4600];
+    pid_t parent = getppid();
+    /* Paths relative to the container: STATE/containers/APP. */
+    report("signal the supervisor", kill(parent, 0));
+    /* Not PTRACE_ATTACH: unconfined (--no-sandbox), that would stop the supervisor. A read of
+     * one byte at a bad address: EPERM when refused, EFAULT when the read was allowed. */
+    char byte;
+    struct iovec local = {.iov_base = &byte, .iov_len = 1}, remote = {.iov_base = (void *)8, .iov_len = 1};
+    long read_rc = syscall(SYS_process_vm_readv, parent, &local, 1, &remote, 1, 0);
+    report("read the supervisor's memory", read_rc < 0 && errno == EFAULT ? 0 : read_rc);
+    snprintf(path, sizeof path, "/proc/%d/environ", parent);
+    report("read the supervisor's environment", open_for(path, O_RDONLY));
+    snprintf(path, sizeof path, "%s/../../secret.txt", container);
+    report("read the state directory", open_for(path, O_RDONLY));
+    snprintf(path, sizeof path, "%s/../com.example.victim/planted.txt", container);
+    report("write another app's container", open_for(path, O_WRONLY | O_CREAT));
+    snprintf(path, sizeof path, "%s/../../logs/planted.log", container);
+    report("write the logs directory", open_for(path, O_WRONLY | O_CREAT));
+    long planted = open_for("/tmp/bgtask-hostile-planted", O_WRONLY | O_CREAT);
+    report("write /tmp", planted);
+    snprintf(path, sizeof path, "%s/Info.plist", bundle);
+    report("rewrite its own bundle", open_for(path, O_WRONLY));
+    snprintf(path, sizeof path, "%s/../Evil.app", bundle);
+    long installed = mkdir(path, 0755);
+    report("install a bundle in the plugin directory", installed);
+    if (installed == 0) rmdir(path);
+    /* Its Library swapped for a link to a directory it may not write: the host must not create
+     * Library/Caches there at the next launch (SandboxTests looks). */
+    snprintf(path, sizeof path, "%s/Library", container);
+    char moved[4600];
+    snprintf(moved, sizeof moved, "%s/Library.moved", container);
+    if (rename(path, moved) == 0) {
+        char target[4600];
+        snprintf(target, sizeof target, "%s/../../linked-target", container);
+        report("link its Library outside its container", symlink(target, path));
+    }
+    if (planted >= 0) unlink("/tmp/bgtask-hostile-planted");
+    snprintf(path, sizeof path, "%s/Documents/mine.txt", container);
+    report("write its own container", open_for(path, O_WRONLY | O_CREAT));
+    const char *abstract = getenv("BGTASK_TEST_ABSTRACT_SOCKET");
+    if (abstract) report("connect to an abstract socket outside the launch", connect_to(abstract, 1));
+    use_control_socket();
+    /* Over a directory of its own, and undone: unconfined as root, this mount succeeds. */
+    snprintf(path, sizeof path, "%s/tmp/mountpoint", container);
+    mkdir(path, 0700);
+    long mounted = mount("none", path, "tmpfs", 0, NULL);
+    report("mount", mounted);
+    if (mounted == 0) umount2(path, MNT_DETACH);
+    report("io_uring_setup", syscall(SYS_io_uring_setup, 1, NULL));
+    report("bpf", syscall(SYS_bpf, 0, NULL, 0));
+    report("give up being a subreaper", prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0));
+    long child = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+    if (child == 0) _exit(0);
+    report("clone a sibling outside the launch (CLONE_PARENT)", child);
+    long fd = syscall(SYS_pidfd_open, parent, 0);
+    report("take the supervisor's descriptors (pidfd_getfd)", fd < 0 ? fd : syscall(SYS_pidfd_getfd, fd, 0, 0));
+    /* Last: unconfined, it succeeds and the process is no longer root in its namespace. */
+    report("unshare a user namespace", unshare(CLONE_NEWUSER));
+    api->set_task_completed(host, task->task, true);
+}
+
+static void forge_finished(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    /* ChildMessage.finished(at:descendants:) in the wire format: 0xB1, tag 17, u64, bool. */
+    unsigned char packet[11] = {0xB1, 17};
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t at = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    memcpy(packet + 2, &at, 8);
+    packet[10] = 0;
+    send(3, packet, sizeof packet, MSG_NOSIGNAL);
+    printf("hostile: forged finished, running on\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+static void escape(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    pid_t child = fork();
+    if (child == 0) {
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        setsid();
+        for (;;) pause();
+    }
+    printf("hostile: escape forked %d\n", child);
+    fflush(stdout);
+    api->set_task_completed(host, task->task, true);
+}
+
+static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_launch_info *info,
+                      char *error, size_t error_size) {
+    (void)error;
+    (void)error_size;
+    api = a;
+    host = h;
+    snprintf(container, sizeof container, "%s", info->data_directory);
+    snprintf(bundle, sizeof bundle, "%s", info->bundle_path);
+    api->register_handler(host, "com.example.hostile.probe", probe, NULL);
+    api->register_handler(host, "com.example.hostile.forgefinished", forge_finished, NULL);
+    api->register_handler(host, "com.example.hostile.escape", escape, NULL);
+    return 0;
+}
+
+BGTASK_PLUGIN("Hostile", launch)

@@ -1,0 +1,1 @@
+/* The Hostile fixture exports only the plugin entry (bgtask/plugin.h). */
