@@ -50,6 +50,37 @@ public enum ProcessTree {
         return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
     }
 
+    /// Bytes held in memory-backed files that `pids` have open and that resident memory does
+    /// not show: memfds (`/memfd:NAME`) and POSIX shared memory (`/dev/shm/...`), each file
+    /// counted once however many of them hold it (its allocated blocks). A memfd that is also
+    /// mapped counts in resident memory too: an upper bound, the safe side for a limit.
+    /// Reads /proc/PID/fd: for the sampler's periodic look, not for every sample.
+    public static func sharedMemoryBytes(of pids: [pid_t]) -> UInt64 {
+        var seen = Set<UInt64>()
+        var total: UInt64 = 0
+        var target = [CChar](repeating: 0, count: 256)
+        for pid in pids {
+            let directory = "/proc/\(pid)/fd"
+            guard let entries = opendir(directory) else { continue }
+            defer { closedir(entries) }
+            while let entry = readdir(entries) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+                guard Int32(name) != nil else { continue }
+                let path = directory + "/" + name
+                let length = readlink(path, &target, target.count - 1)
+                guard length > 0 else { continue }
+                let linked = target[..<length].map { UInt8(bitPattern: $0) }
+                guard linked.starts(with: Array("/memfd:".utf8)) || linked.starts(with: Array("/dev/shm/".utf8)) else { continue }
+                var info = stat()
+                guard stat(path, &info) == 0 else { continue }
+                if seen.insert(UInt64(info.st_dev) << 40 ^ UInt64(info.st_ino)).inserted {
+                    total += UInt64(max(info.st_blocks, 0)) * 512
+                }
+            }
+        }
+        return total
+    }
+
     /// SIGKILLs every descendant of `root`, repeating until none is left (a process being
     /// killed may have forked a moment before), then `root` itself. Does not reap. Returns
     /// every descendant it saw, zombies included: once their parents die they are re-parented

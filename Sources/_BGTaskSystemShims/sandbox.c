@@ -183,6 +183,9 @@ int bgtask_apply_syscall_filter(char *error, size_t error_size) {
 #if defined(__x86_64__)
         BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, __X32_SYSCALL_BIT, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        /* System V shared memory: outside every file rule, and memory the supervisor could not
+         * count. (POSIX shared memory lives in /dev/shm, which Landlock keeps out of reach.) */
+        DENY(SYS_shmget), DENY(SYS_shmat),
         /* Every call a launch makes runs this program: the common ones (read, write, mmap,
          * poll, ...) are numbered below the first one it refuses (ptrace, 101), clone aside. */
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 2, 0),

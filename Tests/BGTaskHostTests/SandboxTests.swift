@@ -45,6 +45,7 @@ import _BGTaskSystemShims
         "give up being a subreaper": "denied (EPERM)",
         "clone a sibling outside the launch (CLONE_PARENT)": "denied (EPERM)",
         "take the supervisor's descriptors (pidfd_getfd)": "denied (EPERM)",
+        "System V shared memory": "denied (EPERM)",
         "write its own container": "ALLOWED",
         "rewrite its own bundle": "denied (EACCES)",
         "install a bundle in the plugin directory": "denied (EACCES)",
@@ -188,6 +189,18 @@ import _BGTaskSystemShims
         #expect(record.error?.contains("said its tasks had ended but its process was still running") == true, "\(record.error ?? "")")
         #expect(record.task("\(Self.id).forgefinished")?.outcome == .unfinished)
         #expect(try record.logText().contains("hostile: forged finished, running on"))
+    }
+
+    /// Memory a launch holds where no resident set shows it (a memfd written, never mapped)
+    /// still counts against its limit.
+    @Test func memoryHeldInAMemfdCountsAgainstTheLimit() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try makeApp(scratch)
+        let (record, _) = try scratch.run(app, ["--task", "\(Self.id).memfd", "--memory-limit", "64MB", "--budget", "30s"])
+        #expect(record.termination == .jetsam, "\(record)")
+        #expect(record.peakRSSBytes > 64_000_000)
+        #expect(record.wallMs < 10_000)
     }
 
     /// A child that tries to leave the launch's tree (giving up the subreaper, setsid) is still

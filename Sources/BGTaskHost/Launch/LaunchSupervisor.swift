@@ -309,6 +309,7 @@ public struct LaunchSupervisor: Sendable {
         var knownDescendants: [pid_t] = []
         var probeSent = false
         var nextUnconditionalWalkNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
+        var heldSharedBytes: UInt64 = 0
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -346,9 +347,13 @@ public struct LaunchSupervisor: Sendable {
                     // every `descendantCheckInterval` whatever it said: its answer saves a
                     // short launch the walk, it cannot hide a child for longer than that.
                     if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
+                        let periodic = now >= nextUnconditionalWalkNs
                         nextUnconditionalWalkNs = now + UInt64(descendantCheckInterval.nanoseconds)
                         knownDescendants = ProcessTree.descendants(of: pid)
                         if !knownDescendants.isEmpty { state.hadDescendants = true }
+                        // Memory no process's resident set shows (a memfd written but not
+                        // mapped, POSIX shared memory): looked for at the periodic walk only.
+                        if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [pid] + knownDescendants) }
                     } else {
                         knownDescendants = []
                     }
@@ -356,7 +361,7 @@ public struct LaunchSupervisor: Sendable {
                     probeSent = (try? channel.send(ParentMessage.probeChildren)) != nil
                     nextDescendantWalkNs = now + descendantWalkNs
                 }
-                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: pid)) { $0 + ProcessTree.residentBytes(ofProcess: $1) }
+                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: pid)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
                 state.peakRSS = max(state.peakRSS, rss)
                 var interval = sampleNs
                 if let last = lastSample, rss > last.rss, now > last.at, rss < plan.limits.memoryLimitBytes {

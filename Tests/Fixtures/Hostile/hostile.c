@@ -9,6 +9,7 @@
  *                                       channel (fd 3) and keeps running, never completing.
  *  - com.example.hostile.escape         forks a child that tries to leave the launch's tree
  *                                       (CLONE_PARENT, giving up the subreaper) and sleeps.
+ *  - com.example.hostile.memfd          writes 256 MiB into a memfd it never maps, and waits.
  */
 #define _GNU_SOURCE
 #include <bgtask/plugin.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -159,6 +161,7 @@ static void probe(void *context, const bgtask_task_info *task) {
     long fd = syscall(SYS_pidfd_open, parent, 0);
     report("take the supervisor's descriptors (pidfd_getfd)", fd < 0 ? fd : syscall(SYS_pidfd_getfd, fd, 0, 0));
     /* Last: unconfined, it succeeds and the process is no longer root in its namespace. */
+    report("System V shared memory", syscall(SYS_shmget, IPC_PRIVATE, 4096, 0600));
     report("unshare a user namespace", unshare(CLONE_NEWUSER));
     api->set_task_completed(host, task->task, true);
 }
@@ -176,6 +179,21 @@ static void forge_finished(void *context, const bgtask_task_info *task) {
     send(3, packet, sizeof packet, MSG_NOSIGNAL);
     printf("hostile: forged finished, running on\n");
     fflush(stdout);
+    for (;;) pause();
+}
+
+/* Holds 256 MiB in a memfd it writes but never maps: no resident set shows it. */
+static void memfd_hoard(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    int fd = (int)syscall(SYS_memfd_create, "hoard", 0);
+    static char chunk[1 << 20];
+    memset(chunk, 0x5a, sizeof chunk);
+    printf("hostile: memfd hoard %s\n", fd >= 0 ? "started" : "refused");
+    fflush(stdout);
+    for (int i = 0; fd >= 0 && i < 256; i++) {
+        if (write(fd, chunk, sizeof chunk) != (ssize_t)sizeof chunk) break;
+    }
     for (;;) pause();
 }
 
@@ -204,6 +222,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.probe", probe, NULL);
     api->register_handler(host, "com.example.hostile.forgefinished", forge_finished, NULL);
     api->register_handler(host, "com.example.hostile.escape", escape, NULL);
+    api->register_handler(host, "com.example.hostile.memfd", memfd_hoard, NULL);
     return 0;
 }
 
