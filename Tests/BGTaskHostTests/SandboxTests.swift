@@ -46,6 +46,7 @@ import _BGTaskSystemShims
         "clone a sibling outside the launch (CLONE_PARENT)": "denied (EPERM)",
         "take the supervisor's descriptors (pidfd_getfd)": "denied (EPERM)",
         "System V shared memory": "denied (EPERM)",
+        "watch the state directory (inotify)": "denied (EACCES)",
         "write its own container": "ALLOWED",
         "rewrite its own bundle": "denied (EACCES)",
         "install a bundle in the plugin directory": "denied (EACCES)",
@@ -201,6 +202,27 @@ import _BGTaskSystemShims
         #expect(record.termination == .jetsam, "\(record)")
         #expect(record.peakRSSBytes > 64_000_000)
         #expect(record.wallMs < 10_000)
+    }
+
+    /// The 32-bit system-call ABI would let a launch slip past a filter written for native
+    /// numbers: the filter kills a launch that uses it.
+    @Test func aThirtyTwoBitSystemCallKillsTheLaunch() throws {
+        #if arch(x86_64)
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try makeApp(scratch)
+        let (record, _) = try scratch.run(app, ["--task", "\(Self.id).abi32"])
+        // Without seccomp (a kernel without it) the record says so, and the call just works.
+        guard record.sandbox?["seccomp"]?.applied == true else {
+            #expect(record.sandbox?["seccomp"]?.detail.isEmpty == false)
+            return
+        }
+        #expect(record.termination == .crashed)
+        #expect(record.signal == "SIGSYS", "\(record)")
+        let log = try record.logText()
+        #expect(log.contains("hostile: abi32 calling int 0x80"))
+        #expect(!log.contains("hostile: abi32 returned"))
+        #endif
     }
 
     /// A child that tries to leave the launch's tree (giving up the subreaper, setsid) is still

@@ -10,6 +10,7 @@
  *  - com.example.hostile.escape         forks a child that tries to leave the launch's tree
  *                                       (CLONE_PARENT, giving up the subreaper) and sleeps.
  *  - com.example.hostile.memfd          writes 256 MiB into a memfd it never maps, and waits.
+ *  - com.example.hostile.abi32          makes a 32-bit system call (int 0x80).
  */
 #define _GNU_SOURCE
 #include <bgtask/plugin.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ipc.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -162,6 +164,10 @@ static void probe(void *context, const bgtask_task_info *task) {
     report("take the supervisor's descriptors (pidfd_getfd)", fd < 0 ? fd : syscall(SYS_pidfd_getfd, fd, 0, 0));
     /* Last: unconfined, it succeeds and the process is no longer root in its namespace. */
     report("System V shared memory", syscall(SYS_shmget, IPC_PRIVATE, 4096, 0600));
+    int watcher = inotify_init1(IN_CLOEXEC);
+    snprintf(path, sizeof path, "%s/../..", container);
+    report("watch the state directory (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
+    if (watcher >= 0) close(watcher);
     report("unshare a user namespace", unshare(CLONE_NEWUSER));
     api->set_task_completed(host, task->task, true);
 }
@@ -180,6 +186,22 @@ static void forge_finished(void *context, const bgtask_task_info *task) {
     printf("hostile: forged finished, running on\n");
     fflush(stdout);
     for (;;) pause();
+}
+
+/* A 32-bit system call (int 0x80: i386 getpid, 20), whose numbers a native filter would
+ * misread: the filter kills the process outright. */
+static void abi32(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    printf("hostile: abi32 calling int 0x80\n");
+    fflush(stdout);
+#if defined(__x86_64__)
+    long result;
+    __asm__ volatile("int $0x80" : "=a"(result) : "a"(20L) : "memory");
+    printf("hostile: abi32 returned %ld\n", result);
+    fflush(stdout);
+#endif
+    api->set_task_completed(host, task->task, true);
 }
 
 /* Holds 256 MiB in a memfd it writes but never maps: no resident set shows it. */
@@ -223,6 +245,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.forgefinished", forge_finished, NULL);
     api->register_handler(host, "com.example.hostile.escape", escape, NULL);
     api->register_handler(host, "com.example.hostile.memfd", memfd_hoard, NULL);
+    api->register_handler(host, "com.example.hostile.abi32", abi32, NULL);
     return 0;
 }
 
