@@ -225,6 +225,23 @@ import _BGTaskSystemShims
         #endif
     }
 
+    /// `bgtask doctor` reports every layer, consistently with what the kernel says here.
+    @Test func doctorSaysWhatThisMachineGives() throws {
+        let result = try runCLI(["doctor", "--json"])
+        let findings = try JSONDecoder().decode([ConfinementProbe.Finding].self, from: Data(result.stdout.utf8))
+        let layers = Dictionary(findings.map { ($0.layer, $0) }) { first, _ in first }
+        #expect(Set(layers.keys) == ["landlock", "seccomp", "no_new_privs", "pid_namespace", "uid", "cgroup"])
+        #expect(layers["landlock"]?.available == (bgtask_landlock_abi() > 0))
+        #expect(layers["uid"]?.available == (geteuid() == 0))
+        for finding in findings where !finding.available && finding.layer != "pid_namespace" {
+            #expect(finding.remedy?.isEmpty == false, "\(finding.layer) says how to get it")
+        }
+        // Exit status 1 exactly when an implemented layer is missing (here: no delegated cgroup).
+        #expect(result.status == (findings.contains { !$0.available && $0.layer != "pid_namespace" } ? 1 : 0))
+        let text = try runCLI(["doctor"])
+        #expect(text.stdout.contains("landlock: "))
+    }
+
     /// A child that tries to leave the launch's tree (giving up the subreaper, setsid) is still
     /// found and killed when the launch ends.
     @Test func aChildThatTriesToEscapeDiesWithTheLaunch() throws {
