@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostile_common as hc  # noqa: E402
 
@@ -484,6 +485,17 @@ class Fuzzer:
             problems.append("the sentinel request %s is no longer pending: %s" % (SENTINEL_TASK, out.strip()[:300]))
         return problems
 
+    def state_bytes(self):
+        """What the host keeps on disk: the database and its WAL."""
+        total = 0
+        for name in os.listdir(self.host.state):
+            if name.startswith("bgtask.sqlite"):
+                try:
+                    total += os.path.getsize(os.path.join(self.host.state, name))
+                except OSError:
+                    pass
+        return total
+
     def resources(self):
         pid = self.host.pid
         try:
@@ -548,6 +560,7 @@ def main():
     parser.add_argument("--idle-timeout", type=float, default=4.0, help="the host's --idle-timeout in seconds (default 4)")
     parser.add_argument("--answer-margin", type=float, default=8.0, help="seconds past the host's deadline before a silent host is a hang (default 8)")
     parser.add_argument("--status-deadline", type=float, default=10.0, help="seconds a health check's status may take (default 10)")
+    parser.add_argument("--max-state-growth", type=int, default=64, help="MiB the host's database may grow by during the run (default 64)")
     parser.add_argument("--replay", metavar="FILE", help="send the inputs of a saved replay file to a fresh host, in order, then check it")
     parser.add_argument("--artifacts", metavar="DIR", help="where a failure's replay file and host log go (default: a new temporary directory, printed)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (state, host log)")
@@ -568,6 +581,7 @@ def main():
         host = setup(args, scratch)
         fuzzer = Fuzzer(args, host, scratch)
         fds0, threads0 = fuzzer.resources()
+        disk0 = fuzzer.state_bytes()
         problems = fuzzer.health()
         if problems:
             fuzzer.fail("before fuzzing: " + "; ".join(problems))
@@ -638,7 +652,12 @@ def main():
                 fuzzer.fail("the host holds %d descriptors after fuzzing, %d before" % (fds1, fds0))
             if threads1 > threads0 + 16:
                 fuzzer.fail("the host runs %d threads after fuzzing, %d before" % (threads1, threads0))
-        print("host resources: %s descriptors and %s threads before, %s and %s after" % (fds0, threads0, fds1, threads1))
+        disk1 = fuzzer.state_bytes()
+        print("host resources: %s descriptors and %s threads before, %s and %s after; database %.1f MiB before, %.1f MiB after"
+              % (fds0, threads0, fds1, threads1, disk0 / 2 ** 20, disk1 / 2 ** 20))
+        if disk1 - disk0 > args.max_state_growth * 2 ** 20:
+            fuzzer.fail("the host's database grew by %.1f MiB during fuzzing (over --max-state-growth %d MiB)"
+                        % ((disk1 - disk0) / 2 ** 20, args.max_state_growth))
     except Exception as error:  # setup problems are failures too
         if fuzzer is None:
             print("FAIL control_fuzz: setup: %s" % error)

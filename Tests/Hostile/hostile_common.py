@@ -469,6 +469,8 @@ class Scratch:
 
     def __init__(self, tool):
         self.path = tempfile.mkdtemp(prefix="bgtask-%s-" % tool)
+        # A root host runs each app as its own uid: bundles must be reachable by others.
+        os.chmod(self.path, 0o755)
 
     def join(self, *parts):
         return os.path.join(self.path, *parts)
