@@ -354,6 +354,38 @@ import _BGTaskSystemShims
 
     // MARK: Host hygiene
 
+    /// Found by Tests/Hostile/control_fuzz.py: `device --app NAME` stored a row for any name
+    /// (twenty 1 MB names grew the database by 46 MB), and `open` started one more process per
+    /// request without bound.
+    @Test func appSwitchesNameInstalledAppsAndOpeningAnOpenAppStartsNothing() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch)
+        try host.install(TestBundle.feed.library, info: TestBundle.feed.info, as: TestBundle.feed.name)
+        try host.start()
+        defer { host.stop() }
+        let database = scratch.state.appendingPathComponent("bgtask.sqlite").path
+        let before = (try? FileManager.default.attributesOfItem(atPath: database)[.size] as? Int) ?? 0
+        let huge = "app0." + String(repeating: "x", count: 900_000)
+        for index in 0..<5 {
+            var request = ControlRequest(verb: "device")
+            request.device = ["app": "\(index)\(huge)", "refresh": "off"]
+            let answer = try host.send(request)
+            #expect(answer.error?.code == "not-found", "\(String(describing: answer.error))")
+        }
+        let after = (try? FileManager.default.attributesOfItem(atPath: database)[.size] as? Int) ?? 0
+        #expect(after - before < 512 << 10, "the database grew \(after - before) bytes")
+        #expect(try host.cli(["device", "--app", "com.example.feed", "--refresh", "off"]).status == 0)
+
+        var open = ControlRequest(verb: "open")
+        open.app = "com.example.feed"
+        open.wait = false
+        let first = try host.send(open)
+        let second = try host.send(open)
+        #expect(first.launchID != nil)
+        #expect(second.launchID == first.launchID, "opening an open app brings back the same launch")
+    }
+
     @Test func theStateIsOwnerOnlyAndSIGPIPEIsIgnored() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -783,17 +783,40 @@ public final class TaskHost: @unchecked Sendable {
         return response
     }
 
+    /// Launches a client may start by hand (`open`, `extension-run`) running at once: past it,
+    /// `too-many-launches`. Each is a process; without a cap any client could start any number.
+    var maximumClientLaunches: Int { max(8, 4 * configuration.maximumConcurrentLaunches) }
+
+    /// The refusal of one more client-started launch, or nil. Call on `queue`.
+    private func clientLaunchRefusal() -> ControlResponse? {
+        let started = running.values.filter { $0.role == .foreground || $0.role == .extension }.count
+        guard started >= maximumClientLaunches else { return nil }
+        return .failure("too-many-launches", "\(started) opened apps and extensions are running, the most at once (4 × --max-launches, at least 8); try again when one ends")
+    }
+
     private func open(_ request: ControlRequest) -> ControlResponse {
         guard let app = request.app else { return .failure("bad-request", "open needs an app") }
-        let started = queue.sync { () -> (String, DispatchSemaphore)? in
-            guard !shuttingDown, let bundle = catalog.apps[app] else { return nil }
+        enum Outcome { case started(String, DispatchSemaphore), alreadyOpen(String), refused(ControlResponse), notFound }
+        let outcome = queue.sync { () -> Outcome in
+            guard !shuttingDown, let bundle = catalog.apps[app] else { return .notFound }
+            // As on iOS, opening an app that is open brings back the same process.
+            if let open = running.values.first(where: { $0.app == app && $0.role == .foreground }) { return .alreadyOpen(open.id) }
+            if let refusal = clientLaunchRefusal() { return .refused(refusal) }
             let id = startLaunch(bundle, requests: [], reason: "foreground", role: .foreground, eventJSON: request.event)
-            return (id, waiter(for: id))
+            return .started(id, waiter(for: id))
         }
-        guard let (id, semaphore) = started else {
+        switch outcome {
+        case .notFound:
             return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+        case let .refused(response):
+            return response
+        case let .alreadyOpen(id):
+            var response = ControlResponse()
+            response.launchID = id
+            return response
+        case let .started(id, semaphore):
+            return launched(id, semaphore, wait: request.wait == true)
         }
-        return launched(id, semaphore, wait: request.wait == true)
     }
 
     private func cancelTask(_ request: ControlRequest) -> ControlResponse {
@@ -1071,6 +1094,11 @@ public final class TaskHost: @unchecked Sendable {
                 guard let value = changes.removeValue(forKey: "refresh") else {
                     return .failure("bad-request", "--app goes with --refresh on|off")
                 }
+                // A switch of an installed app, as iOS's Settings shows: a row per name would
+                // let a client grow the database without bound.
+                guard queue.sync(execute: { catalog.apps[app] != nil }) else {
+                    return .failure("not-found", "no valid bundle with identifier \(app.prefix(255)) is in \(configuration.pluginsDirectory.path)")
+                }
                 do {
                     var state = try store.appState(app)
                     state.refreshEnabled = value == "on"
@@ -1163,13 +1191,19 @@ public final class TaskHost: @unchecked Sendable {
     /// Starts an extension in its own supervised process with `event`, waits for its record.
     private func runExtension(_ request: ControlRequest) -> ControlResponse {
         guard let identifier = request.identifier else { return .failure("bad-request", "extension-run needs an extension identifier") }
+        var refusal: ControlResponse?
         let started = queue.sync { () -> (String, DispatchSemaphore)? in
             guard !shuttingDown,
                   let app = catalog.app(containingBundle: identifier),
                   let appex = app.extensions.first(where: { $0.identifier == identifier }) else { return nil }
+            if let refused = clientLaunchRefusal() {
+                refusal = refused
+                return nil
+            }
             let id = startLaunch(appex, requests: [], reason: "extension", role: .extension, eventJSON: request.event)
             return (id, waiter(for: id))
         }
+        if let refusal { return refusal }
         guard let (id, semaphore) = started else {
             return .failure("not-found", "no app in \(configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)")
         }
