@@ -357,10 +357,10 @@ import _BGTaskSystemShims
     /// Found by Tests/Hostile/control_fuzz.py: `device --app NAME` stored a row for any name
     /// (twenty 1 MB names grew the database by 46 MB), and `open` started one more process per
     /// request without bound.
-    @Test func appSwitchesNameInstalledAppsAndOpeningAnOpenAppStartsNothing() throws {
+    @Test func appSwitchesNameInstalledAppsAndOpenedLaunchesAreCapped() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess(scratch: scratch)
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--max-launches", "1", "--foreground-stay", "60s"])
         try host.install(TestBundle.feed.library, info: TestBundle.feed.info, as: TestBundle.feed.name)
         try host.start()
         defer { host.stop() }
@@ -377,13 +377,19 @@ import _BGTaskSystemShims
         #expect(after - before < 512 << 10, "the database grew \(after - before) bytes")
         #expect(try host.cli(["device", "--app", "com.example.feed", "--refresh", "off"]).status == 0)
 
+        // With --max-launches 1, eight opened launches at most; each stays open for a minute.
         var open = ControlRequest(verb: "open")
         open.app = "com.example.feed"
         open.wait = false
-        let first = try host.send(open)
-        let second = try host.send(open)
-        #expect(first.launchID != nil)
-        #expect(second.launchID == first.launchID, "opening an open app brings back the same launch")
+        var started: [String] = []
+        for _ in 0..<8 {
+            let answer = try host.send(open)
+            #expect(answer.error == nil, "\(String(describing: answer.error))")
+            if let id = answer.launchID { started.append(id) }
+        }
+        #expect(Set(started).count == 8)
+        let refused = try host.send(open)
+        #expect(refused.error?.code == "too-many-launches", "\(String(describing: refused.error))")
     }
 
     @Test func theStateIsOwnerOnlyAndSIGPIPEIsIgnored() throws {

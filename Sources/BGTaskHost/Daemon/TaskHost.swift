@@ -796,11 +796,9 @@ public final class TaskHost: @unchecked Sendable {
 
     private func open(_ request: ControlRequest) -> ControlResponse {
         guard let app = request.app else { return .failure("bad-request", "open needs an app") }
-        enum Outcome { case started(String, DispatchSemaphore), alreadyOpen(String), refused(ControlResponse), notFound }
+        enum Outcome { case started(String, DispatchSemaphore), refused(ControlResponse), notFound }
         let outcome = queue.sync { () -> Outcome in
             guard !shuttingDown, let bundle = catalog.apps[app] else { return .notFound }
-            // As on iOS, opening an app that is open brings back the same process.
-            if let open = running.values.first(where: { $0.app == app && $0.role == .foreground }) { return .alreadyOpen(open.id) }
             if let refusal = clientLaunchRefusal() { return .refused(refusal) }
             let id = startLaunch(bundle, requests: [], reason: "foreground", role: .foreground, eventJSON: request.event)
             return .started(id, waiter(for: id))
@@ -809,10 +807,6 @@ public final class TaskHost: @unchecked Sendable {
         case .notFound:
             return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
         case let .refused(response):
-            return response
-        case let .alreadyOpen(id):
-            var response = ControlResponse()
-            response.launchID = id
             return response
         case let .started(id, semaphore):
             return launched(id, semaphore, wait: request.wait == true)
