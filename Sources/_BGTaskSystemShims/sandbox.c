@@ -67,8 +67,14 @@ struct ll_path_beneath_attr {
 } __attribute__((packed));
 
 int bgtask_landlock_abi(void) {
-    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LL_CREATE_RULESET_VERSION);
-    return abi < 0 ? 0 : (int)abi;
+    /* The kernel's answer cannot change while it runs: asked once (by the zygote, for all its
+     * children), not at every rule a launch adds. */
+    static int abi = -1;
+    if (abi < 0) {
+        long answer = syscall(SYS_landlock_create_ruleset, NULL, 0, LL_CREATE_RULESET_VERSION);
+        abi = answer < 0 ? 0 : (int)answer;
+    }
+    return abi;
 }
 
 static uint64_t handled_fs(int abi) {

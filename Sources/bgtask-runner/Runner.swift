@@ -188,7 +188,7 @@ final class Runner: @unchecked Sendable {
         let lateForExpiry = lock.withLock { expiredAll || expiredBeforeBegin.remove(task.task) != nil }
         // Owned by the runner until the process ends; only read from here on.
         nonisolated(unsafe) let info = pointer
-        runOnHandlerThread { [self] in
+        scheduleHandler { [self] in
             report(.taskBegan(task: info.pointee.task, at: bgtask_monotonic_ns()))
             switch handler {
             case let .abi(function, context): function(context, info)
@@ -197,11 +197,6 @@ final class Runner: @unchecked Sendable {
             // The launch's time ran out before this task could start: it expires at once.
             if lateForExpiry { expirationQueue.async { self.expire(only: info.pointee.task) } }
         }
-    }
-
-    /// Queues a launch handler on the main queue (see `scheduleHandler`).
-    private func runOnHandlerThread(_ work: @escaping () -> Void) {
-        scheduleHandler(work)
     }
 
     func setExpirationHandler(_ task: UInt64, _ handler: bgtask_expiration_handler?, _ context: UnsafeMutableRawPointer?) {

@@ -40,8 +40,9 @@ public struct LaunchSupervisor: Sendable {
     /// memory limit is kernel-enforced (`memory.max`) instead of sampled, its process count is
     /// capped (`pids.max`) and it ends with `cgroup.kill`.
     public var cgroupRoot: URL?
-    /// The `pids.max` of each launch's cgroup (threads count too); nil for none. Only with a
-    /// `cgroupRoot` whose children have the pids controller.
+    /// The `pids.max` of each launch's cgroup (threads count too), with a `cgroupRoot` whose
+    /// children have the pids controller; and RLIMIT_NPROC of the app's uid when launches run
+    /// as their own uids (`identities`). Nil for none.
     public var processLimit: Int? = LaunchSupervisor.defaultProcessLimit
     /// The fast path: fork launches from a pre-warmed zygote instead of spawning the runner.
     /// Falls back to posix_spawn when the zygote cannot serve.
