@@ -38,6 +38,24 @@ public enum ProcessTree {
         return result
     }
 
+    /// The app's process of a launch whose runner is `root`: `root` itself, or, when `root`
+    /// made a PID namespace for what it starts (the runner's namespace.c: its only child is the
+    /// namespace's init, whose first child is the app), pid 2 of that namespace, as this process
+    /// sees it. Nil while the namespace is made and its app is not there yet. The outer process
+    /// and the init are the launch's machinery: not the app's memory, not its descendants.
+    public static func appProcess(of root: pid_t) -> pid_t? {
+        let own = link("/proc/\(root)/ns/pid"), forChildren = link("/proc/\(root)/ns/pid_for_children")
+        guard !own.isEmpty, !forChildren.isEmpty, own != forChildren else { return root }
+        guard let namespaceInit = children(of: root).first else { return nil }
+        return children(of: namespaceInit).first
+    }
+
+    private static func link(_ path: String) -> [CChar] {
+        var target = [CChar](repeating: 0, count: 64)
+        let length = readlink(path, &target, target.count)
+        return length > 0 ? Array(target[..<length]) : []
+    }
+
     /// Resident bytes of `root` and all its descendants (pages shared after fork count once
     /// per process: an upper bound, which is the safe side for a memory limit).
     public static func residentBytes(of root: pid_t) -> UInt64 {

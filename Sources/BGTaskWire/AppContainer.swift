@@ -42,6 +42,10 @@ public enum AppContainer {
     /// reserved bytes in place (`setInPlace`), where both `getenv` and CoreFoundation see them.
     public static let snapshottedVariables = ["HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"]
 
+    /// `off` in the environment of a zygote or runner whose launches run unconfined
+    /// (--no-sandbox): they make no PID namespace (which comes before the launch is known).
+    public static let pidNamespaceSwitch = "BGTASK_PID_NAMESPACE"
+
     /// A harmless placeholder with room for any path: "/" spelled with PATH_MAX - 1 slashes.
     public static let reservedValue = String(repeating: "/", count: Int(PATH_MAX) - 1)
 

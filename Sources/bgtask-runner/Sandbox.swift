@@ -92,10 +92,27 @@ enum Sandbox {
         return SandboxLayer(applied: true, detail: "uid \(identity.uid), gid \(identity.gid)\(groups.isEmpty ? "" : ", groups \(identity.groups.map(String.init).joined(separator: " "))")\(limit)")
     }
 
+    /// The launch's PID namespace, made before the launch arrives (see `enterPidNamespace`).
+    nonisolated(unsafe) static var pidNamespace = SandboxLayer(applied: false, detail: "not entered")
+
+    /// Moves what follows into a PID namespace of its own (pid 2, under an init of its own,
+    /// with its own /proc), leaving this process outside to mirror its end for the host (see
+    /// namespace.c): nothing a launch starts outlives it, and it sees no process but its own.
+    /// Called while the process is single-threaded, before it knows its launch: by a zygote
+    /// spare as it is made, by a spawned runner as it starts.
+    static func enterPidNamespace() {
+        if let value = getenv(AppContainer.pidNamespaceSwitch), String(cString: value) == "off" {
+            pidNamespace = SandboxLayer(applied: false, detail: "confinement is off for this launch (--no-sandbox)")
+            return
+        }
+        var error = [CChar](repeating: 0, count: 512)
+        pidNamespace = bgtask_enter_pid_namespace(&error, error.count) == 0
+            ? SandboxLayer(applied: true, detail: "pid \(getpid()) of its own namespace, with its own /proc; what it starts ends with it")
+            : SandboxLayer(applied: false, detail: text(error))
+    }
+
     static func apply(_ assignment: LaunchAssignment) -> [String: SandboxLayer] {
-        var layers: [String: SandboxLayer] = [
-            "pid_namespace": SandboxLayer(applied: false, detail: "not implemented yet; the system-call filter keeps every process in the launch's tree and Landlock scopes its signals to it"),
-        ]
+        var layers: [String: SandboxLayer] = ["pid_namespace": pidNamespace]
         guard assignment.confine else {
             for name in ["landlock", "seccomp", "no_new_privs"] {
                 layers[name] = SandboxLayer(applied: false, detail: "confinement is off for this launch (--no-sandbox)")

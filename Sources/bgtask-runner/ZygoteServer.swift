@@ -68,6 +68,7 @@ enum ZygoteServer {
                 launched = bgtask_clone_parent()
                 if launched == 0 {
                     prepare()
+                    Sandbox.enterPidNamespace()
                     becomeLaunch(request)
                     return
                 }
@@ -128,6 +129,9 @@ enum ZygoteServer {
         close(pair[0])
         dup2(STDIN_FILENO, control)
         prepare()
+        // Its PID namespace before anything else: what follows runs in the namespace's second
+        // process (this one stays outside, the host's child, and mirrors how it ends).
+        Sandbox.enterPidNamespace()
         rehearse()
         // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
         guard let request = receiveRequest(on: pair[1]), request.fds.count == 3 else { _exit(0) }

@@ -13,6 +13,9 @@ nonisolated(unsafe) var hostTable: UnsafeMutablePointer<bgtask_host_api>!
 // carry on as ordinary runners.
 if CommandLine.arguments.dropFirst().first == "--zygote" {
     ZygoteServer.serve()
+} else {
+    // A spawned runner: its PID namespace first, while it is the only thread.
+    Sandbox.enterPidNamespace()
 }
 
 // Named for ps and for the host, which finds a launch's processes by it (a runner forked by the

@@ -14,9 +14,18 @@ import Testing
             #expect(try host.cli(["simulate-launch", "com.example.feed.refresh", "--force", "--type", "refresh"]).status == 0)
         }
 
+        // The watcher first (it waits for the export to appear), so that it sees every update
+        // however long the open takes on a loaded machine.
+        let watched = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var watcher: CLIResult?
+        DispatchQueue.global().async {
+            watcher = try? host.cli(["progress", "--wait", "20s"])
+            watched.signal()
+        }
         let opened = try host.cli(["open", "com.example.feed", "--event", #"{"action": "export"}"#])
         #expect(opened.status == 0, "\(opened.stderr)")
-        let progress = try host.cli(["progress", "--wait", "10s"])
+        watched.wait()
+        let progress = try #require(watcher)
         #expect(progress.status == 0)
         let lines = progress.stdout.split(separator: "\n")
         #expect(lines.count >= 3, "one line per update: \(progress.stdout)")

@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskProcesses
 import BGTaskWire
 import Foundation
 import Testing
@@ -25,6 +26,8 @@ import _BGTaskSystemShims
         for line in try record.logText().split(separator: "\n") where line.hasPrefix("hostile: ") {
             let parts = line.dropFirst("hostile: ".count).split(separator: ":", maxSplits: 1)
             if parts.count == 2 { results[String(parts[0])] = parts[1].trimmingCharacters(in: .whitespaces) }
+            // "hostile: pid P, parent Q"
+            if line.hasPrefix("hostile: pid ") { results["pid"] = String(line.dropFirst("hostile: pid ".count)) }
         }
         return results
     }
@@ -86,6 +89,15 @@ import _BGTaskSystemShims
         for (attempt, expected) in Self.denied.merging(extra, uniquingKeysWith: { $1 }) where !skipping.contains(attempt) {
             #expect(results[attempt] == expected, "\(attempt): \(results[attempt] ?? "not tried")")
         }
+        // Launches get their own PID namespace exactly when the host is root: the app is its
+        // pid 2 (its init is 1) and finds no process outside it, by pid or in /proc.
+        let namespaced = record.sandbox?["pid_namespace"]?.applied == true
+        #expect(namespaced == (geteuid() == 0), "\(String(describing: record.sandbox?["pid_namespace"]))")
+        if namespaced { #expect(results["pid"] == "2, parent 1") }
+        if let seen = results["see a process outside the launch"] {
+            #expect(seen == (namespaced ? "denied (ENOENT)" : "ALLOWED"))
+            #expect(results["signal a process outside the launch"] == (namespaced ? "denied (ESRCH)" : "denied (EPERM)"))
+        }
         // Launches get their own uid exactly when the host is root.
         #expect(record.sandbox?["uid"]?.applied == (geteuid() == 0))
         // The host's environment is guarded by uid alone (Landlock refuses mem, fd, root, cwd).
@@ -101,7 +113,7 @@ import _BGTaskSystemShims
         let abstract = "bgtask-test-\(UUID().uuidString)"
         let listener = try listenAbstract(abstract)
         defer { close(listener) }
-        let (record, _) = try scratch.run(app, ["--task", "\(Self.id).probe"], environment: ["BGTASK_TEST_ABSTRACT_SOCKET": abstract])
+        let (record, _) = try scratch.run(app, ["--task", "\(Self.id).probe"], environment: ["BGTASK_TEST_ABSTRACT_SOCKET": abstract, "BGTASK_TEST_OUTSIDE_PID": "\(getpid())"])
         #expect(record.termination == .exited)
         #expect(record.task("\(Self.id).probe")?.outcome == .succeeded)
         try expectConfined(record, try results(record), extra: ["use the control socket": "denied (ENOENT)"])
@@ -251,13 +263,16 @@ import _BGTaskSystemShims
         let (record, _) = try scratch.run(app, ["--task", "\(Self.id).escape"])
         #expect(record.termination == .exited)
         let line = try #require(try record.logText().split(separator: "\n").first { $0.hasPrefix("hostile: escape forked ") })
-        let child = try #require(Int32(line.split(separator: " ").last ?? ""))
-        // The child's pid in the host's view is the one it printed (no PID namespace yet).
-        var gone = false
-        for _ in 0..<100 where !gone {
-            gone = !processExists(child)
-            if !gone { usleep(20_000) }
+        // Found by the name it gave itself: in a PID namespace, the pid it printed is not the
+        // one this process sees.
+        let name = String(try #require(line.split(separator: " ").last))
+        #expect(name.hasPrefix("esc-") && name != "esc-?")
+        var survivors: [pid_t] = []
+        for _ in 0..<100 {
+            survivors = processes(named: name)
+            if survivors.isEmpty { break }
+            usleep(20_000)
         }
-        #expect(gone, "pid \(child) outlived its launch")
+        #expect(survivors.isEmpty, "\(name) (pids \(survivors)) outlived its launch")
     }
 }

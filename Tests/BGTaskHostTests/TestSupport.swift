@@ -1,4 +1,5 @@
 import BGTaskHost
+import BGTaskProcesses
 import Foundation
 import Testing
 import _BGTaskSystemShims
@@ -130,5 +131,18 @@ extension RunRecord {
     func logText(sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
         let path = try #require(log, "the launch wrote a log", sourceLocation: sourceLocation)
         return try String(contentsOfFile: path, encoding: .utf8)
+    }
+}
+
+/// Live processes of this machine whose command name (/proc/PID/comm) is `name`: how a test
+/// finds what a launch started, whose pid inside the launch's PID namespace is not its own.
+func processes(named name: String) -> [pid_t] {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+    return entries.compactMap { entry in
+        guard let pid = pid_t(entry),
+              let comm = try? String(contentsOfFile: "/proc/\(entry)/comm", encoding: .utf8),
+              comm.trimmingCharacters(in: .newlines) == name,
+              ProcessTree.status(of: pid)?.state != UInt8(ascii: "Z") else { return nil }
+        return pid
     }
 }

@@ -188,7 +188,7 @@ public final class TaskHost: @unchecked Sendable {
         supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: logger)
         supervisor.cgroupRoot = configuration.cgroupRoot
         supervisor.processLimit = configuration.processLimit
-        if configuration.useZygote { supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: logger) }
+        if configuration.useZygote { supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: logger, confine: configuration.confine) }
         supervisor.confine = configuration.confine
         if configuration.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: configuration.stateDirectory) }
         unlockedSinceBoot = (try? store.setting("device.locked")) != "on"

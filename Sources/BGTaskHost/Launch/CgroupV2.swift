@@ -1,4 +1,5 @@
 #if os(Linux)
+import BGTaskProcesses
 import Foundation
 import Glibc
 
@@ -97,8 +98,14 @@ enum CgroupV2 {
 
         static let noKill = "cgroup.kill is missing (Linux before 5.14): a launch is ended by freezing its cgroup (cgroup.freeze) and killing its processes one by one"
 
+        /// Moves `pid` into the group, then the processes already below it (a zygote spare made
+        /// its PID namespace's init and app before the launch came): what they fork from now on
+        /// is born in the group. Twice, for one that forked while the first pass moved its parent.
         func add(_ pid: pid_t) throws(BGTaskError) {
             try write("cgroup.procs", "\(pid)")
+            for _ in 0..<2 {
+                for descendant in ProcessTree.descendants(of: pid) { try? write("cgroup.procs", "\(descendant)") }
+            }
         }
 
         /// Number of OOM kills in this cgroup so far.

@@ -108,6 +108,7 @@ public struct LaunchSupervisor: Sendable {
         overrides["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
         if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
         for (key, value) in plan.environment { overrides[key] = value }
+        if !confine { overrides[AppContainer.pidNamespaceSwitch] = "off" }
 
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
         // process instead of init, so they can be found and killed.
@@ -311,6 +312,10 @@ public struct LaunchSupervisor: Sendable {
         var probeSent = false
         var nextUnconditionalWalkNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
         var heldSharedBytes: UInt64 = 0
+        // The app's own process: the runner, or pid 2 of the launch's PID namespace (see
+        // ProcessTree.appProcess). Found at the first sample; until the runner has reported its
+        // confinement (after its namespace is made), "no namespace" is not taken as final.
+        var app: pid_t?
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -343,6 +348,8 @@ public struct LaunchSupervisor: Sendable {
                 logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
+                if app == nil, let found = ProcessTree.appProcess(of: pid), found != pid || state.sandbox != nil { app = found }
+                let counted = app ?? pid
                 if now >= nextDescendantWalkNs {
                     // Walk when the runner said it has a child, or when it did not answer, and
                     // every `descendantCheckInterval` whatever it said: its answer saves a
@@ -350,11 +357,11 @@ public struct LaunchSupervisor: Sendable {
                     if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
                         let periodic = now >= nextUnconditionalWalkNs
                         nextUnconditionalWalkNs = now + UInt64(descendantCheckInterval.nanoseconds)
-                        knownDescendants = ProcessTree.descendants(of: pid)
+                        knownDescendants = ProcessTree.descendants(of: counted)
                         if !knownDescendants.isEmpty { state.hadDescendants = true }
                         // Memory no process's resident set shows (a memfd written but not
                         // mapped, POSIX shared memory): looked for at the periodic walk only.
-                        if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [pid] + knownDescendants) }
+                        if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants) }
                     } else {
                         knownDescendants = []
                     }
@@ -362,7 +369,7 @@ public struct LaunchSupervisor: Sendable {
                     probeSent = (try? channel.send(ParentMessage.probeChildren)) != nil
                     nextDescendantWalkNs = now + descendantWalkNs
                 }
-                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: pid)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
+                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: counted)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
                 state.peakRSS = max(state.peakRSS, rss)
                 var interval = sampleNs
                 if let last = lastSample, rss > last.rss, now > last.at, rss < plan.limits.memoryLimitBytes {
@@ -433,7 +440,10 @@ public struct LaunchSupervisor: Sendable {
                 if state.finished && !wasFinished && state.hadDescendants {
                     // All tasks ended: nothing the launch started may outlive it. (The runner
                     // killed them itself before it said so; this is the host making sure.)
-                    for descendant in ProcessTree.descendants(of: pid) { kill(descendant, SIGKILL) }
+                    // Below the app's process (not the namespace's init, whose death is the app's).
+                    if let app = app ?? ProcessTree.appProcess(of: pid) {
+                        for descendant in ProcessTree.descendants(of: app) { kill(descendant, SIGKILL) }
+                    }
                 }
                 if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
             }

@@ -19,9 +19,14 @@ public final class Zygote: @unchecked Sendable {
     private var socket: Int32 = -1
     private var pid: pid_t = 0
 
-    public init(runnerPath: String, logger: Logger) {
+    /// Whether its launches are confined (each in a PID namespace of its own): false for a host
+    /// run with --no-sandbox. Read when the zygote starts.
+    public let confine: Bool
+
+    public init(runnerPath: String, logger: Logger, confine: Bool = true) {
         self.runnerPath = runnerPath
         self.logger = logger
+        self.confine = confine
     }
 
     deinit { stop() }
@@ -77,6 +82,7 @@ public final class Zygote: @unchecked Sendable {
         // Room for each launch's container paths where CoreFoundation reads them (see
         // AppContainer.snapshottedVariables): a child writes its own into these bytes.
         for key in AppContainer.snapshottedVariables { environment[key] = AppContainer.reservedValue }
+        if !confine { environment[AppContainer.pidNamespaceSwitch] = "off" }
         var child: pid_t = 0
         // The zygote's own output goes nowhere; each launch's goes to its log.
         let rc = withCStrings([runnerPath, "--zygote"]) { argv in

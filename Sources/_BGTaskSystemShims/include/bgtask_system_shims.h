@@ -106,6 +106,14 @@ int bgtask_set_no_new_privs(void);
 int bgtask_become_user(uint32_t uid, uint32_t gid, const uint32_t *groups, int group_count, uint32_t process_limit);
 /* prctl(PR_GET_SECCOMP): 0 (none yet), 2 (filtered), or -1 without seccomp. */
 int bgtask_seccomp_mode(void);
+/* The launch's own PID namespace, with a private mount namespace and a /proc of its own
+ * (namespace.c). Called by a zygote spare (or a spawned runner) while it is single-threaded,
+ * in its own process group, as root. The caller stays outside and becomes the process the host
+ * waits for: it ends as the app ends (its exit code, or its signal). Its first child is the
+ * namespace's init, which reaps, and kills everything left once the app is gone. Returns 0 in
+ * the app (pid 2 of the namespace); -1 with `error` when the namespaces cannot be made (not
+ * root), and the caller carries on as the app, without them. */
+int bgtask_enter_pid_namespace(char *error, size_t error_size);
 /* The directories of every shared object loaded in this process (dl_iterate_phdr), each once,
  * NUL-separated into `buffer`; returns the bytes written. */
 size_t bgtask_loaded_library_directories(char *buffer, size_t size);

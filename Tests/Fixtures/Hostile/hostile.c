@@ -108,6 +108,17 @@ static void probe(void *context, const bgtask_task_info *task) {
     (void)context;
     char path[4600];
     pid_t parent = getppid();
+    printf("hostile: pid %d, parent %d\n", getpid(), parent);
+    /* A process outside the launch (the test's), by pid: in a PID namespace of its own, the
+     * launch finds no such process (ESRCH), nor its /proc entry (ENOENT). */
+    const char *outside = getenv("BGTASK_TEST_OUTSIDE_PID");
+    if (outside) {
+        snprintf(path, sizeof path, "/proc/%s", outside);
+        struct stat info;
+        report("see a process outside the launch", stat(path, &info));
+        long signalled = kill((pid_t)atoi(outside), 0);
+        report("signal a process outside the launch", signalled);
+    }
     /* Paths relative to the container: STATE/containers/APP. */
     report("signal the supervisor", kill(parent, 0));
     /* Not PTRACE_ATTACH: unconfined (--no-sandbox), that would stop the supervisor. A read of
@@ -222,13 +233,19 @@ static void memfd_hoard(void *context, const bgtask_task_info *task) {
 static void escape(void *context, const bgtask_task_info *task) {
     (void)context;
     (void)task;
+    /* Named after its launch, so the test can look for it from outside a PID namespace. */
+    char name[16];
+    const char *launch_id = getenv("BGTASK_LAUNCH_ID");
+    size_t id_length = launch_id ? strlen(launch_id) : 0;
+    snprintf(name, sizeof name, "esc-%s", launch_id && id_length > 10 ? launch_id + id_length - 10 : "?");
     pid_t child = fork();
     if (child == 0) {
+        prctl(PR_SET_NAME, name, 0, 0, 0);
         prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
         setsid();
         for (;;) pause();
     }
-    printf("hostile: escape forked %d\n", child);
+    printf("hostile: escape forked %d named %s\n", child, name);
     fflush(stdout);
     api->set_task_completed(host, task->task, true);
 }

@@ -215,14 +215,21 @@ enum Misbehaving {
 
         // A grandchild escapes the process group and ignores SIGTERM; it must still die.
         register("fork-setsid") { task in
+            // Named after its launch: in the launch's PID namespace, its pid is not the one
+            // the test sees.
+            let launchID = ProcessInfo.processInfo.environment["BGTASK_LAUNCH_ID"] ?? "?"
+            let name = "fsg-" + launchID.suffix(10)
             let pid = fork()
             if pid == 0 {
+                let comm = open("/proc/self/comm", O_WRONLY)
+                _ = name.withCString { write(comm, $0, strlen($0)) }
+                close(comm)
                 setsid()
                 signal(SIGTERM, SIG_IGN)
                 while true { pause() }
             }
             let path = (ProcessInfo.processInfo.environment["HOME"] ?? "/tmp") + "/grandchild.pid"
-            try? "\(pid)".write(toFile: path, atomically: true, encoding: .utf8)
+            try? name.write(toFile: path, atomically: true, encoding: .utf8)
             print("misbehaving: fork-setsid started grandchild \(pid)")
             task.setTaskCompleted(success: true)
         }
