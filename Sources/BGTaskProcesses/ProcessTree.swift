@@ -46,8 +46,10 @@ public enum ProcessTree {
     public static func appProcess(of root: pid_t) -> pid_t? {
         let own = link("/proc/\(root)/ns/pid"), forChildren = link("/proc/\(root)/ns/pid_for_children")
         guard !own.isEmpty, !forChildren.isEmpty, own != forChildren else { return root }
-        guard let namespaceInit = children(of: root).first else { return nil }
-        return children(of: namespaceInit).first
+        // Each is single-threaded: its main thread's children, not a readdir of its tasks (the
+        // entries that makes would make the launch's reap spin; see `children(of:)`'s callers).
+        guard let namespaceInit = readPIDs("/proc/\(root)/task/\(root)/children").first else { return nil }
+        return readPIDs("/proc/\(namespaceInit)/task/\(namespaceInit)/children").first
     }
 
     private static func link(_ path: String) -> [CChar] {

@@ -144,7 +144,7 @@ final class LaunchBench: @unchecked Sendable {
         var logger = Logger(label: "bgtask-bench")
         logger.logLevel = .error
         var supervisor = LaunchSupervisor(runnerPath: Products.runner, logger: logger)
-        if launcher == .zygote { supervisor.zygote = Zygote(runnerPath: Products.runner, logger: logger) }
+        if launcher == .zygote { supervisor.zygote = Zygote(runnerPath: Products.runner, logger: logger, confine: confined) }
         supervisor.confine = confined
         if confined && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: root) }
         self.supervisor = supervisor

@@ -92,23 +92,36 @@ enum Sandbox {
         return SandboxLayer(applied: true, detail: "uid \(identity.uid), gid \(identity.gid)\(groups.isEmpty ? "" : ", groups \(identity.groups.map(String.init).joined(separator: " "))")\(limit)")
     }
 
-    /// The launch's PID namespace, made before the launch arrives (see `enterPidNamespace`).
+    /// The launch's PID namespace, made before the launch arrives (by the zygote's spare, or
+    /// as a spawned runner starts): what it starts ends with it, and it sees no other process.
     nonisolated(unsafe) static var pidNamespace = SandboxLayer(applied: false, detail: "not entered")
 
-    /// Moves what follows into a PID namespace of its own (pid 2, under an init of its own,
-    /// with its own /proc), leaving this process outside to mirror its end for the host (see
-    /// namespace.c): nothing a launch starts outlives it, and it sees no process but its own.
-    /// Called while the process is single-threaded, before it knows its launch: by a zygote
-    /// spare as it is made, by a spawned runner as it starts.
-    static func enterPidNamespace() {
+    /// Why this zygote's launches get no PID namespace (nil: they do), decided once.
+    nonisolated(unsafe) static var namespacesUnavailable: String?
+
+    static func checkNamespaces() {
         if let value = getenv(AppContainer.pidNamespaceSwitch), String(cString: value) == "off" {
-            pidNamespace = SandboxLayer(applied: false, detail: "confinement is off for this launch (--no-sandbox)")
+            namespacesUnavailable = "confinement is off for this launch (--no-sandbox)"
             return
         }
         var error = [CChar](repeating: 0, count: 512)
-        pidNamespace = bgtask_enter_pid_namespace(&error, error.count) == 0
+        if bgtask_namespaces_available(&error, error.count) == 0 { namespacesUnavailable = text(error) }
+    }
+
+    /// In the app's process: records whether it is in a namespace of its own.
+    static func notePidNamespace(_ entered: Bool, error: String? = nil) {
+        pidNamespace = entered
             ? SandboxLayer(applied: true, detail: "pid \(getpid()) of its own namespace, with its own /proc; what it starts ends with it")
-            : SandboxLayer(applied: false, detail: text(error))
+            : SandboxLayer(applied: false, detail: error ?? namespacesUnavailable ?? "not entered")
+    }
+
+    /// A spawned runner, as it starts: becomes the outer process, and carries on as the app.
+    static func enterPidNamespace() {
+        checkNamespaces()
+        guard namespacesUnavailable == nil else { return notePidNamespace(false) }
+        var error = [CChar](repeating: 0, count: 512)
+        let entered = bgtask_enter_pid_namespace(&error, error.count) == 0
+        notePidNamespace(entered, error: entered ? nil : text(error))
     }
 
     static func apply(_ assignment: LaunchAssignment) -> [String: SandboxLayer] {

@@ -11,8 +11,9 @@ import _BGTaskSystemShims
 /// count, which the host requires to be 1; S: the pid of its first spare, or 0). Each request is
 /// one packet of environment overrides (`KEY=VALUE` separated by NULs) carrying three
 /// descriptors (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The
-/// zygote answers `pid P spare S` (P: the launch's process; S: the next spare, or 0) or
-/// `error TEXT`. End of stream: the host is gone, and so are the zygote and its spare.
+/// zygote answers `pid P spare 0` (P: the launch's process) or `error TEXT`, then makes the next
+/// spare and announces it, unasked: `spare S`. End of stream: the host is gone, and so are the
+/// zygote and its spare.
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
 /// pool): it has already reset its signals and made its process group, and waits on a socket of
@@ -65,10 +66,8 @@ enum ZygoteServer {
                 if sent == 0 { launched = current.pid }
             }
             if launched == 0 {
-                launched = bgtask_clone_parent()
+                launched = cloneLaunch()
                 if launched == 0 {
-                    prepare()
-                    Sandbox.enterPidNamespace()
                     becomeLaunch(request)
                     return
                 }
@@ -78,18 +77,17 @@ enum ZygoteServer {
                 reply(control, "error clone: \(String(cString: strerror(errno)))")
                 continue
             }
-            // The next spare before the answer, which reports its pid (the host reaps spares
-            // that die unused). The launch is already running in its spare meanwhile; only the
-            // supervisor waits for this fork.
-            var nextSpare: pid_t = 0
+            // The answer first, then the next spare, announced on its own (the host reaps
+            // spares that die unused): making one (a PID namespace and a fork) takes the better
+            // part of a millisecond, which the supervisor need not wait for.
+            reply(control, "pid \(launched) spare 0")
             switch forkSpare() {
             case .becameLaunch: return
             case let .forked(forked):
                 spare = forked
-                nextSpare = forked.pid
+                reply(control, "spare \(forked.pid)")
             case .failed: break
             }
-            reply(control, "pid \(launched) spare \(nextSpare)")
         }
     }
 
@@ -114,7 +112,7 @@ enum ZygoteServer {
         // Not at idle priority (SCHED_IDLE): on a busy machine an idle-priority fork or
         // rehearsal starves, and the launch that comes for its spare (and the host waiting for
         // the zygote's answer) would wait with it.
-        let pid = bgtask_clone_parent()
+        let pid = cloneLaunch()
         if pid < 0 {
             close(pair[0])
             close(pair[1])
@@ -128,10 +126,6 @@ enum ZygoteServer {
         // talks to the host, and the host must see end of stream when the zygote dies.
         close(pair[0])
         dup2(STDIN_FILENO, control)
-        prepare()
-        // Its PID namespace before anything else: what follows runs in the namespace's second
-        // process (this one stays outside, the host's child, and mirrors how it ends).
-        Sandbox.enterPidNamespace()
         rehearse()
         // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
         guard let request = receiveRequest(on: pair[1]), request.fds.count == 3 else { _exit(0) }
@@ -244,10 +238,31 @@ enum ZygoteServer {
         }
     }
 
-    /// What every launch needs and no launch decides: its own process group, default signals.
-    private static func prepare() {
-        setpgid(0, 0)
-        bgtask_reset_signals()
+    /// A launch's process, a child of the host's: in a PID namespace of its own (the pid
+    /// returned is the outer process's, which ends as the launch does; see namespace.c), or
+    /// a plain fork where namespaces are unavailable. Returns 0 in the launch's process, which
+    /// has its own process group and default signals. Nothing may start a thread before.
+    private static func cloneLaunch() -> pid_t {
+        var pid: pid_t
+        var failure: String?
+        if Sandbox.namespacesUnavailable == nil {
+            var error = [CChar](repeating: 0, count: 512)
+            pid = bgtask_clone_parent_namespaced(&error, error.count)
+            if pid == 0 {
+                Sandbox.notePidNamespace(true)
+                bgtask_reset_signals() // its group is the outer process's
+                return 0
+            }
+            if pid > 0 { return pid }
+            failure = String(decoding: error.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
+        pid = bgtask_clone_parent()
+        if pid == 0 {
+            Sandbox.notePidNamespace(false, error: failure)
+            setpgid(0, 0)
+            bgtask_reset_signals()
+        }
+        return pid
     }
 
     /// Descriptors 0-3 as a spawned runner has them, and nothing else but the main run loop's
@@ -280,6 +295,7 @@ enum ZygoteServer {
     private static func warmUp() {
         bgtask_resolve_foundation_hooks()
         Sandbox.findLibraryDirectories()
+        Sandbox.checkNamespaces()
         var writer = WireWriter()
         ParentMessage.start(rehearsalAssignment).write(to: &writer)
         startPacket = writer.bytes

@@ -112,7 +112,11 @@ import _BGTaskSystemShims
         #expect(eventually { zygoteProcesses().count == 2 })
         // Kill the spare: the zygote forks the next launch itself.
         let spare = try #require(zygote.spareIDs.first, "a spare is waiting")
+        // In a PID namespace, the spare's app process (what holds its socket) is below it, and
+        // dies with it (its init dies with the outer process, and the namespace with its init).
+        let app = ProcessTree.appProcess(of: spare) ?? spare
         kill(spare, SIGKILL)
+        #expect(eventually { app == spare || (kill(app, 0) != 0 && errno == ESRCH) }, "the killed spare's process \(app) is gone")
         // Dead, not merely signalled: a launch handed to a spare in the instant it dies fails
         // like any runner dying at its start. A zombie leader is not enough: the spare has
         // threads (its rehearsal's), and until the last of them is gone the descriptor table,

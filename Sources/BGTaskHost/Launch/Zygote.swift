@@ -40,11 +40,18 @@ public final class Zygote: @unchecked Sendable {
         do {
             for attempt in 0..<2 {
                 if socket < 0 { try startLocked() }
+                takeAnnouncements()
                 let fds = [channel, stdin, log]
                 let sent = Array(payload.utf8).withUnsafeBytes { raw in
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
-                if sent == 0, let answer = readReply() {
+                var answer = sent == 0 ? readReply() : nil
+                // A spare announced since the last look (made after the previous answer).
+                while let announced = answer, let spare = Self.announcedSpare(announced) {
+                    spares.insert(spare)
+                    answer = readReply()
+                }
+                if let answer {
                     if let (child, next) = Self.parse(answer, "pid") {
                         spares.remove(child)
                         reapSpares(waiting: false)
@@ -108,14 +115,33 @@ public final class Zygote: @unchecked Sendable {
         logger.debug("zygote started", metadata: ["zygote.pid": "\(child)"])
     }
 
-    private func readReply() -> String? {
+    private func readReply(nonBlocking: Bool = false) -> String? {
         var buffer = [UInt8](repeating: 0, count: 512)
-        let n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
+        var n: Int
+        repeat {
+            n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, nonBlocking ? Int32(MSG_DONTWAIT) : 0) }
+        } while n < 0 && errno == EINTR
         guard n > 0 else { return nil }
         return String(decoding: buffer[0..<n], as: UTF8.self)
     }
 
+    /// Notes the spares the zygote announced (`spare S`) that are waiting on its socket.
+    private func takeAnnouncements() {
+        guard socket >= 0 else { return }
+        while let announcement = readReply(nonBlocking: true) {
+            if let spare = Self.announcedSpare(announcement) { spares.insert(spare) }
+        }
+    }
+
+    /// S of a `spare S` announcement.
+    static func announcedSpare(_ text: String) -> pid_t? {
+        let words = text.split(separator: " ")
+        guard words.count == 2, words[0] == "spare", let spare = pid_t(words[1]), spare > 0 else { return nil }
+        return spare
+    }
+
     private func stopLocked() {
+        takeAnnouncements()
         if socket >= 0 {
             close(socket)
             socket = -1
@@ -144,11 +170,21 @@ public final class Zygote: @unchecked Sendable {
     private var spares = Set<pid_t>()
 
     /// The zygote and its spares: this process's children that are not launches (yet).
-    var processes: Set<pid_t> { lock.withLock { pid > 0 ? spares.union([pid]) : spares } }
+    var processes: Set<pid_t> {
+        lock.withLock {
+            takeAnnouncements()
+            return pid > 0 ? spares.union([pid]) : spares
+        }
+    }
 
     /// The zygote's pid (0 when not running) and its spares' (for tests).
     var processID: pid_t { lock.withLock { pid } }
-    var spareIDs: Set<pid_t> { lock.withLock { spares } }
+    var spareIDs: Set<pid_t> {
+        lock.withLock {
+            takeAnnouncements()
+            return spares
+        }
+    }
 
     /// Reaps spares that have exited (a spare that died before its launch, or every spare once
     /// the zygote is gone and `waiting`).

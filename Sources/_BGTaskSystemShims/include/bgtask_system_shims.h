@@ -107,13 +107,21 @@ int bgtask_become_user(uint32_t uid, uint32_t gid, const uint32_t *groups, int g
 /* prctl(PR_GET_SECCOMP): 0 (none yet), 2 (filtered), or -1 without seccomp. */
 int bgtask_seccomp_mode(void);
 /* The launch's own PID namespace, with a private mount namespace and a /proc of its own
- * (namespace.c). Called by a zygote spare (or a spawned runner) while it is single-threaded,
- * in its own process group, as root. The caller stays outside and becomes the process the host
- * waits for: it ends as the app ends (its exit code, or its signal). Its first child is the
- * namespace's init, which reaps, and kills everything left once the app is gone. Returns 0 in
- * the app (pid 2 of the namespace); -1 with `error` when the namespaces cannot be made (not
- * root), and the caller carries on as the app, without them. */
+ * (namespace.c): three processes, an outer one (what the host waits for: it ends as the app
+ * ends, by its exit code or its signal), the namespace's init (pid 1: reaps, and kills all that
+ * is left once the app is gone) and the app (pid 2). Callers are single-threaded and root.
+ * bgtask_clone_parent_namespaced: in a zygote, instead of bgtask_clone_parent: returns the
+ * outer process's pid (a child of the caller's parent, in its own process group) in the
+ * caller, 0 in the app, or -1 and `error`. bgtask_enter_pid_namespace: in a spawned runner:
+ * the caller becomes the outer process; returns 0 in the app, or -1 and `error` (nothing made:
+ * the caller carries on without). bgtask_namespaces_available: 1 when this process may make
+ * them (a throwaway child tries), else 0 and `error`. bgtask_release_namespace_stacks: frees
+ * the stacks of outer and init processes that have exited (bgtask_clone_parent_namespaced
+ * calls it; their stacks are in the zygote's memory, which they share). */
+pid_t bgtask_clone_parent_namespaced(char *error, size_t error_size);
 int bgtask_enter_pid_namespace(char *error, size_t error_size);
+int bgtask_namespaces_available(char *error, size_t error_size);
+void bgtask_release_namespace_stacks(void);
 /* The directories of every shared object loaded in this process (dl_iterate_phdr), each once,
  * NUL-separated into `buffer`; returns the bytes written. */
 size_t bgtask_loaded_library_directories(char *buffer, size_t size);
