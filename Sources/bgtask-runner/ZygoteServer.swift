@@ -24,7 +24,9 @@ import _BGTaskSystemShims
 /// The zygote must stay single-threaded: nothing here may start a thread (no Dispatch queues,
 /// no Foundation run loops). Children are forked with CLONE_PARENT, so the host is their parent
 /// (it waits for them, and gets their rusage and a pidfd); a child returns from `serve()` and
-/// becomes an ordinary runner.
+/// becomes an ordinary runner. Where it may (root), each child is a launch's PID namespace
+/// (namespace.c): the host's child is its outer process, which ends as the launch ends, and
+/// what returns from `serve()` is pid 2 of the namespace.
 enum ZygoteServer {
     static let control: Int32 = 3
 

@@ -34,9 +34,15 @@ public enum ConfinementProbe {
             ? Finding(layer: "seccomp", available: true, detail: seccomp == 0 ? "seccomp-bpf filters can be installed" : "this process already runs under a filter; launches add theirs")
             : Finding(layer: "seccomp", available: false, detail: "prctl(PR_GET_SECCOMP): \(String(cString: strerror(errno)))", remedy: "a kernel built with CONFIG_SECCOMP_FILTER"))
         findings.append(Finding(layer: "no_new_privs", available: true, detail: "prctl(PR_SET_NO_NEW_PRIVS) is set for every launch"))
-        findings.append(Finding(layer: "pid_namespace", available: false,
-                                detail: "not implemented yet: launches stay in their runner's tree (the system-call filter) and their signals are scoped by Landlock",
-                                remedy: nil))
+        var namespaceError = [CChar](repeating: 0, count: 512)
+        if bgtask_namespaces_available(&namespaceError, namespaceError.count) != 0 {
+            findings.append(Finding(layer: "pid_namespace", available: true,
+                                    detail: "each launch gets a PID namespace of its own, with its own /proc: it sees no other process, and what it starts ends with it"))
+        } else {
+            let reason = String(decoding: namespaceError.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            findings.append(Finding(layer: "pid_namespace", available: false, detail: reason,
+                                    remedy: "run the host as root (the system unit, Packaging/systemd/bgtask.service), or where CAP_SYS_ADMIN is not withheld (a container's seccomp profile may refuse unshare)"))
+        }
         if geteuid() == 0 {
             findings.append(Finding(layer: "uid", available: true, detail: "the host runs as root: each app runs as its own uid (STATE/app-ids), its extensions as the app's, with RLIMIT_NPROC"))
         } else {
