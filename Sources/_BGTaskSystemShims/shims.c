@@ -1,4 +1,5 @@
 #define _GNU_SOURCE
+#include <ftw.h>
 #include "bgtask_system_shims.h"
 
 #include <errno.h>
@@ -278,4 +279,22 @@ int bgtask_flush_preferences(void) {
     if (flush_preferences == NULL) return -1;
     flush_preferences();
     return 0;
+}
+
+/* nftw has no context argument: the walk's state, per thread. */
+static _Thread_local int64_t usage_total, usage_left;
+
+static int add_usage(const char *path, const struct stat *info, int type, struct FTW *position) {
+    (void)path;
+    (void)type;
+    (void)position;
+    usage_total += (int64_t)info->st_blocks * 512;
+    return --usage_left > 0 ? FTW_CONTINUE : FTW_STOP;
+}
+
+int64_t bgtask_directory_usage(const char *path, int64_t max_entries) {
+    usage_total = 0;
+    usage_left = max_entries > 0 ? max_entries : 1;
+    if (nftw(path, add_usage, 16, FTW_PHYS | FTW_MOUNT | FTW_ACTIONRETVAL) == -1) return -1;
+    return usage_total;
 }

@@ -71,6 +71,9 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .customLong("log-limit"), help: ArgumentHelp("The most a launch's log keeps (e.g. 1MiB); later output is read and discarded, and the record says how much. Default: 16 MiB.", valueName: "size"))
     var logLimit: ByteCountArgument?
 
+    @Option(name: .customLong("disk-reserve"), help: ArgumentHelp("Free space to keep on the filesystem of the apps' containers (e.g. 1GB, 0 for none): a launch that writes while there is less is killed, and its record says so (disk). Default: 64 MiB.", valueName: "size"))
+    var diskReserve: ByteCountArgument?
+
     @Option(name: .long, help: ArgumentHelp(
         "A delegated cgroup v2 directory, or auto: a child cgroup per launch with memory.max (instead of sampling), pids.max and cgroup.kill.",
         discussion: "auto uses the cgroup this process was started in when it is delegated to it (systemd's Delegate=yes), else says why and samples.",

@@ -83,6 +83,7 @@ extension BGTaskCommand {
             configuration.grace = limits.grace?.duration
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes
             if let logLimit = limits.logLimit { configuration.logLimitBytes = logLimit.bytes }
+            if let reserve = limits.diskReserve { configuration.diskReserveBytes = reserve.bytes }
             configuration.controlLimits.maximumConnections = maxConnections
             if let requestTimeout { configuration.controlLimits.requestTimeout = requestTimeout.duration }
             if let idleTimeout { configuration.controlLimits.idleTimeout = idleTimeout.duration }

@@ -15,6 +15,46 @@ import _BGTaskSystemShims
 
     // MARK: Control connections
 
+    /// One app filling the disk is killed at the host's reserve, and another app still launches
+    /// and logs after it. The state directory is a 96 MiB tmpfs, mounted in a mount namespace
+    /// of the CLI's own (`unshare -m`, private propagation): nothing reaches this machine's.
+    @Test func anAppThatFillsTheDiskIsKilledAtTheReserveAndOthersStillRun() throws {
+        guard geteuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare") else {
+            withKnownIssue("mounting a small filesystem needs root and unshare(1)") { throw HostTestError("not root") }
+            return
+        }
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app")
+        let state = scratch.state.path
+        let script = """
+            set -e
+            mkdir -p "$STATE"
+            mount -t tmpfs -o size=96m,mode=0700 bgtask-test "$STATE"
+            "$CLI" run "$APP" --json --state "$STATE" --task com.example.misbehaving.fill-disk:processing --disk-reserve 32MB --budget 60s || true
+            echo '--- next'
+            "$CLI" run "$APP" --json --state "$STATE" --task com.example.misbehaving.ok:processing --disk-reserve 32MB
+            echo '--- log'
+            cat "$STATE"/logs/*.log
+            """
+        let result = try runCommand(["/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                                    environment: ["STATE": state, "CLI": Products.cli, "APP": app.path])
+        let parts = result.stdout.components(separatedBy: "--- next\n")
+        try #require(parts.count == 2, "\(result.stdout) \(result.stderr)")
+        let filled = try RunRecord.decode(Data(parts[0].utf8))
+        #expect(filled.termination == .disk, "\(filled.termination) \(filled.error ?? "")")
+        #expect(filled.signal == "SIGKILL")
+        #expect(filled.error?.contains("under the host's reserve of 32.0 MiB") == true, "\(filled.error ?? "")")
+        #expect(filled.task("com.example.misbehaving.fill-disk")?.outcome == .unfinished)
+        let rest = parts[1].components(separatedBy: "--- log\n")
+        try #require(rest.count == 2, "\(parts[1])")
+        let next = try RunRecord.decode(Data(rest[0].utf8))
+        #expect(next.termination == .exited)
+        #expect(next.task("com.example.misbehaving.ok")?.outcome == .succeeded)
+        // The filler never got to see the disk full: it was killed first.
+        #expect(!rest[1].contains("fill-disk stopped"), "\(rest[1])")
+    }
+
     @Test func controlConnectionsAreCappedAndTheOneOverTheCapIsToldWhy() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -47,6 +47,8 @@ public final class TaskHost: @unchecked Sendable {
         public var controlLimits = ControlServer.Limits()
         /// A launch's log beyond this many bytes is read and discarded (its record says so).
         public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
+        /// Free space kept on the containers' filesystem (see LaunchLimits.diskReserveBytes).
+        public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -456,6 +458,7 @@ public final class TaskHost: @unchecked Sendable {
         if let grace = configuration.grace { limits.grace = grace }
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
         limits.logLimitBytes = configuration.logLimitBytes
+        limits.diskReserveBytes = configuration.diskReserveBytes
         let launchID = LaunchPlan.newLaunchID()
         var plan = LaunchPlan(
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,

@@ -11,6 +11,9 @@ public struct LaunchLimits: Sendable, Equatable {
     public var memoryLimitBytes: UInt64
     /// The most its log keeps; beyond, output is read and discarded (`log_truncated`).
     public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
+    /// Free space its container's filesystem keeps: a launch that writes while there is less
+    /// is killed (`disk`). 0: none.
+    public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
 
     public init(budget: Duration, grace: Duration, memoryLimitBytes: UInt64) {
         self.budget = budget
@@ -20,6 +23,7 @@ public struct LaunchLimits: Sendable, Equatable {
 
     public static let defaultGrace: Duration = .seconds(5)
     public static let defaultLogLimitBytes: UInt64 = 16 << 20
+    public static let defaultDiskReserveBytes: UInt64 = 64 << 20
 
     /// The defaults for a launch running `kinds` (the most generous kind wins).
     public static func defaults(for kinds: [TaskKind]) -> LaunchLimits {

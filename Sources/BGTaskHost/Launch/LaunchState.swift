@@ -45,6 +45,8 @@ struct LaunchState {
     var launchFailure: String?
     /// Why the watchdog killed a launch that said it had finished.
     var lingering: String?
+    /// Why a launch was killed for writing under the disk reserve.
+    var diskExhaustion: String?
     var fatal: String?
     var error: String?
     var forcedTermination: RunRecord.Termination?
@@ -139,10 +141,12 @@ struct LaunchState {
         if bgtask_wifexited(status) != 0 { exitStatus = bgtask_wexitstatus(status) }
         let openTasks = tasks.values.contains { !$0.notRegistered && $0.completedNs == nil }
 
-        if let killed, killed == .watchdog || killed == .jetsam {
+        if let killed, killed == .watchdog || killed == .jetsam || killed == .disk {
             termination = killed
             signal = "SIGKILL"
-            if killed == .watchdog, let lingering {
+            if killed == .disk {
+                error = diskExhaustion
+            } else if killed == .watchdog, let lingering {
                 error = lingering
             } else if killed == .watchdog {
                 error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) still open"

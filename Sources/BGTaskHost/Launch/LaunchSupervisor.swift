@@ -316,6 +316,15 @@ public struct LaunchSupervisor: Sendable {
         // ProcessTree.appProcess). Found at the first sample; until the runner has reported its
         // confinement (after its namespace is made), "no namespace" is not taken as final.
         var app: pid_t?
+        // The disk reserve: the container's filesystem looked at every 100 ms, every 5 ms once
+        // it is within four reserves of it; under it, what the launch's containers hold is
+        // measured, and a launch whose containers grew by more than a MiB since is killed.
+        let reserve = plan.limits.diskReserveBytes
+        let containers = [plan.dataDirectory.path] + plan.bundle.appGroups.map {
+            AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0)
+        }
+        var nextDiskCheckNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
+        var containersUnderReserve: UInt64?
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -346,6 +355,24 @@ public struct LaunchSupervisor: Sendable {
                 state.killed = .watchdog
                 Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
+            }
+            if reserve > 0, state.killed == nil, now >= nextDiskCheckNs {
+                let free = Self.availableBytes(containers[0])
+                if free < reserve {
+                    let held = Self.bytesHeld(containers)
+                    if let before = containersUnderReserve, held > before + (1 << 20) {
+                        state.killed = .disk
+                        state.diskExhaustion = "wrote \(RunRecord.mib(held - before)) more into its containers while their filesystem had \(RunRecord.mib(free)) free, under the host's reserve of \(RunRecord.mib(reserve)) (--disk-reserve)"
+                        Self.terminate(pid, cgroup: state.cgroup)
+                        logger.info("disk kill", metadata: ["free": "\(free)", "reserve": "\(reserve)"])
+                    } else if containersUnderReserve == nil {
+                        containersUnderReserve = held
+                    }
+                    nextDiskCheckNs = now + 5_000_000
+                } else {
+                    containersUnderReserve = nil
+                    nextDiskCheckNs = now + (free / 4 < reserve ? 5_000_000 : UInt64(descendantCheckInterval.nanoseconds))
+                }
             }
             if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
                 if app == nil, let found = ProcessTree.appProcess(of: pid), found != pid || state.sandbox != nil { app = found }
@@ -391,6 +418,7 @@ public struct LaunchSupervisor: Sendable {
             if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, max(nextSampleNs, now)) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             if let finishedNs = state.finishedNs, state.killed == nil { next = min(next, finishedNs + Self.exitAfterFinished) }
+            if reserve > 0, state.killed == nil { next = min(next, max(nextDiskCheckNs, now)) }
             if state.killed == nil {
                 for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
             }
@@ -458,6 +486,20 @@ public struct LaunchSupervisor: Sendable {
             }
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
+    }
+
+    /// Bytes the unprivileged may still write on the filesystem holding `path` (UInt64.max
+    /// when it cannot be asked: no reserve is enforced on what cannot be measured).
+    static func availableBytes(_ path: String) -> UInt64 {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return .max }
+        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
+    }
+
+    /// What the directories hold on disk (allocated blocks), links not followed, other
+    /// filesystems not entered, at most a million entries each.
+    static func bytesHeld(_ directories: [String]) -> UInt64 {
+        directories.reduce(0) { $0 + UInt64(max(0, bgtask_directory_usage($1, 1_000_000))) }
     }
 
     /// How long a child that closed its channel has to exit before it counts as hung up.

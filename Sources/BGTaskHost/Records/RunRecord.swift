@@ -11,6 +11,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case watchdog
         /// Killed over its memory limit.
         case jetsam
+        /// Killed while it wrote, with its container's filesystem under the host's reserve
+        /// (`--disk-reserve`): one app filling the disk cannot stop the host or other apps.
+        case disk
         /// Died by a signal or exited abnormally (`signal`, `exit_status`, `error` say how).
         case crashed
         /// The bundle, dlopen, entry symbol, ABI or launch entry failed (`error` says which).

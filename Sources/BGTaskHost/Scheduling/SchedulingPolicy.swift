@@ -23,7 +23,7 @@ public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
     /// True when a launch ended in a way that earns a penalty.
     public static func isBad(_ record: RunRecord) -> Bool {
         switch record.termination {
-        case .watchdog, .jetsam, .crashed: return true
+        case .watchdog, .jetsam, .disk, .crashed: return true
         case .exited, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
         }
     }

@@ -143,6 +143,9 @@ void bgtask_close_from_except(int lowest, const int *keep, int count);
 /* Writes the open descriptors in [lowest, highest) to `out` (at most `capacity`, ascending;
  * fcntl, no /proc) and returns how many there are. */
 int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity);
+/* Bytes allocated to everything beneath `path` (st_blocks), symbolic links not followed and
+ * other filesystems not entered, stopping after `max_entries`; -1 when `path` cannot be read. */
+int64_t bgtask_directory_usage(const char *path, int64_t max_entries);
 /* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno. */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);
 /* recvmsg; *count in: capacity of fds, out: descriptors received (close-on-exec). Returns the

@@ -202,6 +202,23 @@ enum Misbehaving {
             }
         }
 
+        // Writes its container full, a MiB at a time, slowly enough for the host to look
+        // (at most 4 GiB); says where it stopped and completes.
+        register("fill-disk") { task in
+            let path = (ProcessInfo.processInfo.environment["HOME"] ?? "/tmp") + "/Documents/fill"
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+            let chunk = [UInt8](repeating: 7, count: 1 << 20)
+            var written = 0
+            while written < 4096 {
+                guard chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) == chunk.count else { break }
+                written += 1
+                usleep(2_000)
+            }
+            print("misbehaving: fill-disk stopped after \(written) MiB: \(String(cString: strerror(errno)))")
+            close(fd)
+            task.setTaskCompleted(success: true)
+        }
+
         // A forked grandchild allocates; the child waits for it: jetsam must count both.
         register("alloc-grandchild") { _ in
             print("misbehaving: alloc-grandchild forks a child that touches memory")
