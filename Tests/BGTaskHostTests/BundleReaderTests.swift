@@ -226,6 +226,15 @@ private func infoPath(_ bundle: URL) -> String {
         expectInvalidBundle(bundle, file: infoPath(bundle), key: nil, mentions: ["not a valid property list"])
     }
 
+    @Test func infoPlistCorruptBinary() throws {
+        let fixture = try BRFixture()
+        defer { fixture.remove() }
+        let bundle = try fixture.directory("App.app")
+        try fixture.copyLibrary(named: "libApp.so", into: bundle)
+        try Data("bplist00".utf8 + [0x01, 0x02, 0x03, 0xFF, 0x10]).write(to: bundle.appendingPathComponent("Info.plist"))
+        expectInvalidBundle(bundle, file: infoPath(bundle), key: nil, mentions: ["a binary property list (bplist) that cannot be read", "13 bytes"])
+    }
+
     @Test func infoPlistRootIsAnArray() throws {
         let fixture = try BRFixture()
         defer { fixture.remove() }
@@ -394,7 +403,7 @@ private func infoPath(_ bundle: URL) -> String {
         defer { fixture.remove() }
         let bundle = try fixture.app(plist: BRFixture.validApp.setting("BGTaskSchedulerPermittedIdentifiers", ["com.example.app.refresh", ""]))
         expectInvalidBundle(bundle, file: infoPath(bundle), key: "BGTaskSchedulerPermittedIdentifiers[1]",
-                            mentions: ["non-empty"])
+                            mentions: ["is an empty string"])
     }
 
     @Test(arguments: ["com.example.*.x", "com.example.app.*.*", "*", "com.*x", "com.example.app*", "com.example..refresh", "refresh"])

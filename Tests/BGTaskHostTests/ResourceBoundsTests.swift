@@ -55,6 +55,26 @@ import _BGTaskSystemShims
         #expect(!rest[1].contains("fill-disk stopped"), "\(rest[1])")
     }
 
+    /// What a client sends is not echoed back whole, and an event too large for a launch's
+    /// start is refused before a launch is made for it.
+    @Test func aMegabyteVerbAndAnOversizedEventGetShortClearErrors() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual"], installing: [.misbehaving])
+        defer { host.stop() }
+        let verb = try host.send(ControlRequest(verb: String(repeating: "v", count: 900_000)))
+        #expect(verb.ok == false)
+        #expect(verb.error?.code == "unknown-verb", "\(String(describing: verb.error))")
+        #expect(verb.error?.message.contains("(900000 bytes)") == true)
+        #expect((verb.error?.message.count ?? .max) < 1000)
+        let event = "{\"pad\": \"" + String(repeating: "e", count: 70_000) + "\"}"
+        let opened = try host.send(ControlRequest(verb: "open", app: Self.misbehaving, event: event))
+        #expect(opened.error?.code == "too-large", "\(String(describing: opened.error))")
+        #expect(opened.error?.message.contains("over the limit of 65536") == true)
+        // No launch was made for it.
+        #expect(try host.send(ControlRequest(verb: "history", limit: 10)).records?.isEmpty == true)
+    }
+
     @Test func controlConnectionsAreCappedAndTheOneOverTheCapIsToldWhy() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

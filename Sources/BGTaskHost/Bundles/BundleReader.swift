@@ -60,6 +60,11 @@ public enum BundleReader {
         do {
             root = try PropertyListSerialization.propertyList(from: data, options: [], format: nil)
         } catch {
+            // CoreFoundation reads a binary list it cannot parse as XML, and says so in XML's
+            // terms ("Unexpected character b at line 1").
+            if data.starts(with: Array("bplist".utf8)) {
+                throw BGTaskError(.invalidBundle, file: plist, "a binary property list (bplist) that cannot be read: corrupt or truncated (\(data.count) bytes)")
+            }
             throw BGTaskError(.invalidBundle, file: plist, "not a valid property list: \(describe(error))")
         }
         guard let info = root as? [String: Any] else {
@@ -375,8 +380,11 @@ private struct Fields {
         }
         var strings: [String] = []
         for (index, element) in array.enumerated() {
-            guard let text = element as? String, !text.isEmpty else {
+            guard let text = element as? String else {
                 throw BGTaskError(.invalidBundle, file: file, key: "\(key)[\(index)]", "must be a non-empty string, found \(typeName(element))")
+            }
+            guard !text.isEmpty else {
+                throw BGTaskError(.invalidBundle, file: file, key: "\(key)[\(index)]", "is an empty string: name an identifier")
             }
             strings.append(text)
         }

@@ -220,7 +220,7 @@ public final class ControlServer: @unchecked Sendable {
                     requests.append(request)
                     answers.append(nil)
                 } else {
-                    answers.append(.failure("unknown-verb", "unknown verb '\(request.verb)' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
+                    answers.append(.failure("unknown-verb", "unknown verb '\(Self.quoted(request.verb))' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
                 }
             }
             var handled = batchHandler(requests, credentials)[...]
@@ -262,7 +262,7 @@ public final class ControlServer: @unchecked Sendable {
             }
             guard var data = try? encoder.encode(response) else { return false }
             if data.count > ControlFrame.maximumPayload {
-                let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (e.g. history --limit)")
+                let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (history takes --limit)")
                 guard let small = try? encoder.encode(tooLarge) else { return false }
                 data = small
             }
@@ -377,5 +377,13 @@ extension JSONDecoder {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
         return decoder
+    }
+}
+
+extension ControlServer {
+    /// A client's word quoted back in an error: its first 64 characters, and how long it was
+    /// when longer (a megabyte-long verb must not make the answer a megabyte).
+    static func quoted(_ text: String) -> String {
+        text.count <= 64 ? text : "\(text.prefix(64))… (\(text.utf8.count) bytes)"
     }
 }

@@ -797,8 +797,19 @@ public final class TaskHost: @unchecked Sendable {
         return .failure("too-many-launches", "\(started) opened apps and extensions are running, the most at once (4 × --max-launches, at least 8); try again when one ends")
     }
 
+    /// The most an `open` or extension event may hold: it travels in the launch's start
+    /// message, whose frame (256 KiB) also carries the bundle's permitted identifiers.
+    static let maximumEventBytes = 64 * 1024
+
+    /// The refusal of an event too large to hand a launch, or nil.
+    private static func eventRefusal(_ event: String?) -> ControlResponse? {
+        guard let event, event.utf8.count > maximumEventBytes else { return nil }
+        return .failure("too-large", "the event is \(event.utf8.count) bytes, over the limit of \(maximumEventBytes)")
+    }
+
     private func open(_ request: ControlRequest) -> ControlResponse {
         guard let app = request.app else { return .failure("bad-request", "open needs an app") }
+        if let refusal = Self.eventRefusal(request.event) { return refusal }
         enum Outcome { case started(String, DispatchSemaphore), refused(ControlResponse), notFound }
         let outcome = queue.sync { () -> Outcome in
             guard !shuttingDown, let bundle = catalog.apps[app] else { return .notFound }
@@ -880,7 +891,7 @@ public final class TaskHost: @unchecked Sendable {
                     .sorted { ($0.startedAt, $0.task) < ($1.startedAt, $1.task) }
                 return response
             }
-        default: return .failure("unknown-verb", "unknown verb '\(request.verb)'")
+        default: return .failure("unknown-verb", "unknown verb '\(ControlServer.quoted(request.verb))'")
         }
     }
 
@@ -1188,6 +1199,7 @@ public final class TaskHost: @unchecked Sendable {
     /// Starts an extension in its own supervised process with `event`, waits for its record.
     private func runExtension(_ request: ControlRequest) -> ControlResponse {
         guard let identifier = request.identifier else { return .failure("bad-request", "extension-run needs an extension identifier") }
+        if let refusal = Self.eventRefusal(request.event) { return refusal }
         var refusal: ControlResponse?
         let started = queue.sync { () -> (String, DispatchSemaphore)? in
             guard !shuttingDown,
