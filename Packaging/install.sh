@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds bgtask (release) and installs it as a systemd service: the `bgtask` CLI and its
 # `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), the
-# README as the unit's documentation, the unit file with its paths rewritten to PREFIX, and the
-# state and plugin directories. See README.md, "Running as a service".
+# README (the unit's documentation), BENCHMARKS.md and the pages of docs/ it links to, the unit
+# file with its paths rewritten to PREFIX, and the state and plugin directories. See
+# docs/host.md, "Running as a service".
 #
 # The binaries load the Swift runtime from where the toolchain that built them keeps it (their
 # RUNPATH); plugins need that runtime too, so install on a machine with the same toolchain.
@@ -12,7 +13,7 @@ usage() {
     cat <<'EOF'
 usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR]
 
-  --prefix DIR     where the binaries go (DIR/bin) and the README (DIR/share/doc/bgtask);
+  --prefix DIR     where the binaries go (DIR/bin) and the docs (DIR/share/doc/bgtask);
                    default /usr/local, or ~/.local with --user
   --user           install the user unit (~/.config/systemd/user/bgtask.service, for
                    systemctl --user) and ~/.local/state/bgtask, instead of the system unit
@@ -146,6 +147,12 @@ run install -m 0755 "$build_dir/bgtask" "$destdir$bin_dir/bgtask"
 run install -m 0755 "$build_dir/bgtask-runner" "$destdir$bin_dir/bgtask-runner"
 run install -d -m 0755 "$destdir$doc_dir"
 run install -m 0644 "$repo/README.md" "$destdir$doc_dir/README.md"
+run install -m 0644 "$repo/BENCHMARKS.md" "$destdir$doc_dir/BENCHMARKS.md"
+# The pages the README links to, at the same relative paths.
+run install -d -m 0755 "$destdir$doc_dir/docs"
+for page in "$repo"/docs/*.md; do
+    if [ -f "$page" ]; then run install -m 0644 "$page" "$destdir$doc_dir/docs/${page##*/}"; fi
+done
 
 # The unit, with ExecStart= and Documentation= pointing into the prefix.
 run install -d -m 0755 "$destdir$unit_dir"

@@ -14,7 +14,7 @@ looping symlink, or symlink out of the bundle where Info.plist or the executable
 missing, non-ELF, truncated-ELF or non-shared-object executable, and files of a few MiB.
 
 Each `bgtask validate --json` runs with a timeout and must exit 0 (valid) or 65 (invalid, the
-README's status for an invalid bundle), never die of a signal or hang; an invalid bundle's
+exit status docs/cli.md gives an invalid bundle), never die of a signal or hang; an invalid bundle's
 JSON names the file (inside the bundle) and, for a key's fault, that key (`key` field, and
 `key K` in the message). Then a batch of the bundles (and a FIFO, a socket, a symlink and a
 plain file named *.app) is moved into a running host's plugin directory next to a valid
