@@ -6,7 +6,8 @@ import Darwin
 
 /// What went wrong on a launch channel. The description names the frame and the problem.
 public struct ChannelError: Error, CustomStringConvertible, Equatable {
-    public enum Code: Equatable, Sendable { case closed, oversized, malformed, system }
+    /// `wouldBlock`: a non-blocking receive found nothing waiting.
+    public enum Code: Equatable, Sendable { case closed, oversized, malformed, wouldBlock, system }
     public var code: Code
     public var detail: String
 
@@ -80,7 +81,7 @@ public struct LaunchChannel: Sendable {
         let size = retryingEINTR { recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_TRUNC) | wait) }
         if size < 0 {
             let e = errno
-            if e == EAGAIN || e == EWOULDBLOCK { throw ChannelError(.system, "would block") }
+            if e == EAGAIN || e == EWOULDBLOCK { throw ChannelError(.wouldBlock, "would block") }
             if e == ECONNRESET { return nil }
             throw ChannelError(.system, "recv: \(String(cString: strerror(e)))")
         }

@@ -227,7 +227,7 @@ struct SubmitWorkload {
                     for (identifier, kind) in Self.identifiers(index) {
                         if monotonicNs() >= deadline { break outer }
                         batch.append(ControlRequest(
-                            verb: "submit", app: Self.app(index),
+                            .submit, app: Self.app(index),
                             request: WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok + batch.count))))
                         if batch.count >= window { flush() }
                     }

@@ -80,7 +80,7 @@ extension BGTaskCommand {
             var invalid: [InvalidBundle] = []
             var after: String?
             while true {
-                let response = try host.send(ControlRequest(verb: "apps", limit: pageSize, after: after))
+                let response = try host.send(ControlRequest(.apps, limit: pageSize, after: after))
                 apps += response.apps ?? []
                 if after == nil { invalid = response.invalid ?? [] }
                 if after == nil, let omitted = response.omitted {
@@ -139,8 +139,8 @@ extension BGTaskCommand {
             let request = WireTaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
                                           requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower,
                                           protectionType: type == .healthResearch ? Self.protectionClasses[protection] ?? 3 : 0)
-            _ = try host.send(ControlRequest(verb: "submit", app: app, request: request, delay: delay))
-            let stored = try host.send(ControlRequest(verb: "pending", app: app)).pending?.first { $0.request.identifier == identifier }
+            _ = try host.send(ControlRequest(.submit, app: app, request: request, delay: delay))
+            let stored = try host.send(ControlRequest(.pending, app: app)).pending?.first { $0.request.identifier == identifier }
             if host.json { return try host.printJSON(["submitted": identifier]) }
             print("submitted \(type.rawValue) \(identifier) for \(app)\(stored?.earliest.map { ", not before \(dateText($0))" } ?? "")")
         }
@@ -152,7 +152,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let pending = try host.send(ControlRequest(verb: "pending", app: app)).pending ?? []
+            let pending = try host.send(ControlRequest(.pending, app: app)).pending ?? []
             if host.json { return try host.printJSON(pending) }
             if pending.isEmpty { print("no pending requests") }
             for stored in pending {
@@ -171,7 +171,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(ControlRequest(verb: "cancel", app: app, identifier: identifier)).removed ?? 0
+            let removed = try host.send(ControlRequest(.cancel, app: app, identifier: identifier)).removed ?? 0
             if host.json { return try host.printJSON(["removed": removed]) }
             print(removed > 0 ? "cancelled \(identifier)" : "\(identifier) had no pending request")
         }
@@ -183,7 +183,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(ControlRequest(verb: "cancel-all", app: app)).removed ?? 0
+            let removed = try host.send(ControlRequest(.cancelAll, app: app)).removed ?? 0
             if host.json { return try host.printJSON(["removed": removed]) }
             print("cancelled \(removed) request(s) of \(app)")
         }
@@ -203,7 +203,7 @@ extension BGTaskCommand {
 
         func run() throws {
             let request = type.map { WireTaskRequest(kind: $0, identifier: identifier) }
-            let response = try host.send(ControlRequest(verb: "simulate-launch", app: app, identifier: identifier, request: request,
+            let response = try host.send(ControlRequest(.simulateLaunch, app: app, identifier: identifier, request: request,
                                                         force: force, wait: !noWait))
             guard let record = response.record else {
                 if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
@@ -227,7 +227,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "simulate-expire", identifier: identifier))
+            let response = try host.send(ControlRequest(.simulateExpire, identifier: identifier))
             if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
             print("expiration delivered to \(identifier) in launch \(response.launchID ?? "?")")
         }
@@ -240,7 +240,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "history", app: app, limit: limit))
+            let response = try host.send(ControlRequest(.history, app: app, limit: limit))
             let records = response.records ?? []
             if let omitted = response.omitted {
                 printError("history: \(omitted) record(s) left out to fit the answer's size limit (ask for fewer with --limit, or one app)")
@@ -262,7 +262,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            guard let report = try host.send(ControlRequest(verb: "why", app: app, identifier: identifier)).why else { return }
+            guard let report = try host.send(ControlRequest(.why, app: app, identifier: identifier)).why else { return }
             if host.json { return try host.printJSON(report) }
             print(report.text)
         }
@@ -299,7 +299,7 @@ extension BGTaskCommand {
                 if let value { changes[name] = value }
             }
             if let app { changes["app"] = app }
-            guard let conditions = try host.send(ControlRequest(verb: "device", device: changes.isEmpty ? nil : changes)).device else { return }
+            guard let conditions = try host.send(ControlRequest(.device, device: changes.isEmpty ? nil : changes)).device else { return }
             if host.json { return try host.printJSON(conditions) }
             func line(_ name: String, _ value: Bool, _ key: String) {
                 print("\(name.padding(toLength: 20, withPad: " ", startingAt: 0)) \(value ? "yes" : "no")  (\(conditions.sources[key] ?? "?"))")
@@ -329,7 +329,7 @@ extension BGTaskCommand {
 
         func run() throws {
             let seconds = amount?.duration.timeInterval
-            guard let clock = try host.send(ControlRequest(verb: "clock", advance: seconds)).clock else { return }
+            guard let clock = try host.send(ControlRequest(.clock, advance: seconds)).clock else { return }
             if host.json { return try host.printJSON(clock) }
             print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
         }
@@ -366,7 +366,7 @@ extension BGTaskCommand {
         }
 
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "extension-run", identifier: identifier, wait: true, event: event))
+            let response = try host.send(ControlRequest(.extensionRun, identifier: identifier, wait: true, event: event))
             guard let record = response.record else { return }
             if host.json {
                 FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8))
@@ -395,7 +395,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "open", app: app, wait: wait, event: event))
+            let response = try host.send(ControlRequest(.open, app: app, wait: wait, event: event))
             if let record = response.record {
                 if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
                 if !record.succeeded { throw ExitCode.failure }
@@ -421,7 +421,7 @@ extension BGTaskCommand {
             var drawnLines = 0
             var seenAny = false
             while true {
-                let tasks = try host.send(ControlRequest(verb: "progress")).continued ?? []
+                let tasks = try host.send(ControlRequest(.progress)).continued ?? []
                 seenAny = seenAny || !tasks.isEmpty
                 if interactive {
                     if drawnLines > 0 { print("\u{1B}[\(drawnLines)A", terminator: "") }
@@ -472,7 +472,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(verb: "cancel-task", identifier: identifier))
+            let response = try host.send(ControlRequest(.cancelTask, identifier: identifier))
             if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
             print("cancelled \(identifier) (launch \(response.launchID ?? "?"))")
         }

@@ -542,7 +542,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #expect(try JSONEncoder.control.encode(ControlResponse()) == ControlServer.bareOK)
         #expect(ControlResponse().isBareOK)
         #expect(!ControlResponse(ok: false).isBareOK)
-        #expect(!ControlResponse.failure("x", "y").isBareOK)
+        #expect(!ControlResponse.failure(.badRequest, "y").isBareOK)
         var removed = ControlResponse()
         removed.removed = 0
         #expect(!removed.isBareOK)

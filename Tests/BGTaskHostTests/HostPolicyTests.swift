@@ -59,13 +59,12 @@ import Testing
         #expect(second.stderr.contains("another bgtask host"), "\(second.stderr)")
         #expect(try host.send(ControlRequest(verb: "status")).ok, "the first host is untouched")
 
-        // An event too large for the launch channel fails the launch at once, not at the budget.
+        // An event too large for a launch's start is refused before a launch is made for it.
         let event = "{\"action\": \"" + String(repeating: "x", count: 300_000) + "\"}"
         let response = try host.send(ControlRequest(verb: "open", app: "com.example.feed", wait: true, event: event))
-        let record = try #require(response.record)
-        #expect(record.termination == .launchFailed)
-        #expect(record.error?.contains("could not send the launch") == true, "\(record.error ?? "")")
-        #expect(record.wallMs < 10_000)
+        #expect(response.error?.code == "too-large", "\(String(describing: response.error))")
+        #expect(response.error?.message.contains("300014 bytes, over the limit of 65536") == true)
+        #expect(try host.send(ControlRequest(verb: "history", limit: 10)).records?.isEmpty == true)
     }
 
     @Test func aCorruptDatabaseIsAClearErrorAtStart() throws {

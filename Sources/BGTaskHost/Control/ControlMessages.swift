@@ -76,9 +76,62 @@ public struct ControlRequest: Codable, Sendable, Equatable {
         }
     }
 
-    public static let verbs = ["apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch",
-                               "simulate-expire", "history", "why", "device", "clock", "status", "extension-run",
-                               "open", "progress", "cancel-task"]
+    /// Every verb's name, as the host's unknown-verb answer lists them.
+    public static var verbs: [String] { ControlVerb.allCases.map(\.rawValue) }
+
+    /// A request of a verb the host knows.
+    public init(_ verb: ControlVerb, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
+                force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
+                limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
+        self.init(verb: verb.rawValue, app: app, identifier: identifier, request: request, force: force, wait: wait,
+                  device: device, advance: advance, limit: limit, event: event, delay: delay, after: after)
+    }
+
+    /// The verb, when it is one this host knows (a request keeps the client's word: an unknown
+    /// verb is refused by name).
+    public var knownVerb: ControlVerb? { ControlVerb(rawValue: verb) }
+}
+
+/// The control socket's verbs, their names on the wire defined once (stable: clients and
+/// scripts send them).
+public enum ControlVerb: String, CaseIterable, Sendable {
+    case apps, submit, pending, cancel
+    case cancelAll = "cancel-all"
+    case simulateLaunch = "simulate-launch"
+    case simulateExpire = "simulate-expire"
+    case history, why, device, clock, status
+    case extensionRun = "extension-run"
+    case open, progress
+    case cancelTask = "cancel-task"
+}
+
+/// Every code an answer's error carries, defined once (stable: clients and scripts match on
+/// them). The answer keeps the code as a string, so a client reads a newer host's codes too.
+public enum ControlErrorCode: String, CaseIterable, Sendable {
+    /// The verb is not one the host knows.
+    case unknownVerb = "unknown-verb"
+    /// A field is missing, of the wrong type, or out of its domain.
+    case badRequest = "bad-request"
+    /// The frame could not be read (length, JSON).
+    case badFrame = "bad-frame"
+    /// The app, task, launch or extension named does not exist.
+    case notFound = "not-found"
+    /// The host cannot do it now (shutting down, the app busy, the store failing).
+    case unavailable
+    /// The peer may not use the control socket (a launch's process).
+    case permissionDenied = "permission-denied"
+    /// The request or its answer is over a size limit.
+    case tooLarge = "too-large"
+    case tooManyConnections = "too-many-connections"
+    case tooManyLaunches = "too-many-launches"
+    case requestTimeout = "request-timeout"
+    /// A value (a clock advance, a date) beyond what the host accepts.
+    case outOfRange = "out-of-range"
+    case internalError = "internal"
+    /// BGTaskScheduler.Error.Code, by Apple's names (a submission refused).
+    case tooManyPendingTaskRequests
+    case notPermitted
+    case immediateRunIneligible
 }
 
 /// One app of the catalog, as `bgtask apps` shows it.
@@ -166,8 +219,7 @@ public struct ClockReport: Codable, Sendable, Equatable {
 /// The host's answer. `ok` false carries `error`; otherwise the field for the verb is set.
 public struct ControlResponse: Codable, Sendable {
     public struct ErrorBody: Codable, Sendable, Equatable {
-        /// Stable: "unknown-verb", "bad-request", "not-found", "unavailable",
-        /// "tooManyPendingTaskRequests", "notPermitted", "immediateRunIneligible", "internal".
+        /// One of `ControlErrorCode`'s raw values (a newer host may send others).
         public var code: String
         public var message: String
     }
@@ -203,9 +255,9 @@ public struct ControlResponse: Codable, Sendable {
             && truncated == nil && omitted == nil
     }
 
-    public static func failure(_ code: String, _ message: String) -> ControlResponse {
+    public static func failure(_ code: ControlErrorCode, _ message: String) -> ControlResponse {
         var response = ControlResponse(ok: false)
-        response.error = ErrorBody(code: code, message: message)
+        response.error = ErrorBody(code: code.rawValue, message: message)
         return response
     }
 }

@@ -140,7 +140,7 @@ public final class ControlServer: @unchecked Sendable {
         var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         let maximum = limits.maximumConnections
-        reply(.failure("too-many-connections", "the host serves at most \(maximum) control connections at once (bgtask host --max-connections); try again when one closes"), to: fd)
+        reply(.failure(.tooManyConnections, "the host serves at most \(maximum) control connections at once (bgtask host --max-connections); try again when one closes"), to: fd)
         // One line a second at most, however fast connections come (only this thread counts).
         refusedOverCap += 1
         let now = bgtask_monotonic_ns()
@@ -165,13 +165,13 @@ public final class ControlServer: @unchecked Sendable {
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         if credentials.uid != allowedUID && credentials.uid != 0 {
             logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(credentials.uid)", "peer.pid": "\(credentials.pid)"])
-            reply(.failure("permission-denied", "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
+            reply(.failure(.permissionDenied, "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
             return
         }
         // A launch drives nothing but its own app, through its channel: never this socket.
         if let runner = LaunchSupervisor.launchRunner(containing: credentials.pid) {
             logger.warning("control socket: refused a launch's process", metadata: ["peer.pid": "\(credentials.pid)", "child.pid": "\(runner)"])
-            reply(.failure("permission-denied", "pid \(credentials.pid) belongs to a running launch (runner \(runner)); launches may not use the control socket"), to: fd)
+            reply(.failure(.permissionDenied, "pid \(credentials.pid) belongs to a running launch (runner \(runner)); launches may not use the control socket"), to: fd)
             return
         }
         // An idle peer is closed after `idleTimeout`; a request must be whole within
@@ -184,9 +184,9 @@ public final class ControlServer: @unchecked Sendable {
                 first = try reader.next()
             } catch {
                 if error.code == .timedOut {
-                    reply(.failure("request-timeout", "\(error) (bgtask host --request-timeout)"), to: fd)
+                    reply(.failure(.requestTimeout, "\(error) (bgtask host --request-timeout)"), to: fd)
                 } else if error.code != .closed {
-                    reply(.failure("bad-frame", "\(error)"), to: fd)
+                    reply(.failure(.badFrame, "\(error)"), to: fd)
                 }
                 return
             }
@@ -212,26 +212,26 @@ public final class ControlServer: @unchecked Sendable {
                 do {
                     request = try ControlRequestParser.parse(payload) ?? decoder.decode(ControlRequest.self, from: payload)
                 } catch {
-                    answers.append(.failure("bad-request", "the frame's payload is not a control request: \(Self.describe(error))"))
+                    answers.append(.failure(.badRequest, "the frame's payload is not a control request: \(Self.describe(error))"))
                     close = true
                     break
                 }
-                if ControlRequest.verbs.contains(request.verb) {
+                if request.knownVerb != nil {
                     requests.append(request)
                     answers.append(nil)
                 } else {
-                    answers.append(.failure("unknown-verb", "unknown verb '\(Self.quoted(request.verb))' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
+                    answers.append(.failure(.unknownVerb, "unknown verb '\(Self.quoted(request.verb))' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
                 }
             }
             var handled = batchHandler(requests, credentials)[...]
             var responses = answers.map { answer in
-                answer ?? handled.popFirst() ?? .failure("internal", "the host gave no answer")
+                answer ?? handled.popFirst() ?? .failure(.internalError, "the host gave no answer")
             }
             if let frameError, !close {
                 if frameError.code == .timedOut {
-                    responses.append(.failure("request-timeout", "\(frameError) (bgtask host --request-timeout)"))
+                    responses.append(.failure(.requestTimeout, "\(frameError) (bgtask host --request-timeout)"))
                 } else if frameError.code != .closed {
-                    responses.append(.failure("bad-frame", "\(frameError)"))
+                    responses.append(.failure(.badFrame, "\(frameError)"))
                 }
                 close = true
             }
@@ -262,7 +262,7 @@ public final class ControlServer: @unchecked Sendable {
             }
             guard var data = try? encoder.encode(response) else { return false }
             if data.count > ControlFrame.maximumPayload {
-                let tooLarge = ControlResponse.failure("too-large", "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (history takes --limit)")
+                let tooLarge = ControlResponse.failure(.tooLarge, "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (history takes --limit)")
                 guard let small = try? encoder.encode(tooLarge) else { return false }
                 data = small
             }

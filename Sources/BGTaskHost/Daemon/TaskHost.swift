@@ -231,10 +231,10 @@ public final class TaskHost: @unchecked Sendable {
         let server = try ControlServer(
             path: configuration.stateDirectory.appendingPathComponent("control.sock").path, logger: logger
         ) { [weak self] request, peer in
-            guard let self else { return .failure("unavailable", "the host is stopping") }
+            guard let self else { return .failure(.unavailable, "the host is stopping") }
             return self.handle(request, peer: peer)
         } batch: { [weak self] requests, peer in
-            guard let self else { return requests.map { _ in .failure("unavailable", "the host is stopping") } }
+            guard let self else { return requests.map { _ in .failure(.unavailable, "the host is stopping") } }
             return self.handle(requests, peer: peer)
         }
         self.server = server
@@ -794,7 +794,7 @@ public final class TaskHost: @unchecked Sendable {
     private func clientLaunchRefusal() -> ControlResponse? {
         let started = running.values.filter { $0.role == .foreground || $0.role == .extension }.count
         guard started >= maximumClientLaunches else { return nil }
-        return .failure("too-many-launches", "\(started) opened apps and extensions are running, the most at once (4 × --max-launches, at least 8); try again when one ends")
+        return .failure(.tooManyLaunches, "\(started) opened apps and extensions are running, the most at once (4 × --max-launches, at least 8); try again when one ends")
     }
 
     /// The most an `open` or extension event may hold: it travels in the launch's start
@@ -804,11 +804,11 @@ public final class TaskHost: @unchecked Sendable {
     /// The refusal of an event too large to hand a launch, or nil.
     private static func eventRefusal(_ event: String?) -> ControlResponse? {
         guard let event, event.utf8.count > maximumEventBytes else { return nil }
-        return .failure("too-large", "the event is \(event.utf8.count) bytes, over the limit of \(maximumEventBytes)")
+        return .failure(.tooLarge, "the event is \(event.utf8.count) bytes, over the limit of \(maximumEventBytes)")
     }
 
     private func open(_ request: ControlRequest) -> ControlResponse {
-        guard let app = request.app else { return .failure("bad-request", "open needs an app") }
+        guard let app = request.app else { return .failure(.badRequest, "open needs an app") }
         if let refusal = Self.eventRefusal(request.event) { return refusal }
         enum Outcome { case started(String, DispatchSemaphore), refused(ControlResponse), notFound }
         let outcome = queue.sync { () -> Outcome in
@@ -819,7 +819,7 @@ public final class TaskHost: @unchecked Sendable {
         }
         switch outcome {
         case .notFound:
-            return .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+            return .failure(.notFound, "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
         case let .refused(response):
             return response
         case let .started(id, semaphore):
@@ -828,7 +828,7 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func cancelTask(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure("bad-request", "cancel-task needs a task identifier") }
+        guard let identifier = request.identifier else { return .failure(.badRequest, "cancel-task needs a task identifier") }
         return queue.sync {
             for (id, launch) in running {
                 guard let (task, _) = launch.continued.first(where: { $0.value.identifier == identifier }) else { continue }
@@ -845,28 +845,31 @@ public final class TaskHost: @unchecked Sendable {
                 response.launchID = queued.launchID
                 return response
             }
-            return .failure("not-found", "no continued-processing task \(identifier) is running or queued")
+            return .failure(.notFound, "no continued-processing task \(identifier) is running or queued")
         }
     }
 
     // MARK: Control
 
     func handle(_ request: ControlRequest, peer: PeerCredentials) -> ControlResponse {
-        switch request.verb {
-        case "status": return ControlResponse()
-        case "apps": return apps(request)
-        case "submit": return controlSubmit([request])[0]
-        case "pending":
+        guard let verb = request.knownVerb else {
+            return .failure(.unknownVerb, "unknown verb '\(ControlServer.quoted(request.verb))'")
+        }
+        switch verb {
+        case .status: return ControlResponse()
+        case .apps: return apps(request)
+        case .submit: return controlSubmit([request])[0]
+        case .pending:
             return respond { var r = ControlResponse(); r.pending = try store.pending(app: request.app); return r }
-        case "cancel", "cancel-all":
-            guard let app = request.app else { return .failure("bad-request", "\(request.verb) needs an app") }
-            if request.verb == "cancel" && request.identifier == nil { return .failure("bad-request", "cancel needs a task identifier") }
+        case .cancel, .cancelAll:
+            guard let app = request.app else { return .failure(.badRequest, "\(verb.rawValue) needs an app") }
+            if verb == .cancel && request.identifier == nil { return .failure(.badRequest, "cancel needs a task identifier") }
             return respond {
                 var r = ControlResponse()
-                r.removed = try store.cancel(app: app, identifier: request.verb == "cancel" ? request.identifier : nil)
+                r.removed = try store.cancel(app: app, identifier: verb == .cancel ? request.identifier : nil)
                 return r
             }
-        case "history":
+        case .history:
             return respond {
                 var r = ControlResponse()
                 let (records, omitted) = Self.fitting(try store.history(app: request.app, limit: request.limit ?? 50))
@@ -874,15 +877,15 @@ public final class TaskHost: @unchecked Sendable {
                 if omitted > 0 { (r.truncated, r.omitted) = (true, omitted) }
                 return r
             }
-        case "why": return why(request)
-        case "device": return device(request)
-        case "clock": return clockVerb(request)
-        case "simulate-launch": return simulateLaunch(request)
-        case "simulate-expire": return simulateExpire(request)
-        case "extension-run": return runExtension(request)
-        case "open": return open(request)
-        case "cancel-task": return cancelTask(request)
-        case "progress":
+        case .why: return why(request)
+        case .device: return device(request)
+        case .clock: return clockVerb(request)
+        case .simulateLaunch: return simulateLaunch(request)
+        case .simulateExpire: return simulateExpire(request)
+        case .extensionRun: return runExtension(request)
+        case .open: return open(request)
+        case .cancelTask: return cancelTask(request)
+        case .progress:
             return queue.sync {
                 var response = ControlResponse()
                 let now = Date()
@@ -891,12 +894,11 @@ public final class TaskHost: @unchecked Sendable {
                     .sorted { ($0.startedAt, $0.task) < ($1.startedAt, $1.task) }
                 return response
             }
-        default: return .failure("unknown-verb", "unknown verb '\(ControlServer.quoted(request.verb))'")
         }
     }
 
     private func respond(_ body: () throws -> ControlResponse) -> ControlResponse {
-        do { return try body() } catch { return .failure("internal", "\(error)") }
+        do { return try body() } catch { return .failure(.internalError, "\(error)") }
     }
 
     /// A page of `apps` stops before its estimated JSON passes this, so that it fits a control
@@ -939,7 +941,7 @@ public final class TaskHost: @unchecked Sendable {
     /// follow. Two indexed store queries whatever the number of requests; invalid bundles come
     /// with the first page.
     private func apps(_ request: ControlRequest) -> ControlResponse {
-        if let limit = request.limit, limit < 1 { return .failure("bad-request", "apps: limit must be at least 1, not \(limit)") }
+        if let limit = request.limit, limit < 1 { return .failure(.badRequest, "apps: limit must be at least 1, not \(limit)") }
         let paged = request.limit != nil || request.after != nil
         var omittedInvalid = 0
         // The catalog and the running launches are the queue's; the store is read off it.
@@ -1002,18 +1004,18 @@ public final class TaskHost: @unchecked Sendable {
         var positions: [Int] = []
         for (position, request) in requests.enumerated() {
             guard let app = request.app, var task = request.request else {
-                responses[position] = .failure("bad-request", "submit needs an app and a request")
+                responses[position] = .failure(.badRequest, "submit needs an app and a request")
                 continue
             }
             if let delay = request.delay {
                 guard delay.isFinite, abs(delay) <= HostClock.maximumOffset else {
-                    responses[position] = .failure("out-of-range", "submit: delay \(delay) s is outside the bound of \(HostClock.maximumOffsetText) from the host's clock")
+                    responses[position] = .failure(.outOfRange, "submit: delay \(delay) s is outside the bound of \(HostClock.maximumOffsetText) from the host's clock")
                     continue
                 }
                 task.earliestBeginDate = clock.now.addingTimeInterval(delay).timeIntervalSince1970
             }
             guard let bundle = apps[position] else {
-                responses[position] = .failure("not-found", "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
+                responses[position] = .failure(.notFound, "no valid bundle with identifier \(app) is in \(configuration.pluginsDirectory.path)")
                 continue
             }
             if task.kind == .continuedProcessing {
@@ -1024,7 +1026,7 @@ public final class TaskHost: @unchecked Sendable {
             }
         }
         for (position, rejection) in zip(positions, submitAll(items)) { responses[position] = Self.response(rejection) }
-        return responses.map { $0 ?? .failure("internal", "no answer") }
+        return responses.map { $0 ?? .failure(.internalError, "no answer") }
     }
 
     static func response(_ rejection: SubmissionRules.Rejection?) -> ControlResponse {
@@ -1038,7 +1040,7 @@ public final class TaskHost: @unchecked Sendable {
         var index = requests.startIndex
         while index < requests.endIndex {
             var end = index
-            while end < requests.endIndex, requests[end].verb == "submit" { end += 1 }
+            while end < requests.endIndex, requests[end].knownVerb == .submit { end += 1 }
             if end > index {
                 responses += controlSubmit(Array(requests[index..<end]))
                 index = end
@@ -1050,17 +1052,17 @@ public final class TaskHost: @unchecked Sendable {
         return responses
     }
 
-    static func code(_ status: SubmissionRules.Status) -> String {
+    static func code(_ status: SubmissionRules.Status) -> ControlErrorCode {
         switch status {
-        case .unavailable: "unavailable"
-        case .tooManyPendingTaskRequests: "tooManyPendingTaskRequests"
-        case .notPermitted: "notPermitted"
-        case .immediateRunIneligible: "immediateRunIneligible"
+        case .unavailable: .unavailable
+        case .tooManyPendingTaskRequests: .tooManyPendingTaskRequests
+        case .notPermitted: .notPermitted
+        case .immediateRunIneligible: .immediateRunIneligible
         }
     }
 
     private func why(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure("bad-request", "why needs a task identifier") }
+        guard let identifier = request.identifier else { return .failure(.badRequest, "why needs a task identifier") }
         return queue.sync {
             let now = clock.now
             if let launch = running.values.first(where: { $0.tasks.contains { $0.identifier == identifier } && (request.app == nil || $0.app == request.app) }) {
@@ -1100,30 +1102,30 @@ public final class TaskHost: @unchecked Sendable {
         if var changes = request.device {
             if let app = changes.removeValue(forKey: "app") {
                 guard let value = changes.removeValue(forKey: "refresh") else {
-                    return .failure("bad-request", "--app goes with --refresh on|off")
+                    return .failure(.badRequest, "--app goes with --refresh on|off")
                 }
                 // A switch of an installed app, as iOS's Settings shows: a row per name would
                 // let a client grow the database without bound.
                 guard queue.sync(execute: { catalog.apps[app] != nil }) else {
-                    return .failure("not-found", "no valid bundle with identifier \(app.prefix(255)) is in \(configuration.pluginsDirectory.path)")
+                    return .failure(.notFound, "no valid bundle with identifier \(app.prefix(255)) is in \(configuration.pluginsDirectory.path)")
                 }
                 do {
                     var state = try store.appState(app)
                     state.refreshEnabled = value == "on"
                     try store.saveAppState(state)
                 } catch {
-                    return .failure("internal", "\(error)")
+                    return .failure(.internalError, "\(error)")
                 }
             }
             for (key, value) in changes {
                 guard DeviceOverrides.keys.contains(key) else {
-                    return .failure("bad-request", "unknown device condition '\(key)' (known: \(DeviceOverrides.keys.joined(separator: ", ")))")
+                    return .failure(.badRequest, "unknown device condition '\(key)' (known: \(DeviceOverrides.keys.joined(separator: ", ")))")
                 }
                 guard ["on", "off", "auto"].contains(value) else {
-                    return .failure("bad-request", "device \(key): expected on, off or auto, got '\(value)'")
+                    return .failure(.badRequest, "device \(key): expected on, off or auto, got '\(value)'")
                 }
                 do { try store.setSetting("device.\(key)", value == "auto" ? nil : value) } catch {
-                    return .failure("internal", "\(error)")
+                    return .failure(.internalError, "\(error)")
                 }
             }
         }
@@ -1142,7 +1144,7 @@ public final class TaskHost: @unchecked Sendable {
             if let seconds = request.advance {
                 do { _ = try clock.advance(by: seconds) } catch {
                     let error = error as? BGTaskError
-                    return .failure(error?.code == .outOfRange ? "out-of-range" : "bad-request", error?.description ?? "clock advance failed")
+                    return .failure(error?.code == .outOfRange ? .outOfRange : .badRequest, error?.description ?? "clock advance failed")
                 }
                 evaluate()
             }
@@ -1153,33 +1155,33 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func simulateLaunch(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure("bad-request", "simulate-launch needs a task identifier") }
+        guard let identifier = request.identifier else { return .failure(.badRequest, "simulate-launch needs a task identifier") }
         enum Started { case failure(ControlResponse), success((String, DispatchSemaphore)) }
         let started = queue.sync { () -> Started in
-            guard !shuttingDown else { return .failure(.failure("unavailable", "the host is shutting down")) }
+            guard !shuttingDown else { return .failure(.failure(.unavailable, "the host is shutting down")) }
             var stored = (try? store.pendingRequest(identifier: identifier)) ?? nil
             if let app = request.app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
             let bundle: PluginBundle
             var forced: [TaskAssignment] = []
             if let stored {
-                guard let found = catalog.apps[stored.app] else { return .failure(.failure("not-found", "the app \(stored.app) is not in the plugin directory")) }
+                guard let found = catalog.apps[stored.app] else { return .failure(.failure(.notFound, "the app \(stored.app) is not in the plugin directory")) }
                 bundle = found
             } else {
                 guard request.force == true else {
-                    return .failure(.failure("not-found", "no pending request for \(identifier): as on iOS, simulating a launch needs one (submit it, or pass --force)"))
+                    return .failure(.failure(.notFound, "no pending request for \(identifier): as on iOS, simulating a launch needs one (submit it, or pass --force)"))
                 }
                 guard let found = request.app.flatMap({ catalog.apps[$0] }) ?? catalog.app(permitting: identifier) else {
-                    return .failure(.failure("not-found", "no app in the plugin directory permits \(identifier)"))
+                    return .failure(.failure(.notFound, "no app in the plugin directory permits \(identifier)"))
                 }
                 bundle = found
                 let kind: TaskKind
                 if let given = request.request?.kind { kind = given } else {
-                    do { kind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure("bad-request", (error as? BGTaskError)?.description ?? "\(error)")) }
+                    do { kind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure(.badRequest, (error as? BGTaskError)?.description ?? "\(error)")) }
                 }
                 forced = [TaskAssignment(task: 1, identifier: identifier, kind: kind)]
             }
             if let busy = running.values.first(where: { $0.app == bundle.identifier }) {
-                return .failure(.failure("unavailable", "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
+                return .failure(.failure(.unavailable, "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
             }
             let id = startLaunch(bundle, requests: stored.map { [$0] } ?? [], forced: forced, reason: "simulated")
             return .success((id, waiter(for: id)))
@@ -1198,7 +1200,7 @@ public final class TaskHost: @unchecked Sendable {
 
     /// Starts an extension in its own supervised process with `event`, waits for its record.
     private func runExtension(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure("bad-request", "extension-run needs an extension identifier") }
+        guard let identifier = request.identifier else { return .failure(.badRequest, "extension-run needs an extension identifier") }
         if let refusal = Self.eventRefusal(request.event) { return refusal }
         var refusal: ControlResponse?
         let started = queue.sync { () -> (String, DispatchSemaphore)? in
@@ -1214,13 +1216,13 @@ public final class TaskHost: @unchecked Sendable {
         }
         if let refusal { return refusal }
         guard let (id, semaphore) = started else {
-            return .failure("not-found", "no app in \(configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)")
+            return .failure(.notFound, "no app in \(configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)")
         }
         return launched(id, semaphore, wait: request.wait != false)
     }
 
     private func simulateExpire(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure("bad-request", "simulate-expire needs a task identifier") }
+        guard let identifier = request.identifier else { return .failure(.badRequest, "simulate-expire needs a task identifier") }
         return queue.sync {
             for (id, launch) in running {
                 guard let task = launch.tasks.first(where: { $0.identifier == identifier }) else { continue }
@@ -1230,7 +1232,7 @@ public final class TaskHost: @unchecked Sendable {
                 response.launchID = id
                 return response
             }
-            return .failure("not-found", "\(identifier) is not running in any launch")
+            return .failure(.notFound, "\(identifier) is not running in any launch")
         }
     }
 }

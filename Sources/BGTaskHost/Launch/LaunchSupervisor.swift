@@ -530,7 +530,7 @@ public struct LaunchSupervisor: Sendable {
             let packet: [UInt8]?
             do {
                 packet = try channel.receivePacket(nonBlocking: true)
-            } catch let error as ChannelError where error.detail == "would block" {
+            } catch let error as ChannelError where error.code == .wouldBlock {
                 return true
             } catch {
                 state.end(.crashed, error: "launch channel: \(error)")

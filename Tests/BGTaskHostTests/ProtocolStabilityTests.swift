@@ -1,0 +1,36 @@
+@testable import BGTaskHost
+import BGTaskWire
+import Foundation
+import Testing
+
+/// The control protocol's words are a contract: clients and scripts send the verbs and match
+/// on the error codes. Each is defined once (`ControlVerb`, `ControlErrorCode`); this pins their
+/// spelling, so renaming a case cannot silently change what goes on the wire.
+@Suite struct ProtocolStabilityTests {
+    @Test func verbsAreStable() {
+        #expect(ControlVerb.allCases.map(\.rawValue) == [
+            "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
+            "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
+        ])
+        #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
+    }
+
+    @Test func errorCodesAreStable() {
+        #expect(ControlErrorCode.allCases.map(\.rawValue) == [
+            "unknown-verb", "bad-request", "bad-frame", "not-found", "unavailable", "permission-denied", "too-large",
+            "too-many-connections", "too-many-launches", "request-timeout", "out-of-range", "internal",
+            "tooManyPendingTaskRequests", "notPermitted", "immediateRunIneligible",
+        ])
+        // Apple's BGTaskScheduler.Error.Code names, as the SDK maps them back.
+        for status in [SubmissionRules.Status.unavailable, .tooManyPendingTaskRequests, .notPermitted, .immediateRunIneligible] {
+            #expect(TaskHost.code(status).rawValue == "\(status)")
+        }
+    }
+
+    @Test func aRequestKeepsAnUnknownVerbAsSent() throws {
+        let request = try JSONDecoder().decode(ControlRequest.self, from: Data(#"{"verb":"frobnicate"}"#.utf8))
+        #expect(request.verb == "frobnicate")
+        #expect(request.knownVerb == nil)
+        #expect(ControlRequest(.cancelAll, app: "a").verb == "cancel-all")
+    }
+}
