@@ -113,7 +113,7 @@ struct LimitOptions: ParsableArguments {
     }
 }
 
-/// Exit statuses of the CLI (documented in the README).
+/// Exit statuses of the CLI (documented in docs/cli.md).
 enum Status {
     /// A bundle or Info.plist is invalid (EX_DATAERR).
     static let invalidBundle = ExitCode(65)

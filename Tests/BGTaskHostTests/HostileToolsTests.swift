@@ -3,7 +3,7 @@ import Testing
 
 /// Keeps the hostile tools of `Tests/Hostile/` runnable: each one, in its `--quick` mode (under
 /// about 20 s), against this build's `bgtask`, must exit 0 with a last line `PASS ...`. Their
-/// full modes (minutes) are run by hand; see README.md, "Hostile tools". Serialized: each tool
+/// full modes (minutes) are run by hand; see docs/isolation.md, "Hostile tools". Serialized: each tool
 /// starts a host and loads the machine on its own.
 @Suite(.serialized) struct HostileToolsTests {
     static let directory = Products.packageRoot.appendingPathComponent("Tests/Hostile")

@@ -42,7 +42,7 @@ private struct PCFixture {
     /// A real ELF shared library (not a plugin, but the catalog never loads one).
     static var realLibrary: URL { productsDirectory.appendingPathComponent("libNoEntry.so") }
 
-    /// An Info.plist, as README's bundle format describes it.
+    /// An Info.plist, as docs/bundle-format.md describes it.
     static func infoPlist(identifier: String, executable: String = "libPlugin.so",
                           permitted: [String] = [], modes: [String] = ["fetch"], isExtension: Bool = false) -> String {
         func strings(_ values: [String]) -> String {

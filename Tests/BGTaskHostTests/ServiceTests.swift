@@ -244,7 +244,7 @@ import Testing
     static let systemUnit = Products.packageRoot.appendingPathComponent("Packaging/systemd/bgtask.service")
     static let userUnit = Products.packageRoot.appendingPathComponent("Packaging/systemd/user/bgtask.service")
 
-    /// What the units must say, directive by directive (the README explains each).
+    /// What the units must say, directive by directive (docs/host.md explains each).
     @Test func theUnitsDelegateACgroupAndHardenTheHost() throws {
         for url in [Self.systemUnit, Self.userUnit] {
             let directives = try Self.directives(url)

@@ -1,7 +1,7 @@
 import BGTaskWire
 import Foundation
 
-/// Limits of one launch, as data. Defaults per task type are documented in the README.
+/// Limits of one launch, as data. Defaults per task type are documented in docs/records-and-limits.md.
 public struct LaunchLimits: Sendable, Equatable {
     /// Wall-clock budget shared by all tasks of the launch; at its end expiration is delivered.
     public var budget: Duration
