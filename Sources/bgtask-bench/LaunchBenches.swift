@@ -162,7 +162,7 @@ final class LaunchBench: @unchecked Sendable {
     func launch(_ identifier: String, kind: TaskKind, limits: LaunchLimits, cgroup: URL? = nil) throws -> Launch {
         let launchID = LaunchPlan.newLaunchID()
         let plan = LaunchPlan(
-            bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: identifier, kind: kind)], reason: "benchmark",
+            bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: identifier, kind: kind)], reason: .benchmark,
             limits: limits, launchID: launchID,
             dataDirectory: root.appendingPathComponent("containers").appendingPathComponent(Self.appIdentifier),
             logFile: root.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))

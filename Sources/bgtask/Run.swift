@@ -87,7 +87,7 @@ extension BGTaskCommand {
             LaunchSupervisor.adoptsEveryChild = true
             let launchID = LaunchPlan.newLaunchID()
             let plan = LaunchPlan(
-                bundle: app, tasks: assignments, reason: reason, limits: limits,
+                bundle: app, tasks: assignments, reason: LaunchReason(rawValue: reason), limits: limits,
                 expireAfter: expireAfter?.duration, launchID: launchID,
                 dataDirectory: state.appendingPathComponent("containers").appendingPathComponent(app.identifier),
                 logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))

@@ -4,8 +4,9 @@ import Foundation
 import Testing
 
 /// The control protocol's words are a contract: clients and scripts send the verbs and match
-/// on the error codes. Each is defined once (`ControlVerb`, `ControlErrorCode`); this pins their
-/// spelling, so renaming a case cannot silently change what goes on the wire.
+/// on the error codes, blocker codes and launch reasons. Each is defined once (`ControlVerb`,
+/// `ControlErrorCode`, `BlockerCode`, `LaunchReason`); this pins their spelling, so renaming a
+/// case cannot silently change what goes on the wire.
 @Suite struct ProtocolStabilityTests {
     @Test func verbsAreStable() {
         #expect(ControlVerb.allCases.map(\.rawValue) == [
@@ -25,6 +26,16 @@ import Testing
         for status in [SubmissionRules.Status.unavailable, .tooManyPendingTaskRequests, .notPermitted, .immediateRunIneligible] {
             #expect(TaskHost.code(status).rawValue == "\(status)")
         }
+    }
+
+    @Test func blockerCodesAndLaunchReasonsAreStable() {
+        #expect(BlockerCode.allCases.map(\.rawValue) == [
+            "app-missing", "not-due", "refresh-disabled", "app-refresh-disabled", "low-power-mode", "device-not-idle",
+            "no-external-power", "no-network", "data-protected", "penalty", "rate-limit", "app-running", "concurrency",
+            "handler-not-registered",
+        ])
+        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark].map(\.rawValue)
+            == ["scheduled", "simulated", "foreground", "extension", "benchmark"])
     }
 
     @Test func aRequestKeepsAnUnknownVerbAsSent() throws {

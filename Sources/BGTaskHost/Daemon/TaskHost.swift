@@ -402,7 +402,7 @@ public final class TaskHost: @unchecked Sendable {
                         if blockers.contains(where: { ["no-external-power", "no-network"].contains($0.code) }) { watchConditions = true }
                     }
                 }
-                if !eligible.isEmpty { startLaunch(bundle, requests: eligible, reason: "scheduled") }
+                if !eligible.isEmpty { startLaunch(bundle, requests: eligible, reason: .scheduled) }
             }
             if let next = try store.nextDueDate(after: now) { wakeAt = min(wakeAt ?? next, next) }
         } catch {
@@ -448,7 +448,7 @@ public final class TaskHost: @unchecked Sendable {
 
     /// Starts one launch of `bundle` running `requests` (or `forced` tasks). On `queue`.
     @discardableResult
-    private func startLaunch(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: String,
+    private func startLaunch(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: LaunchReason,
                              role: LaunchRole = .background, eventJSON: String? = nil) -> String {
         let tasks = forced.isEmpty
             ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
@@ -470,7 +470,7 @@ public final class TaskHost: @unchecked Sendable {
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
         do {
             // Records carry real time (the virtual clock only steers scheduling decisions).
-            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason, tasks: tasks, at: Date())
+            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
         } catch {
             logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
             return launchID
@@ -480,7 +480,7 @@ public final class TaskHost: @unchecked Sendable {
             self.queue.async { self.launchEvent(launchID, event) }
         }
         running[launchID] = RunningLaunch(
-            id: launchID, app: bundle.identifier, reason: reason, tasks: tasks,
+            id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
             control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
         logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
@@ -814,7 +814,7 @@ public final class TaskHost: @unchecked Sendable {
         let outcome = queue.sync { () -> Outcome in
             guard !shuttingDown, let bundle = catalog.apps[app] else { return .notFound }
             if let refusal = clientLaunchRefusal() { return .refused(refusal) }
-            let id = startLaunch(bundle, requests: [], reason: "foreground", role: .foreground, eventJSON: request.event)
+            let id = startLaunch(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: request.event)
             return .started(id, waiter(for: id))
         }
         switch outcome {
@@ -1086,8 +1086,8 @@ public final class TaskHost: @unchecked Sendable {
             let state = (try? store.appState(stored.app)) ?? AppState(app: stored.app)
             let appRunning = running.values.contains { $0.app == stored.app }
             var blockers = eligibility(conditions()).blockers(for: stored, app: catalog.apps[stored.app], state: state, appRunning: appRunning)
-            if configuration.clock == .virtual, let until = blockers.first(where: { $0.code == "not-due" })?.until {
-                blockers[blockers.firstIndex { $0.code == "not-due" }!].message += " (virtual clock: bgtask clock advance \(Eligibility.format(until.timeIntervalSince(now))))"
+            if configuration.clock == .virtual, let until = blockers.first(where: { $0.knownCode == .notDue })?.until {
+                blockers[blockers.firstIndex { $0.knownCode == .notDue }!].message += " (virtual clock: bgtask clock advance \(Eligibility.format(until.timeIntervalSince(now))))"
             }
             var response = ControlResponse()
             response.why = WhyReport(app: stored.app, identifier: identifier, state: "pending", runningLaunch: nil,
@@ -1183,7 +1183,7 @@ public final class TaskHost: @unchecked Sendable {
             if let busy = running.values.first(where: { $0.app == bundle.identifier }) {
                 return .failure(.failure(.unavailable, "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
             }
-            let id = startLaunch(bundle, requests: stored.map { [$0] } ?? [], forced: forced, reason: "simulated")
+            let id = startLaunch(bundle, requests: stored.map { [$0] } ?? [], forced: forced, reason: .simulated)
             return .success((id, waiter(for: id)))
         }
         switch started {
@@ -1211,7 +1211,7 @@ public final class TaskHost: @unchecked Sendable {
                 refusal = refused
                 return nil
             }
-            let id = startLaunch(appex, requests: [], reason: "extension", role: .extension, eventJSON: request.event)
+            let id = startLaunch(appex, requests: [], reason: .appExtension, role: .extension, eventJSON: request.event)
             return (id, waiter(for: id))
         }
         if let refusal { return refusal }

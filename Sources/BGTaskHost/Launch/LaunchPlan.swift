@@ -48,13 +48,32 @@ public struct LaunchLimits: Sendable, Equatable {
     }
 }
 
+/// Why a launch was started, as its record says (`reason`). The host's own reasons are defined
+/// here once; `bgtask run --reason` may record any other word.
+public struct LaunchReason: RawRepresentable, Hashable, Sendable, ExpressibleByStringLiteral, CustomStringConvertible {
+    public var rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+    public init(stringLiteral value: String) { rawValue = value }
+    public var description: String { rawValue }
+
+    /// The scheduler found the app's requests due.
+    public static let scheduled: LaunchReason = "scheduled"
+    /// `simulate-launch`, or `bgtask run` (the debugger's `_simulateLaunchForTaskWithIdentifier`).
+    public static let simulated: LaunchReason = "simulated"
+    /// `open`: the user opened the app.
+    public static let foreground: LaunchReason = "foreground"
+    /// `extension-run`: an app extension ran.
+    public static let appExtension: LaunchReason = "extension"
+    /// bgtask-bench's own launches.
+    public static let benchmark: LaunchReason = "benchmark"
+}
+
 /// Everything needed to start one launch.
 public struct LaunchPlan: Sendable {
     public var bundle: PluginBundle
     public var tasks: [TaskAssignment]
     public var role: LaunchRole
-    /// `simulated`, `scheduled`, `extension`, `foreground`.
-    public var reason: String
+    public var reason: LaunchReason
     public var limits: LaunchLimits
     /// Deliver expiration this long after start instead of at the budget's end (the debugger's
     /// `_simulateExpirationForTaskWithIdentifier`).
@@ -75,7 +94,7 @@ public struct LaunchPlan: Sendable {
     public var supportedResources: UInt32 = 0
 
     public init(
-        bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: String,
+        bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: LaunchReason,
         limits: LaunchLimits, expireAfter: Duration? = nil, launchID: String = LaunchPlan.newLaunchID(),
         dataDirectory: URL, logFile: URL, eventJSON: String? = nil, environment: [String: String] = [:],
         groupsDirectory: URL? = nil

@@ -205,7 +205,7 @@ struct LaunchState {
         let cpuMs = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
             + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
         var record = RunRecord(
-            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason, tasks: taskRecords,
+            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason.rawValue, tasks: taskRecords,
             termination: termination, signal: signal, exitStatus: exitStatus, error: error,
             wallMs: (Double(wallNs) / 1_000).rounded() / 1000, cpuMs: (cpuMs * 1000).rounded() / 1000,
             peakRSSBytes: peak(usage),

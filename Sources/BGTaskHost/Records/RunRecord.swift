@@ -198,7 +198,7 @@ extension RunRecord {
     /// The record of a launch whose runner could not be started at all.
     public static func notStarted(_ plan: LaunchPlan, error: BGTaskError) -> RunRecord {
         RunRecord(
-            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason,
+            app: plan.bundle.identifier, launchID: plan.launchID, reason: plan.reason.rawValue,
             tasks: plan.tasks.map { TaskRecord(identifier: $0.identifier, type: $0.kind, outcome: .notRegistered) },
             termination: .launchFailed, signal: nil, exitStatus: nil, error: error.description,
             wallMs: 0, cpuMs: 0, peakRSSBytes: 0, memoryLimitBytes: plan.limits.memoryLimitBytes,

@@ -39,12 +39,35 @@ public struct Blocker: Sendable, Equatable, Codable {
     /// False for notes that do not hold the request back (a handler never registered).
     public var blocking: Bool
 
-    public init(_ code: String, _ message: String, until: Date? = nil, blocking: Bool = true) {
-        self.code = code
+    public init(_ code: BlockerCode, _ message: String, until: Date? = nil, blocking: Bool = true) {
+        self.code = code.rawValue
         self.message = message
         self.until = until
         self.blocking = blocking
     }
+
+    /// The code, when it is one this host knows (a newer host may send others).
+    public var knownCode: BlockerCode? { BlockerCode(rawValue: code) }
+}
+
+/// Why a request is not running, defined once (stable: `bgtask why --json` readers match on
+/// them). A blocker keeps its code as a string on the wire.
+public enum BlockerCode: String, CaseIterable, Sendable {
+    case appMissing = "app-missing"
+    case notDue = "not-due"
+    case refreshDisabled = "refresh-disabled"
+    case appRefreshDisabled = "app-refresh-disabled"
+    case lowPowerMode = "low-power-mode"
+    case deviceNotIdle = "device-not-idle"
+    case noExternalPower = "no-external-power"
+    case noNetwork = "no-network"
+    case dataProtected = "data-protected"
+    case penalty
+    case rateLimit = "rate-limit"
+    case appRunning = "app-running"
+    case concurrency
+    /// Not blocking: a note that the app's last launch did not register the handler.
+    case handlerNotRegistered = "handler-not-registered"
 }
 
 /// Decides, for one request, everything that holds it back. A pure function of its inputs, so
@@ -68,38 +91,38 @@ public struct Eligibility: Sendable {
         var result: [Blocker] = []
         let request = stored.request
         if app == nil {
-            result.append(Blocker("app-missing", "no valid bundle with identifier \(stored.app) is in the plugin directory"))
+            result.append(Blocker(.appMissing, "no valid bundle with identifier \(stored.app) is in the plugin directory"))
         }
         if let earliest = stored.earliest, earliest > now {
-            result.append(Blocker("not-due", "not yet due: earliestBeginDate is \(Self.format(earliest)), \(Self.format(earliest.timeIntervalSince(now))) from now", until: earliest))
+            result.append(Blocker(.notDue, "not yet due: earliestBeginDate is \(Self.format(earliest)), \(Self.format(earliest.timeIntervalSince(now))) from now", until: earliest))
         }
         switch request.kind {
         case .refresh:
             if !conditions.backgroundRefresh {
-                result.append(Blocker("refresh-disabled", "Background App Refresh is off for the device (bgtask device --refresh on)"))
+                result.append(Blocker(.refreshDisabled, "Background App Refresh is off for the device (bgtask device --refresh on)"))
             }
             if !state.refreshEnabled {
-                result.append(Blocker("app-refresh-disabled", "Background App Refresh is off for \(stored.app) (bgtask device --app \(stored.app) --refresh on)"))
+                result.append(Blocker(.appRefreshDisabled, "Background App Refresh is off for \(stored.app) (bgtask device --app \(stored.app) --refresh on)"))
             }
             if conditions.lowPowerMode {
-                result.append(Blocker("low-power-mode", "Low Power Mode is on: refresh tasks do not run (bgtask device --low-power off)"))
+                result.append(Blocker(.lowPowerMode, "Low Power Mode is on: refresh tasks do not run (bgtask device --low-power off)"))
             }
         case .processing, .healthResearch:
             if !conditions.idle {
-                result.append(Blocker("device-not-idle", "processing tasks run only while the device is idle (bgtask device --idle on)"))
+                result.append(Blocker(.deviceNotIdle, "processing tasks run only while the device is idle (bgtask device --idle on)"))
             }
             if request.requiresExternalPower && !conditions.externalPower {
-                result.append(Blocker("no-external-power", "requires external power, and the device is on battery (\(conditions.sources["externalPower"] ?? "machine"))"))
+                result.append(Blocker(.noExternalPower, "requires external power, and the device is on battery (\(conditions.sources["externalPower"] ?? "machine"))"))
             }
             if request.requiresNetworkConnectivity && !conditions.network {
-                result.append(Blocker("no-network", "requires network connectivity, and there is no default route (\(conditions.sources["network"] ?? "machine"))"))
+                result.append(Blocker(.noNetwork, "requires network connectivity, and there is no default route (\(conditions.sources["network"] ?? "machine"))"))
             }
             if request.kind == .healthResearch {
                 switch request.protectionType {
                 case 1 where conditions.locked, 2 where conditions.locked:
-                    result.append(Blocker("data-protected", "its data (protection \(request.protectionType == 1 ? "complete" : "completeUnlessOpen")) is unavailable while the device is locked (bgtask device --locked off)"))
+                    result.append(Blocker(.dataProtected, "its data (protection \(request.protectionType == 1 ? "complete" : "completeUnlessOpen")) is unavailable while the device is locked (bgtask device --locked off)"))
                 case 3 where !conditions.unlockedSinceBoot:
-                    result.append(Blocker("data-protected", "its data (completeUntilFirstUserAuthentication) is unavailable until the device is unlocked once after boot"))
+                    result.append(Blocker(.dataProtected, "its data (completeUntilFirstUserAuthentication) is unavailable until the device is unlocked once after boot"))
                 default: break
                 }
             }
@@ -108,20 +131,20 @@ public struct Eligibility: Sendable {
         }
         if policy == .realistic {
             if let until = state.penaltyUntil, until > now {
-                result.append(Blocker("penalty", "\(stored.app) is penalized after \(state.penaltyLevel) bad launch(es) in a row (watchdog, jetsam, crash or unfinished tasks) until \(Self.format(until))", until: until))
+                result.append(Blocker(.penalty, "\(stored.app) is penalized after \(state.penaltyLevel) bad launch(es) in a row (watchdog, jetsam, crash or unfinished tasks) until \(Self.format(until))", until: until))
             }
             if request.kind == .refresh, let last = state.lastLaunchAt, last.addingTimeInterval(SchedulingPolicy.refreshInterval) > now {
                 let until = last.addingTimeInterval(SchedulingPolicy.refreshInterval)
-                result.append(Blocker("rate-limit", "\(stored.app) was launched at \(Self.format(last)); refresh launches are at most every \(Self.format(SchedulingPolicy.refreshInterval))", until: until))
+                result.append(Blocker(.rateLimit, "\(stored.app) was launched at \(Self.format(last)); refresh launches are at most every \(Self.format(SchedulingPolicy.refreshInterval))", until: until))
             }
         }
         if appRunning {
-            result.append(Blocker("app-running", "\(stored.app) is running a launch now; the request runs in its next launch"))
+            result.append(Blocker(.appRunning, "\(stored.app) is running a launch now; the request runs in its next launch"))
         } else if runningLaunches >= maximumConcurrentLaunches {
-            result.append(Blocker("concurrency", "\(runningLaunches) launch(es) are running, the limit is \(maximumConcurrentLaunches)"))
+            result.append(Blocker(.concurrency, "\(runningLaunches) launch(es) are running, the limit is \(maximumConcurrentLaunches)"))
         }
         if let registered = state.lastRegistered, !registered.contains(request.identifier) {
-            result.append(Blocker("handler-not-registered", "the last launch of \(stored.app) (\(state.lastLaunchID ?? "?")) did not register a handler for \(request.identifier): it will end not-registered unless the app registers it", blocking: false))
+            result.append(Blocker(.handlerNotRegistered, "the last launch of \(stored.app) (\(state.lastLaunchID ?? "?")) did not register a handler for \(request.identifier): it will end not-registered unless the app registers it", blocking: false))
         }
         return result
     }
