@@ -7,13 +7,13 @@ import _BGTaskSystemShims
 /// `bgtask-runner --zygote`: a launcher the host starts once and asks for one child per launch,
 /// so a launch costs a hand-off instead of an exec and a Swift runtime start-up.
 ///
-/// Protocol on fd 3 (SOCK_SEQPACKET): the zygote first sends `ready N spare S` (N: its thread
-/// count, which the host requires to be 1; S: the pid of its first spare, or 0). Each request is
-/// one packet of environment overrides (`KEY=VALUE` separated by NULs) carrying three
-/// descriptors (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The
-/// zygote answers `pid P spare 0` (P: the launch's process) or `error TEXT`, then makes the next
-/// spare and announces it, unasked: `spare S`. End of stream: the host is gone, and so are the
-/// zygote and its spare.
+/// Protocol on fd 3 (SOCK_SEQPACKET; `ZygoteRequest` and `ZygoteAnswer` in the wire module):
+/// the zygote first answers `ready` (its thread count, which the host requires to be 1, and its
+/// first spare). Each request is the launch's environment overrides with three descriptors
+/// (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The zygote
+/// answers `launched` (the launch's process) or `failed`, then makes the next spare and
+/// announces it, unasked: `spare`. The zygote hands a request's bytes to its spare as they came;
+/// the spare decodes them. End of stream: the host is gone, and so are the zygote and its spare.
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
 /// pool): it has already reset its signals and made its process group, and waits on a socket of
@@ -49,12 +49,12 @@ enum ZygoteServer {
         case let .forked(forked): spare = forked
         case .failed: spare = nil
         }
-        reply(control, "ready \(threads) spare \(spare?.pid ?? 0)")
+        answer(control, .ready(threads: threads, spare: spare?.pid ?? 0))
         while true {
             guard let request = receiveRequest(on: control) else { _exit(0) }
             guard request.fds.count == 3 else {
                 for fd in request.fds { close(fd) }
-                reply(control, "error expected 3 descriptors, got \(request.fds.count)")
+                answer(control, .failed("expected 3 descriptors, got \(request.fds.count)"))
                 continue
             }
             var launched: pid_t = 0
@@ -76,18 +76,18 @@ enum ZygoteServer {
             }
             for fd in request.fds { close(fd) }
             guard launched > 0 else {
-                reply(control, "error clone: \(String(cString: strerror(errno)))")
+                answer(control, .failed("clone: \(String(cString: strerror(errno)))"))
                 continue
             }
             // The answer first, then the next spare, announced on its own (the host reaps
             // spares that die unused): making one (a PID namespace and a fork) takes the better
             // part of a millisecond, which the supervisor need not wait for.
-            reply(control, "pid \(launched) spare 0")
+            answer(control, .launched(pid: launched))
             switch forkSpare() {
             case .becameLaunch: return
             case let .forked(forked):
                 spare = forked
-                reply(control, "spare \(forked.pid)")
+                answer(control, .spare(pid: forked.pid))
             case .failed: break
             }
         }
@@ -279,15 +279,15 @@ enum ZygoteServer {
         bgtask_close_from_except(4, keep, Int32(keep.count))
         // In place where the value fits: CoreFoundation holds the addresses of some variables'
         // values from before the fork (AppContainer.snapshottedVariables).
-        for (key, value) in environment(request.payload) { AppContainer.setInPlace(key, value) }
-    }
-
-    /// `KEY=VALUE` entries separated by NULs, as the host sends them.
-    private static func environment(_ payload: [UInt8]) -> [(String, String)] {
-        payload.split(separator: 0).compactMap { entry in
-            guard let equals = entry.firstIndex(of: UInt8(ascii: "=")) else { return nil }
-            return (String(decoding: entry[..<equals], as: UTF8.self), String(decoding: entry[(equals + 1)...], as: UTF8.self))
+        let decoded: ZygoteRequest
+        do {
+            decoded = try LaunchChannel.decode(ZygoteRequest.self, from: request.payload)
+        } catch {
+            // The host's own bytes, never a plugin's: a bug between two builds. Said in the log.
+            fputs("bgtask-runner: the zygote's request: \(error)\n", stderr)
+            _exit(RunnerExitStatus.protocolError)
         }
+        for (key, value) in decoded.environment { AppContainer.setInPlace(key, value) }
     }
 
     /// Fills the caches every launch uses, so children inherit them ready: the launch's side of
@@ -307,7 +307,9 @@ enum ZygoteServer {
             pair.parent.close()
             pair.child.close()
         }
-        _ = environment(Array("HOME=/a\0BGTASK_LAUNCH_ID=b".utf8))
+        var request = WireWriter()
+        ZygoteRequest(environment: ["HOME": "/a", "BGTASK_LAUNCH_ID": "b"]).write(to: &request)
+        _ = try? LaunchChannel.decode(ZygoteRequest.self, from: request.bytes)
         guard let pair = try? LaunchChannel.makePair() else { return }
         defer {
             pair.parent.close()
@@ -332,8 +334,9 @@ enum ZygoteServer {
         tasks: [TaskAssignment(task: 1, identifier: "a.b.c", kind: .refresh), TaskAssignment(task: 2, identifier: "a.b.d", kind: .processing)],
         mappedHandlers: [], supportedResources: 0, memoryBackstopBytes: 1 << 30)
 
-    private static func reply(_ fd: Int32, _ text: String) {
-        let bytes = Array(text.utf8)
-        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    private static func answer(_ fd: Int32, _ message: ZygoteAnswer) {
+        var writer = WireWriter()
+        message.write(to: &writer)
+        _ = writer.bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     }
 }

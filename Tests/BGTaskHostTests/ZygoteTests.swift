@@ -141,4 +141,27 @@ import _BGTaskSystemShims
         zygote.stop()
         #expect(zygoteProcesses().isEmpty, "left after stop (the killed spare and zygote included): \(zygoteProcesses())")
     }
+
+    /// A zygote that stops answering (here: stopped with SIGSTOP) holds no launch for longer
+    /// than its answer timeout: it is killed, and the launch goes to a new one.
+    @Test func aZygoteThatDoesNotAnswerIsReplaced() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (bundle, supervisor, zygote) = try launcher(scratch)
+        defer { zygote.stop() }
+        zygote.answerTimeout = .milliseconds(500)
+        let first = try supervisor.run(plan(bundle, "com.example.misbehaving.ok", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(first.termination == .exited)
+        let stuck = zygote.processID
+        #expect(stuck > 0)
+        kill(stuck, SIGSTOP)
+        let started = Date()
+        let next = try supervisor.run(plan(bundle, "com.example.misbehaving.ok", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(next.termination == .exited)
+        #expect(next.launcher == "zygote")
+        #expect(next.task("com.example.misbehaving.ok")?.outcome == .succeeded)
+        #expect(Date().timeIntervalSince(started) < 30)
+        #expect(zygote.processID != stuck && zygote.processID > 0, "a new zygote serves")
+        #expect(kill(stuck, 0) != 0, "the stuck zygote was killed and reaped")
+    }
 }

@@ -34,7 +34,9 @@ public final class Zygote: @unchecked Sendable {
     /// Forks a runner child with `channel` as fd 3, `stdin` as 0, `log` as 1 and 2, and
     /// `environment` over the zygote's own (the host's, at zygote start). Returns its pid.
     public func launch(channel: Int32, stdin: Int32, log: Int32, environment: [String: String]) throws(BGTaskError) -> pid_t {
-        let payload = environment.map { "\($0.key)=\($0.value)" }.joined(separator: "\0")
+        var writer = WireWriter()
+        ZygoteRequest(environment: environment).write(to: &writer)
+        let payload = writer.bytes
         lock.lock()
         defer { lock.unlock() }
         do {
@@ -42,26 +44,28 @@ public final class Zygote: @unchecked Sendable {
                 if socket < 0 { try startLocked() }
                 takeAnnouncements()
                 let fds = [channel, stdin, log]
-                let sent = Array(payload.utf8).withUnsafeBytes { raw in
+                let sent = payload.withUnsafeBytes { raw in
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
-                var answer = sent == 0 ? readReply() : nil
+                var answer = sent == 0 ? readAnswer() : nil
                 // A spare announced since the last look (made after the previous answer).
-                while let announced = answer, let spare = Self.announcedSpare(announced) {
+                while case let .spare(spare)? = answer {
                     spares.insert(spare)
-                    answer = readReply()
+                    answer = readAnswer()
                 }
-                if let answer {
-                    if let (child, next) = Self.parse(answer, "pid") {
-                        spares.remove(child)
-                        reapSpares(waiting: false)
-                        if next > 0 { spares.insert(next) }
-                        return child
-                    }
-                    throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(answer)")
+                switch answer {
+                case let .launched(child)?:
+                    spares.remove(child)
+                    reapSpares(waiting: false)
+                    return child
+                case let .failed(reason)?:
+                    throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(reason)")
+                case .ready?, .spare?:
+                    logger.warning("the zygote answered out of turn; restarting it", metadata: ["attempt": "\(attempt + 1)"])
+                case nil:
+                    logger.warning("the zygote is gone or did not answer; restarting it", metadata: ["attempt": "\(attempt + 1)"])
                 }
-                logger.warning("the zygote is gone; restarting it", metadata: ["attempt": "\(attempt + 1)"])
-                stopLocked()
+                stopLocked(kill: true)
             }
         }
         throw BGTaskError(.launch, file: runnerPath, "the zygote keeps dying")
@@ -103,8 +107,8 @@ public final class Zygote: @unchecked Sendable {
         }
         socket = fds[0]
         pid = child
-        guard let (threads, spare) = readReply().flatMap({ Self.parse($0, "ready") }) else {
-            stopLocked()
+        guard case let .ready(threads, spare)? = readAnswer(timeout: answerTimeout * 3) else {
+            stopLocked(kill: true)
             throw BGTaskError(.launch, file: runnerPath, "the zygote did not report ready")
         }
         if spare > 0 { spares.insert(spare) }
@@ -115,37 +119,56 @@ public final class Zygote: @unchecked Sendable {
         logger.debug("zygote started", metadata: ["zygote.pid": "\(child)"])
     }
 
-    private func readReply(nonBlocking: Bool = false) -> String? {
+    /// How long the zygote has to answer a request (it hands it to its spare, or forks:
+    /// milliseconds at worst on a loaded machine; its `ready` gets three times as long). One
+    /// that does not is killed and replaced. Set before the first launch.
+    public var answerTimeout: Duration = .seconds(10)
+
+    /// The zygote's next answer; nil when it is gone, said something unreadable, or (unless
+    /// `nonBlocking`, which takes only what is waiting) did not answer within `timeout`.
+    private func readAnswer(nonBlocking: Bool = false, timeout: Duration? = nil) -> ZygoteAnswer? {
+        if !nonBlocking {
+            var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+            let deadline = bgtask_monotonic_ns() + UInt64((timeout ?? answerTimeout).nanoseconds)
+            while true {
+                let now = bgtask_monotonic_ns()
+                guard now < deadline else { return nil }
+                let ready = bgtask_poll_ns(&poller, 1, Int64(deadline - now))
+                if ready > 0 { break }
+                if ready < 0 && errno != EINTR { return nil }
+            }
+        }
         var buffer = [UInt8](repeating: 0, count: 512)
         var n: Int
         repeat {
-            n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, nonBlocking ? Int32(MSG_DONTWAIT) : 0) }
+            n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
         } while n < 0 && errno == EINTR
         guard n > 0 else { return nil }
-        return String(decoding: buffer[0..<n], as: UTF8.self)
-    }
-
-    /// Notes the spares the zygote announced (`spare S`) that are waiting on its socket.
-    private func takeAnnouncements() {
-        guard socket >= 0 else { return }
-        while let announcement = readReply(nonBlocking: true) {
-            if let spare = Self.announcedSpare(announcement) { spares.insert(spare) }
+        do {
+            return try LaunchChannel.decode(ZygoteAnswer.self, from: Array(buffer[0..<n]))
+        } catch {
+            logger.warning("unreadable answer from the zygote", metadata: ["error": "\(error)"])
+            return nil
         }
     }
 
-    /// S of a `spare S` announcement.
-    static func announcedSpare(_ text: String) -> pid_t? {
-        let words = text.split(separator: " ")
-        guard words.count == 2, words[0] == "spare", let spare = pid_t(words[1]), spare > 0 else { return nil }
-        return spare
+    /// Notes the spares the zygote announced that are waiting on its socket.
+    private func takeAnnouncements() {
+        guard socket >= 0 else { return }
+        while let announcement = readAnswer(nonBlocking: true) {
+            if case let .spare(spare) = announcement { spares.insert(spare) }
+        }
     }
 
-    private func stopLocked() {
+    /// Ends the zygote: it exits when its socket closes; `kill`: one that stopped answering is
+    /// killed first (it may never read its socket again).
+    private func stopLocked(kill killFirst: Bool = false) {
         takeAnnouncements()
         if socket >= 0 {
             close(socket)
             socket = -1
         }
+        if killFirst && pid > 0 { kill(pid, SIGKILL) }
         if pid > 0 {
             var status: Int32 = 0
             _ = bgtask_wait4(pid, &status, 0, nil)
@@ -154,16 +177,6 @@ public final class Zygote: @unchecked Sendable {
         // With the zygote gone, its spares see end of stream and exit: they are this
         // process's children (CLONE_PARENT), so they are reaped here.
         reapSpares(waiting: true)
-    }
-
-    /// The zygote's `WORD N spare S` answers (`ready` with its thread count, `pid` with the
-    /// launch's pid), with S the spare's pid or 0.
-    static func parse(_ answer: String, _ word: String) -> (Int32, pid_t)? {
-        let words = answer.split(separator: " ")
-        guard words.count == 4, words[0] == word, words[2] == "spare", let number = Int32(words[1]), let spare = pid_t(words[3]) else {
-            return nil
-        }
-        return (number, spare)
     }
 
     /// Spares the zygote forked (this process's children) that have not become launches.
