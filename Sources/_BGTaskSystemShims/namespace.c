@@ -35,6 +35,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -92,7 +93,8 @@ struct context {
     int ready[2];              /* init (or outer) → maker: a struct message */
     int status[2];             /* init → outer: the app's wait status */
     int outer_is_maker;        /* spawned runner: the maker itself is the outer process */
-    volatile pid_t init_pid;   /* as the outer process sees it (written by the outer) */
+    volatile pid_t init_pid;   /* as the outer process sees it (written by the kernel) */
+    int outer_pidfd;           /* the outer process, for the init to see it is still there */
     size_t size;               /* of the mapping this context begins */
     char *outer_stack_top;
     char *init_stack_top;
@@ -142,6 +144,9 @@ static int init_main(void *argument) {
     /* Dies with the outer process (the host kills a launch by its process group, and the
      * outer process is its leader), and then so does the whole namespace. */
     raw2(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
+    /* Gone before that took (killed with its group a moment after it made this one)? */
+    struct pollfd outer = {.fd = context->outer_pidfd, .events = POLLIN};
+    if (context->outer_pidfd >= 0 && raw3(SYS_poll, (long)&outer, 1, 0) != 0) raw_exit(0);
     long rc = raw6(SYS_mount, (long)"proc", (long)"/proc", (long)"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0, 0);
     if (rc < 0) {
         report(context, STEP_PROC, rc);
@@ -193,6 +198,7 @@ static _Noreturn void mirror(pid_t init, int status_fd) {
 /* glibc's clone: the init runs init_main on its own stack, touching no thread state; the
  * kernel writes its pid (as the outer process sees it) into the context before either runs. */
 static void start_init(struct context *context) {
+    context->outer_pidfd = (int)raw2(SYS_pidfd_open, raw0(SYS_getpid), 0);
     int init = clone(init_main, context->init_stack_top, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, context,
                      (pid_t *)&context->init_pid);
     if (init < 0) {
@@ -252,15 +258,17 @@ static const char *step_name(int step) {
 
 /* Regions (a context and two stacks) of outer and init processes that share this process's
  * memory and may still run: freed once both have exited (their pidfds are readable). */
-#define MAX_REGIONS 256
-static struct {
+struct region {
     void *region;
     int outer_fd, init_fd;
-} regions[MAX_REGIONS];
-static int region_count;
+};
+static struct region *regions;
+static int region_count, region_capacity;
 
+/* 1 once the process behind `pidfd` has exited; never for a missing pidfd (its stack may be
+ * in use: better kept mapped than freed under a running process). */
 static int has_exited(int pidfd) {
-    if (pidfd < 0) return 1;
+    if (pidfd < 0) return 0;
     struct pollfd poller = {.fd = pidfd, .events = POLLIN};
     return poll(&poller, 1, 0) == 1;
 }
@@ -318,6 +326,7 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
     if (sigsetjmp(context->resume, 1) != 0) {
         /* The app, in its own copy of the maker's memory: nothing of the machinery is its. */
         close_pipes((struct context *)region);
+        if (((struct context *)region)->outer_pidfd >= 0) close(((struct context *)region)->outer_pidfd);
         munmap(region, REGION_SIZE);
         return 0;
     }
@@ -338,6 +347,7 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
             _exit(127);
         }
         /* The init shares this process's memory and forks the app from it while this waits. */
+        context->outer_pidfd = (int)raw2(SYS_pidfd_open, raw0(SYS_getpid), 0);
         int init = clone(init_main, context->init_stack_top, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, context,
                          (pid_t *)&context->init_pid);
         if (init < 0) {
@@ -382,12 +392,20 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
     if (outer_is_maker) outer_mirror(context);
     close(context->status[0]);
     close(context->status[1]);
-    if (region_count < MAX_REGIONS) {
+    if (region_count == region_capacity) {
+        int capacity = region_capacity ? 2 * region_capacity : 64;
+        struct region *grown = realloc(regions, (size_t)capacity * sizeof *grown);
+        if (grown) {
+            regions = grown;
+            region_capacity = capacity;
+        }
+    }
+    if (region_count < region_capacity) {
         regions[region_count].region = region;
         regions[region_count].outer_fd = bgtask_pidfd_open(outer);
         regions[region_count].init_fd = bgtask_pidfd_open(context->init_pid);
         region_count++;
-    } /* else: left mapped (64 KiB) while more than 256 spares and launches are alive */
+    } /* else (no memory): left mapped */
     return outer;
 }
 
