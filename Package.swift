@@ -36,6 +36,7 @@ let package = Package(
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
+        .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -115,6 +116,7 @@ let package = Package(
             exclude: ["Info.plist", "Share-Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
         ),
         .target(name: "Hostile", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/Hostile", exclude: ["Info.plist"]),
+        .target(name: "ABIGrowth", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/ABIGrowth", exclude: ["Info.plist"]),
 
         // MARK: Tests
         .testTarget(

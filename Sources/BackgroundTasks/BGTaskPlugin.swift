@@ -65,34 +65,48 @@ public enum BGTaskPlugin {
     }
 
     private static let launchTrampoline: bgtask_launch_fn = { api, host, info, errorBuffer, errorSize in
-        guard let api, let info else { return 1 }
-        let role: BGTaskLaunch.Role = switch info.pointee.role {
-        case BGTASK_ROLE_FOREGROUND: .foreground
-        case BGTASK_ROLE_EXTENSION: .extension
+        func fail(_ description: String) -> Int32 {
+            if let errorBuffer, errorSize > 0 {
+                let text = Array(description.utf8CString.prefix(errorSize - 1)) + [0]
+                text.withUnsafeBufferPointer { errorBuffer.update(from: $0.baseAddress!, count: text.count) }
+            }
+            return 1
+        }
+        guard let api, let info else { return fail("the host passed no function table or no launch info") }
+        // What the runner hands over is checked as the runner checks the descriptor: its version,
+        // then only as much of each struct as both sides know (bgtask/plugin.h, growth rules).
+        guard api.pointee.abi_version == BGTASK_ABI_VERSION else {
+            return fail("ABI version mismatch: the host provides bgtask ABI \(api.pointee.abi_version), this plugin was built for ABI \(BGTASK_ABI_VERSION)")
+        }
+        let table: bgtask_host_api, launchInfo: bgtask_launch_info
+        do {
+            table = try bgtask_host_api.read(from: api)
+            launchInfo = try bgtask_launch_info.read(from: info)
+        } catch {
+            return fail("\(error)")
+        }
+        let role: BGTaskLaunch.Role = switch launchInfo.role {
+        case BGTASK_ROLE_FOREGROUND.rawValue: .foreground
+        case BGTASK_ROLE_EXTENSION.rawValue: .extension
         default: .background
         }
-        HostConnection.current.attach(api: api, host: host, role: info.pointee.role)
+        HostConnection.current.attach(api: table, host: host, role: launchInfo.role)
         let launch = BGTaskLaunch(
             role: role,
-            bundleIdentifier: String(optionalCString: info.pointee.bundle_identifier) ?? "",
-            bundleURL: URL(fileURLWithPath: String(optionalCString: info.pointee.bundle_path) ?? ""),
-            dataDirectory: URL(fileURLWithPath: String(optionalCString: info.pointee.data_directory) ?? ""),
-            launchID: String(optionalCString: info.pointee.launch_id) ?? "",
-            eventJSON: String(optionalCString: info.pointee.event_json))
+            bundleIdentifier: String(optionalCString: launchInfo.bundle_identifier) ?? "",
+            bundleURL: URL(fileURLWithPath: String(optionalCString: launchInfo.bundle_path) ?? ""),
+            dataDirectory: URL(fileURLWithPath: String(optionalCString: launchInfo.data_directory) ?? ""),
+            launchID: String(optionalCString: launchInfo.launch_id) ?? "",
+            eventJSON: String(optionalCString: launchInfo.event_json))
         let body = state.lock.withLock { state.didFinishLaunching }
         do {
             // The runner calls the launch function on its main thread (see bgtask/plugin.h).
             try MainActor.assumeIsolated { try body?(launch) }
             return 0
         } catch {
-            if let errorBuffer, errorSize > 0 {
-                // A scheduler error as its code and message (its description is NSError's,
-                // which repeats the message in its user info).
-                let description = (error as? BGTaskScheduler.Error).map { "\($0.code): \($0.localizedDescription)" } ?? "\(error)"
-                let text = Array(description.utf8CString.prefix(errorSize - 1)) + [0]
-                text.withUnsafeBufferPointer { errorBuffer.update(from: $0.baseAddress!, count: text.count) }
-            }
-            return 1
+            // A scheduler error as its code and message (its description is NSError's, which
+            // repeats the message in its user info).
+            return fail((error as? BGTaskScheduler.Error).map { "\($0.code): \($0.localizedDescription)" } ?? "\(error)")
         }
     }
 

@@ -51,7 +51,7 @@ open class BGTaskRequest: NSObject, NSCopying, @unchecked Sendable {
     }
 
     /// The task type the host schedules this request as.
-    var taskType: bgtask_task_type { BGTASK_TYPE_REFRESH }
+    var taskType: bgtask_task_type { BGTASK_TYPE_REFRESH.rawValue }
 
     /// Fills the request fields a subclass adds.
     func fill(_ request: inout bgtask_request) {}
@@ -110,7 +110,7 @@ open class BGProcessingTaskRequest: BGTaskRequest, @unchecked Sendable {
         copy.requiresExternalPower = requiresExternalPower
     }
 
-    override var taskType: bgtask_task_type { BGTASK_TYPE_PROCESSING }
+    override var taskType: bgtask_task_type { BGTASK_TYPE_PROCESSING.rawValue }
 
     override func fill(_ request: inout bgtask_request) {
         request.requires_network = requiresNetworkConnectivity
@@ -149,7 +149,7 @@ open class BGHealthResearchTaskRequest: BGProcessingTaskRequest, @unchecked Send
         return copy
     }
 
-    override var taskType: bgtask_task_type { BGTASK_TYPE_HEALTH_RESEARCH }
+    override var taskType: bgtask_task_type { BGTASK_TYPE_HEALTH_RESEARCH.rawValue }
 
     override func fill(_ request: inout bgtask_request) {
         super.fill(&request)
@@ -243,10 +243,10 @@ open class BGContinuedProcessingTaskRequest: BGTaskRequest, @unchecked Sendable 
             && requiredResources == other.requiredResources
     }
 
-    override var taskType: bgtask_task_type { BGTASK_TYPE_CONTINUED_PROCESSING }
+    override var taskType: bgtask_task_type { BGTASK_TYPE_CONTINUED_PROCESSING.rawValue }
 
     override func fill(_ request: inout bgtask_request) {
-        request.strategy = strategy == .fail ? BGTASK_STRATEGY_FAIL : BGTASK_STRATEGY_QUEUE
+        request.strategy = (strategy == .fail ? BGTASK_STRATEGY_FAIL : BGTASK_STRATEGY_QUEUE).rawValue
         request.required_resources = UInt32(truncatingIfNeeded: requiredResources.rawValue)
     }
 }
@@ -257,8 +257,8 @@ extension BGTaskRequest {
         let identifier = String(cString: request.identifier)
         let made: BGTaskRequest
         switch request.type {
-        case BGTASK_TYPE_PROCESSING, BGTASK_TYPE_HEALTH_RESEARCH:
-            let processing = request.type == BGTASK_TYPE_HEALTH_RESEARCH
+        case BGTASK_TYPE_PROCESSING.rawValue, BGTASK_TYPE_HEALTH_RESEARCH.rawValue:
+            let processing = request.type == BGTASK_TYPE_HEALTH_RESEARCH.rawValue
                 ? BGHealthResearchTaskRequest(identifier: identifier)
                 : BGProcessingTaskRequest(identifier: identifier)
             processing.requiresNetworkConnectivity = request.requires_network
@@ -268,12 +268,12 @@ extension BGTaskRequest {
                     string: BGHealthResearchTaskRequest.protectionType(abiValue: request.protection_type).rawValue)
             }
             made = processing
-        case BGTASK_TYPE_CONTINUED_PROCESSING:
+        case BGTASK_TYPE_CONTINUED_PROCESSING.rawValue:
             let continued = BGContinuedProcessingTaskRequest(
                 identifier: identifier,
                 title: String(optionalCString: request.title) ?? "",
                 subtitle: String(optionalCString: request.subtitle) ?? "")
-            continued.strategy = request.strategy == BGTASK_STRATEGY_FAIL ? .fail : .queue
+            continued.strategy = request.strategy == BGTASK_STRATEGY_FAIL.rawValue ? .fail : .queue
             continued.requiredResources = .init(rawValue: Int(request.required_resources))
             made = continued
         default:

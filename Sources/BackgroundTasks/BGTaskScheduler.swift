@@ -139,8 +139,12 @@ open class BGTaskScheduler: NSObject, @unchecked Sendable {
         let context = Unmanaged.passUnretained(collector).toOpaque()
         _ = api.pending(host, { context, request in
             guard let context, let request else { return }
-            Unmanaged<PendingCollector>.fromOpaque(context).takeUnretainedValue()
-                .requests.append(BGTaskRequest.make(from: request.pointee))
+            let collector = Unmanaged<PendingCollector>.fromOpaque(context).takeUnretainedValue()
+            do {
+                collector.requests.append(BGTaskRequest.make(from: try bgtask_request.read(from: request)))
+            } catch {
+                BGTaskPlugin.log("BackgroundTasks: a pending request is left out: \(error)")
+            }
         }, context)
         return collector.requests
     }
@@ -169,11 +173,19 @@ private final class Registration: @unchecked Sendable {
 private let launchTrampoline: bgtask_launch_handler = { context, info in
     guard let context, let info else { return }
     let registration = Unmanaged<Registration>.fromOpaque(context).takeUnretainedValue()
-    let identifier = String(cString: info.pointee.identifier), taskID = info.pointee.task
-    let task: BGTask = switch info.pointee.type {
-    case BGTASK_TYPE_PROCESSING: BGProcessingTask(identifier: identifier, taskID: taskID)
-    case BGTASK_TYPE_HEALTH_RESEARCH: BGHealthResearchTask(identifier: identifier, taskID: taskID)
-    case BGTASK_TYPE_CONTINUED_PROCESSING: BGContinuedProcessingTask(identifier: identifier, taskID: taskID)
+    let taskInfo: bgtask_task_info
+    do {
+        taskInfo = try bgtask_task_info.read(from: info)
+    } catch {
+        // Its task id cannot be trusted either: the task stays open until the launch's time ends.
+        BGTaskPlugin.log("BackgroundTasks: a task for '\(registration.identifier)' is refused: \(error)")
+        return
+    }
+    let identifier = String(optionalCString: taskInfo.identifier) ?? registration.identifier, taskID = taskInfo.task
+    let task: BGTask = switch taskInfo.type {
+    case BGTASK_TYPE_PROCESSING.rawValue: BGProcessingTask(identifier: identifier, taskID: taskID)
+    case BGTASK_TYPE_HEALTH_RESEARCH.rawValue: BGHealthResearchTask(identifier: identifier, taskID: taskID)
+    case BGTASK_TYPE_CONTINUED_PROCESSING.rawValue: BGContinuedProcessingTask(identifier: identifier, taskID: taskID)
     default: BGAppRefreshTask(identifier: identifier, taskID: taskID)
     }
     HostConnection.current.track(task)

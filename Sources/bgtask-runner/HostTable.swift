@@ -30,12 +30,23 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.set_task_completed = { _, task, success in
         runner.complete(task, success: success)
     }
-    api.submit = { _, request, message, messageSize in
-        if let request, let problem = request.pointee.oversizedField {
+    api.submit = { _, submitted, message, messageSize in
+        // Only what both sides know of the request: a newer plugin's trailing fields are not
+        // read, an older one's missing fields read as zero, and one below ABI 1 is refused.
+        var request: bgtask_request?
+        if let submitted {
+            do {
+                request = try bgtask_request.read(from: submitted)
+            } catch {
+                write(message, messageSize, "invalid request: \(error)")
+                return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+            }
+        }
+        if let problem = request?.oversizedField {
             write(message, messageSize, problem)
             return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
         }
-        guard let request, let wire = WireTaskRequest(abi: request.pointee) else {
+        guard let request, let wire = WireTaskRequest(abi: request) else {
             write(message, messageSize, "invalid request: missing identifier or unknown type")
             return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
         }
@@ -83,6 +94,58 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)
     return table
+}
+
+/// A struct of the ABI that a plugin hands the runner, read as bgtask/plugin.h's growth rules say
+/// (`bgtask_read_struct`): min(the runner's size, the plugin's `size`) bytes, the rest zero.
+protocol PluginWrittenStruct {
+    init()
+    /// Its C name, for errors.
+    static var cName: String { get }
+    /// Its size in ABI 1 (BGTASK_*_MIN_SIZE): a plugin that declares less is refused.
+    static var minimumSize: Int { get }
+    /// Where its `size` field is.
+    static var sizeOffset: Int { get }
+}
+
+/// A struct a plugin wrote that declares fewer bytes than the struct had in ABI 1: it was not
+/// built with bgtask/plugin.h, or did not set `size`.
+struct UndersizedStruct: Error, CustomStringConvertible {
+    var name: String
+    var declaredSize: UInt32
+    var minimumSize: Int
+
+    var description: String {
+        "\(name).size is \(declaredSize) bytes, below the \(minimumSize) bytes of \(name) in bgtask ABI \(BGTASK_ABI_VERSION) (set it to sizeof(\(name)) with bgtask/plugin.h)"
+    }
+}
+
+extension PluginWrittenStruct {
+    /// The struct at `pointer`, or `UndersizedStruct`. Reads no byte past what the plugin
+    /// declared, nor past the runner's own struct.
+    static func read(from pointer: UnsafeRawPointer) throws(UndersizedStruct) -> Self {
+        let declared = bgtask_struct_size(pointer, sizeOffset)
+        var own = Self()
+        let read = withUnsafeMutableBytes(of: &own) {
+            bgtask_read_struct($0.baseAddress, $0.count, pointer, Int(declared), minimumSize)
+        }
+        guard read else {
+            throw UndersizedStruct(name: cName, declaredSize: declared, minimumSize: minimumSize)
+        }
+        return own
+    }
+}
+
+extension bgtask_plugin: PluginWrittenStruct {
+    static var cName: String { "bgtask_plugin" }
+    static var minimumSize: Int { BGTASK_PLUGIN_MIN_SIZE }
+    static var sizeOffset: Int { MemoryLayout<Self>.offset(of: \.size)! }
+}
+
+extension bgtask_request: PluginWrittenStruct {
+    static var cName: String { "bgtask_request" }
+    static var minimumSize: Int { BGTASK_REQUEST_MIN_SIZE }
+    static var sizeOffset: Int { MemoryLayout<Self>.offset(of: \.size)! }
 }
 
 /// Why the C string at `text` is refused (`what` is N bytes, over the limit), or nil when it has
@@ -137,7 +200,7 @@ extension bgtask_request {
 extension WireTaskRequest {
     init?(abi request: bgtask_request) {
         guard let identifier = request.identifier,
-              let kind = TaskKind(abiValue: Int32(bitPattern: request.type.rawValue)) else { return nil }
+              let kind = TaskKind(abiValue: Int32(bitPattern: request.type)) else { return nil }
         self.init(
             kind: kind,
             identifier: String(cString: identifier),
@@ -147,7 +210,7 @@ extension WireTaskRequest {
             protectionType: request.protection_type,
             title: request.title.map { String(cString: $0) },
             subtitle: request.subtitle.map { String(cString: $0) },
-            strategyFail: request.strategy == BGTASK_STRATEGY_FAIL,
+            strategyFail: request.strategy == BGTASK_STRATEGY_FAIL.rawValue,
             requiredResources: request.required_resources)
     }
 
@@ -158,7 +221,7 @@ extension WireTaskRequest {
                 (subtitle ?? "").withCString { subtitle in
                     var request = bgtask_request()
                     request.size = UInt32(MemoryLayout<bgtask_request>.size)
-                    request.type = bgtask_task_type(UInt32(kind.abiValue))
+                    request.type = bgtask_task_type(kind.abiValue)
                     request.identifier = identifier
                     request.earliest_begin_date = earliestBeginDate ?? .nan
                     request.requires_network = requiresNetworkConnectivity
@@ -168,7 +231,7 @@ extension WireTaskRequest {
                         request.title = title
                         request.subtitle = subtitle
                     }
-                    request.strategy = strategyFail ? BGTASK_STRATEGY_FAIL : BGTASK_STRATEGY_QUEUE
+                    request.strategy = (strategyFail ? BGTASK_STRATEGY_FAIL : BGTASK_STRATEGY_QUEUE).rawValue
                     request.required_resources = requiredResources
                     body(&request)
                 }

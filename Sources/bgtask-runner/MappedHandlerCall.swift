@@ -63,7 +63,7 @@ final class MappedHandlerCall: @unchecked Sendable {
             case .identifier: slot.storeBytes(of: UnsafeRawPointer(task.pointee.identifier), as: UnsafeRawPointer?.self)
             case .task: slot.storeBytes(of: UnsafeRawPointer(task), as: UnsafeRawPointer?.self)
             case .taskID: slot.storeBytes(of: task.pointee.task, as: UInt64.self)
-            case .type: slot.storeBytes(of: Int32(bitPattern: task.pointee.type.rawValue), as: Int32.self)
+            case .type: slot.storeBytes(of: Int32(bitPattern: task.pointee.type), as: Int32.self)
             case .dataDirectory: slot.storeBytes(of: UnsafeRawPointer(Self.cString(runner.assignment.dataDirectory)), as: UnsafeRawPointer?.self)
             case .api: slot.storeBytes(of: UnsafeRawPointer(hostTable), as: UnsafeRawPointer?.self)
             case .host: slot.storeBytes(of: nil, as: UnsafeRawPointer?.self)

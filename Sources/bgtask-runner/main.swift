@@ -116,16 +116,24 @@ guard let entrySymbol = dlsym(handle, BGTASK_ENTRY_SYMBOL) else {
     launchFailed("\(library) does not export the entry symbol '\(BGTASK_ENTRY_SYMBOL)' (see bgtask/plugin.h, or the Swift boilerplate in the README)")
 }
 let entry = unsafeBitCast(entrySymbol, to: bgtask_plugin_entry_fn.self)
-guard let descriptor = entry() else {
+guard let returned = entry() else {
     launchFailed("\(library): \(BGTASK_ENTRY_SYMBOL)() returned NULL instead of a plugin descriptor")
 }
-guard descriptor.pointee.magic == BGTASK_PLUGIN_MAGIC else {
-    launchFailed("\(library): \(BGTASK_ENTRY_SYMBOL)() returned a descriptor with magic 0x\(String(descriptor.pointee.magic, radix: 16)), expected 0x\(String(BGTASK_PLUGIN_MAGIC, radix: 16))")
+// magic, abi_version and size never move (bgtask/plugin.h); the rest is read only as far as the
+// plugin says its descriptor goes.
+guard returned.pointee.magic == BGTASK_PLUGIN_MAGIC else {
+    launchFailed("\(library): \(BGTASK_ENTRY_SYMBOL)() returned a descriptor with magic 0x\(String(returned.pointee.magic, radix: 16)), expected 0x\(String(BGTASK_PLUGIN_MAGIC, radix: 16))")
 }
-guard descriptor.pointee.abi_version == BGTASK_ABI_VERSION else {
-    launchFailed("ABI version mismatch: \(library) was built for bgtask ABI \(descriptor.pointee.abi_version), this runner provides ABI \(BGTASK_ABI_VERSION)")
+guard returned.pointee.abi_version == BGTASK_ABI_VERSION else {
+    launchFailed("ABI version mismatch: \(library) was built for bgtask ABI \(returned.pointee.abi_version), this runner provides ABI \(BGTASK_ABI_VERSION)")
 }
-guard let launch = descriptor.pointee.launch else {
+let descriptor: bgtask_plugin
+do {
+    descriptor = try bgtask_plugin.read(from: returned)
+} catch {
+    launchFailed("\(library): the plugin descriptor is refused: \(error)")
+}
+guard let launch = descriptor.launch else {
     launchFailed("\(library): the plugin descriptor has no launch function")
 }
 
@@ -149,7 +157,7 @@ let status: Int32 = assignment.bundleIdentifier.withCString { bundleIdentifier i
                 (assignment.eventJSON ?? "").withCString { event in
                     var info = bgtask_launch_info(
                         size: UInt32(MemoryLayout<bgtask_launch_info>.size),
-                        role: bgtask_launch_role(UInt32(assignment.role.abiValue)),
+                        role: bgtask_launch_role(assignment.role.abiValue),
                         bundle_identifier: bundleIdentifier,
                         bundle_path: bundlePath,
                         data_directory: dataDirectory,

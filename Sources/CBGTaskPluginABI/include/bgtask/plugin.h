@@ -13,6 +13,26 @@
  *   - Tasks and identifiers cross the boundary as values (ids, C strings), never as host
  *     addresses the plugin must keep.
  *
+ * How the structs grow. Every struct that crosses the boundary (bgtask_plugin, bgtask_host_api,
+ * bgtask_launch_info, bgtask_task_info, bgtask_request) has a `size` field near its start that
+ * never moves, set by the side that writes the struct to sizeof the struct it was built with.
+ *   - New fields are only appended, each one starting at or after the previous version's
+ *     sizeof (never in its tail padding, which an older writer leaves unset). Nothing is
+ *     removed, reordered or retyped; a change that needs that is a new BGTASK_ABI_VERSION.
+ *   - The side that reads a struct reads min(its own sizeof, the writer's `size`) bytes and
+ *     treats fields beyond the writer's size as zero, so a field added later must mean
+ *     "absent" or "as before" when it is zero (a function pointer: NULL, not provided).
+ *     Bytes beyond the reader's own sizeof are ignored: they are a newer writer's fields.
+ *     bgtask_read_struct (below) does exactly this.
+ *   - A `size` below the struct's first version (BGTASK_*_MIN_SIZE) is refused: the runner
+ *     fails the launch (a descriptor) or the call (a request, BGTASK_E_INVALID_ARGUMENT), and
+ *     the Swift SDK fails the launch (a host table or launch info), each with a message that
+ *     names the struct and both sizes. Both sides check: the runner what the plugin hands it,
+ *     the SDK what the runner hands it; a C plugin should do the same (BGTASK_READ).
+ *   - Struct fields are fixed-width integers, never C enum types: an enum's size is the
+ *     compiler's choice (-fshort-enums, other ABIs), a uint32_t's is not. The enums below only
+ *     name the values.
+ *
  * Threads: the runner's main thread is the app's main thread. The launch function runs on it;
  * then it runs the main run loop, which drains the main dispatch queue. Launch handlers run on
  * the main queue, one at a time (the Swift SDK hops to the queue the app gave). Expiration
@@ -25,6 +45,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,24 +55,30 @@ extern "C" {
 #define BGTASK_PLUGIN_MAGIC 0x62677461u /* "bgta" */
 #define BGTASK_ENTRY_SYMBOL "bgtask_plugin_entry"
 
-/* True when the host table `api` is large enough to contain `field`. */
-#define BGTASK_HAS(api, field) \
-    ((api)->size >= offsetof(bgtask_host_api, field) + sizeof((api)->field))
+/* The number of bytes of `type` up to the end of `field`. */
+#define BGTASK_END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
-typedef enum bgtask_task_type {
+/* True when the host table `api` is large enough to contain `field`. */
+#define BGTASK_HAS(api, field) ((api)->size >= BGTASK_END_OF(bgtask_host_api, field))
+
+/* A task's type: bgtask_task_info.type, bgtask_request.type. */
+typedef uint32_t bgtask_task_type;
+enum bgtask_task_type_value {
     BGTASK_TYPE_REFRESH = 1,
     BGTASK_TYPE_PROCESSING = 2,
     BGTASK_TYPE_HEALTH_RESEARCH = 3,
     BGTASK_TYPE_CONTINUED_PROCESSING = 4,
-} bgtask_task_type;
+};
 
-typedef enum bgtask_launch_role {
+/* Why the process was launched: bgtask_launch_info.role. */
+typedef uint32_t bgtask_launch_role;
+enum bgtask_launch_role_value {
     BGTASK_ROLE_BACKGROUND = 0, /* launched by the system to run tasks */
     BGTASK_ROLE_FOREGROUND = 1, /* opened by the user (`bgtask open`) */
     BGTASK_ROLE_EXTENSION = 2,  /* an app extension; may submit, cannot register */
-} bgtask_launch_role;
+};
 
-/* Status codes. 1...4 equal BGTaskScheduler.Error.Code. */
+/* Status codes, returned as int32_t. 1...4 equal BGTaskScheduler.Error.Code. */
 typedef enum bgtask_status {
     BGTASK_OK = 0,
     BGTASK_E_UNAVAILABLE = 1,
@@ -69,7 +96,7 @@ typedef struct bgtask_task_info {
     uint32_t size;              /* sizeof(bgtask_task_info) of the runner */
     bgtask_task_id task;        /* names this task in every host call */
     const char *identifier;     /* valid until the task completes */
-    bgtask_task_type type;
+    bgtask_task_type type;      /* BGTASK_TYPE_* */
 } bgtask_task_info;
 
 /* Called once per task on the main thread (the main queue). Should return promptly: a handler
@@ -83,8 +110,8 @@ typedef void (*bgtask_launch_handler)(void *context, const bgtask_task_info *tas
 typedef bool (*bgtask_expiration_handler)(void *context, bgtask_task_id task);
 
 typedef struct bgtask_launch_info {
-    uint32_t size;
-    bgtask_launch_role role;
+    uint32_t size;              /* sizeof(bgtask_launch_info) of the runner */
+    bgtask_launch_role role;    /* BGTASK_ROLE_* */
     const char *bundle_identifier;
     const char *bundle_path;
     const char *data_directory; /* the app's container; persists across launches */
@@ -92,16 +119,20 @@ typedef struct bgtask_launch_info {
     const char *event_json;     /* extensions: the event they were started with, or NULL */
 } bgtask_launch_info;
 
-typedef enum bgtask_strategy {
-    BGTASK_STRATEGY_FAIL = 0,  /* values as BGContinuedProcessingTaskRequest.SubmissionStrategy */
+/* A continued-processing request's submission strategy: bgtask_request.strategy. Values as
+ * BGContinuedProcessingTaskRequest.SubmissionStrategy. */
+typedef uint32_t bgtask_strategy;
+enum bgtask_strategy_value {
+    BGTASK_STRATEGY_FAIL = 0,
     BGTASK_STRATEGY_QUEUE = 1,
-} bgtask_strategy;
+};
 
 #define BGTASK_RESOURCE_GPU 1u
 
+/* Written by the plugin (submit) and by the runner (pending). */
 typedef struct bgtask_request {
-    uint32_t size;
-    bgtask_task_type type;
+    uint32_t size;                /* sizeof(bgtask_request) of the side that wrote it */
+    bgtask_task_type type;        /* BGTASK_TYPE_* */
     const char *identifier;
     double earliest_begin_date;   /* seconds since 1970; NaN for none */
     bool requires_network;        /* processing, health research */
@@ -109,7 +140,7 @@ typedef struct bgtask_request {
     int32_t protection_type;      /* health research: 0 none, 1 complete, 2 unless open, 3 until first auth */
     const char *title;            /* continued processing */
     const char *subtitle;         /* continued processing */
-    bgtask_strategy strategy;     /* continued processing */
+    bgtask_strategy strategy;     /* continued processing: BGTASK_STRATEGY_* */
     uint32_t required_resources;  /* continued processing: BGTASK_RESOURCE_* bits */
 } bgtask_request;
 
@@ -140,7 +171,8 @@ typedef struct bgtask_host_api {
     void (*set_task_completed)(bgtask_host *host, bgtask_task_id task, bool success);
 
     /* Submits a request for this app. On failure returns a bgtask_status and writes a message
-     * into `message` (NUL-terminated, truncated to message_size). */
+     * into `message` (NUL-terminated, truncated to message_size). A request whose `size` is
+     * below BGTASK_REQUEST_MIN_SIZE is refused (BGTASK_E_INVALID_ARGUMENT). */
     int32_t (*submit)(bgtask_host *host, const bgtask_request *request,
                       char *message, size_t message_size);
 
@@ -175,13 +207,75 @@ typedef int32_t (*bgtask_launch_fn)(const bgtask_host_api *api, bgtask_host *hos
                                     const bgtask_launch_info *launch,
                                     char *error, size_t error_size);
 
+/* The first three fields are read before anything else and never move. */
 typedef struct bgtask_plugin {
     uint32_t magic;       /* BGTASK_PLUGIN_MAGIC */
     uint32_t abi_version; /* BGTASK_ABI_VERSION the plugin was built against */
-    uint32_t size;        /* sizeof(bgtask_plugin) */
+    uint32_t size;        /* sizeof(bgtask_plugin) of the plugin */
     const char *name;     /* informational */
     bgtask_launch_fn launch;
 } bgtask_plugin;
+
+/* The size of each struct as ABI 1 first defined it (the end of its last field then). A struct
+ * whose `size` says less is refused; these never change. The host table's first version ended
+ * at supported_resources (app_group_container was appended). */
+enum {
+    BGTASK_PLUGIN_MIN_SIZE = BGTASK_END_OF(bgtask_plugin, launch),
+    BGTASK_HOST_API_MIN_SIZE = BGTASK_END_OF(bgtask_host_api, supported_resources),
+    BGTASK_LAUNCH_INFO_MIN_SIZE = BGTASK_END_OF(bgtask_launch_info, event_json),
+    BGTASK_TASK_INFO_MIN_SIZE = BGTASK_END_OF(bgtask_task_info, type),
+    BGTASK_REQUEST_MIN_SIZE = BGTASK_END_OF(bgtask_request, required_resources),
+};
+
+/* The `size` field of the struct at `s` (0 when `s` is NULL), read as bytes: no wider access to
+ * a struct the other side may have written shorter than the reader's type. Any thread;
+ * async-signal-safe. */
+static inline uint32_t bgtask_struct_size(const void *s, size_t size_offset) {
+    uint32_t size = 0;
+    if (s != NULL) memcpy(&size, (const char *)s + size_offset, sizeof size);
+    return size;
+}
+
+/* Reads a struct the other side wrote, as the growth rules say: copies min(own_size,
+ * their_size) bytes of `theirs` into `own` and zeroes the rest of `own`, so that a field the
+ * writer did not know reads as zero (and `own`'s size field keeps the writer's size). Returns
+ * false, with `own` zeroed, when `theirs` is NULL or their_size is below min_size (a
+ * BGTASK_*_MIN_SIZE). Any thread; async-signal-safe. */
+static inline bool bgtask_read_struct(void *own, size_t own_size, const void *theirs,
+                                      size_t their_size, size_t min_size) {
+    memset(own, 0, own_size);
+    if (theirs == NULL || their_size < min_size) return false;
+    memcpy(own, theirs, their_size < own_size ? their_size : own_size);
+    return true;
+}
+
+/* bgtask_read_struct for a variable `own` of one of the structs above and a pointer `theirs`
+ * (evaluated twice) to the same struct as the other side wrote it. In a launch handler:
+ *     bgtask_task_info info;
+ *     if (!BGTASK_READ(info, task, BGTASK_TASK_INFO_MIN_SIZE)) return;   (refused)
+ * then read `info`, and check BGTASK_HAS on a host table read the same way. */
+#define BGTASK_READ(own, theirs, min_size)                                                \
+    bgtask_read_struct(&(own), sizeof(own), (theirs),                                     \
+                       bgtask_struct_size((theirs), (size_t)((const char *)&(own).size -  \
+                                                             (const char *)&(own))),      \
+                       (min_size))
+
+/* The layout of the first version, pinned where it was defined (LP64 Linux): a change that
+ * moves a field of ABI 1 fails here, not in a plugin built last year. */
+#if defined(__LP64__)
+#ifdef __cplusplus
+#define BGTASK_STATIC_ASSERT(condition, message) static_assert(condition, message)
+#else
+#define BGTASK_STATIC_ASSERT(condition, message) _Static_assert(condition, message)
+#endif
+BGTASK_STATIC_ASSERT(offsetof(bgtask_plugin, size) == 8 && BGTASK_PLUGIN_MIN_SIZE == 32, "bgtask_plugin: ABI 1 layout");
+BGTASK_STATIC_ASSERT(offsetof(bgtask_host_api, size) == 4 && BGTASK_HOST_API_MIN_SIZE == 96, "bgtask_host_api: ABI 1 layout");
+BGTASK_STATIC_ASSERT(offsetof(bgtask_launch_info, size) == 0 && BGTASK_LAUNCH_INFO_MIN_SIZE == 48, "bgtask_launch_info: ABI 1 layout");
+BGTASK_STATIC_ASSERT(offsetof(bgtask_task_info, size) == 0 && BGTASK_TASK_INFO_MIN_SIZE == 28, "bgtask_task_info: ABI 1 layout");
+BGTASK_STATIC_ASSERT(offsetof(bgtask_request, size) == 0 && BGTASK_REQUEST_MIN_SIZE == 56, "bgtask_request: ABI 1 layout");
+BGTASK_STATIC_ASSERT(offsetof(bgtask_request, strategy) == 48 && offsetof(bgtask_request, required_resources) == 52, "bgtask_request: ABI 1 layout");
+#undef BGTASK_STATIC_ASSERT
+#endif
 
 /* The one exported symbol: returns a descriptor with static storage duration. */
 typedef const bgtask_plugin *(*bgtask_plugin_entry_fn)(void);

@@ -1,0 +1,1 @@
+/* Fixture: ABIGrowth has no public interface. */
