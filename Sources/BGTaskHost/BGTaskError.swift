@@ -18,6 +18,8 @@ public struct BGTaskError: Error, CustomStringConvertible, Equatable, Sendable {
         public static let launch = Code(name: "launch")
         /// A value (a date, a clock advance, a size) is outside the bound the host keeps.
         public static let outOfRange = Code(name: "out-of-range")
+        /// Another host holds the state directory.
+        public static let hostRunning = Code(name: "host-running")
     }
 
     public var code: Code

@@ -78,7 +78,7 @@ extension BGTaskCommand {
             // death (a FIFO or a closed reader must not cost the record), and every child this
             // process adopts reaped (it starts none but the runner).
             do {
-                if let warning = try TaskHost.prepareStateDirectory(state) { printError(warning) }
+                if let warning = try StateDirectory.prepare(state) { printError(warning) }
             } catch {
                 printError(error.description)
                 throw Status.cannotLaunch

@@ -9,8 +9,9 @@ import Testing
         defer { scratch.remove() }
         let host = try HostProcess.started(scratch, installing: [.feed])
         defer { host.stop() }
-        // Some stories to export: two refreshes, 10 items.
-        for _ in 0..<2 {
+        // Some stories to export: six refreshes, 30 items, 1.5 s of exporting (50 ms each): time
+        // for a watcher polling every 100 ms to see several updates on a loaded machine.
+        for _ in 0..<6 {
             #expect(try host.cli(["simulate-launch", "com.example.feed.refresh", "--force", "--type", "refresh"]).status == 0)
         }
 
@@ -29,10 +30,10 @@ import Testing
         #expect(progress.status == 0)
         let lines = progress.stdout.split(separator: "\n")
         #expect(lines.count >= 3, "one line per update: \(progress.stdout)")
-        #expect(lines.contains { $0.contains("com.example.feed.export.archive") && $0.contains("Exporting feed") && $0.contains("of 10 stories") })
-        #expect(lines.contains { $0.contains("100%") || $0.contains("10/10") }, "\(progress.stdout)")
+        #expect(lines.contains { $0.contains("com.example.feed.export.archive") && $0.contains("Exporting feed") && $0.contains("of 30 stories") })
+        #expect(lines.contains { $0.contains("100%") || $0.contains("30/30") }, "\(progress.stdout)")
 
-        let records = try host.waitForHistory(count: 3)
+        let records = try host.waitForHistory(count: 7)
         let foreground = try #require(records.first { $0.reason == "foreground" })
         #expect(foreground.termination == .exited)
         let export = try #require(foreground.task("com.example.feed.export.archive"))
@@ -40,7 +41,7 @@ import Testing
         #expect(export.outcome == .succeeded)
         #expect(foreground.submitted.map(\.identifier).contains("com.example.feed.export.archive"))
         let exported = try JSONSerialization.jsonObject(with: Data(contentsOf: scratch.state.appendingPathComponent("containers/com.example.feed/export.json"))) as? [Any]
-        #expect(exported?.count == 10)
+        #expect(exported?.count == 30)
     }
 
     @Test func stalledProgressExpiresAndTheUserCanCancel() throws {
