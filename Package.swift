@@ -4,15 +4,17 @@
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
-//   - `BGTaskWire`        the parent/child channel protocol, shared by the host and the runner
+//   - `BGTaskWire`        the launch channel's and the zygote's protocols, shared by the host and the runner
+//   - `BGTaskProcesses`   process trees (/proc), shared by the host and the runner
 //   - `bgtask-runner`     the child process: loads one bundle and serves the ABI to it
 //   - `bgtask`            the CLI
 //   - `_BGTaskSystemShims`, `CFFI`  C shims and the libffi system library (not API)
+//
+// Linux only (namespaces, Landlock, seccomp, /proc, pidfds): no platform is declared for others.
 import PackageDescription
 
 let package = Package(
     name: "bgtask",
-    platforms: [.macOS(.v15)],
     products: [
         .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
