@@ -5,7 +5,8 @@
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
 //   - `BGTaskWire`        the launch channel's and the zygote's protocols, shared by the host and the runner
-//   - `BGTaskProcesses`   process trees (/proc), shared by the host and the runner
+//   - `BGTaskSystem`      the system layer: system calls (EINTR, errno), directories, process
+//                         trees (/proc), signal names; shared by the host, the runner, the bench and tests
 //   - `bgtask-runner`     the child process: loads one bundle and serves the ABI to it
 //   - `bgtask`            the CLI
 //   - `_BGTaskSystemShims`, `CFFI`  C shims and the libffi system library (not API)
@@ -57,19 +58,19 @@ let package = Package(
         // MARK: Host internals
         .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
         .target(name: "_BGTaskSystemShims"),
-        .target(name: "BGTaskWire"),
-        .target(name: "BGTaskProcesses"),
+        .target(name: "BGTaskSystem", dependencies: ["_BGTaskSystemShims"]),
+        .target(name: "BGTaskWire", dependencies: ["BGTaskSystem"]),
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskWire", "BGTaskProcesses", "_BGTaskSystemShims",
+                "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
         .executableTarget(
             name: "bgtask-runner",
-            dependencies: ["BGTaskWire", "BGTaskProcesses", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
+            dependencies: ["BGTaskWire", "BGTaskSystem", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
             // C interop all the way down (libffi's global type descriptors, stdio): Swift 5 mode
             // keeps it readable; the runner's state is guarded by one lock regardless.
             swiftSettings: [.swiftLanguageMode(.v5)]
@@ -123,7 +124,7 @@ let package = Package(
         // MARK: Tests
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskWire", "BGTaskProcesses", "_BGTaskSystemShims"]
+            dependencies: ["BGTaskHost", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
         ),
     ]
 )

@@ -1,3 +1,4 @@
+import BGTaskSystem
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -125,13 +126,4 @@ public struct LaunchChannel: Sendable {
     }
 
     public func close() { _ = Glibc.close(fd) }
-}
-
-@inline(__always)
-func retryingEINTR<T: FixedWidthInteger>(_ body: () -> T) -> T {
-    while true {
-        let r = body()
-        if r == -1 && errno == EINTR { continue }
-        return r
-    }
 }

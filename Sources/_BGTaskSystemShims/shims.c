@@ -37,8 +37,8 @@ int bgtask_spawn(const char *path, char *const argv[], char *const envp[],
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
-    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, channel_fd, 3);
-    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, 4);
+    if (rc == 0 && channel_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, channel_fd, 3);
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, channel_fd >= 0 ? 4 : 3);
 
     sigset_t none, all;
     sigemptyset(&none);

@@ -1,3 +1,4 @@
+import BGTaskSystem
 import BGTaskHost
 import Foundation
 import Glibc
@@ -125,34 +126,17 @@ enum Products {
 /// own, with stdout and stderr on the given descriptors (nil: /dev/null).
 func spawn(_ argv: [String], stdout: Int32?, stderr: Int32?,
            environment: [String: String] = ProcessInfo.processInfo.environment) throws -> pid_t {
-    let null = open("/dev/null", O_RDWR | O_CLOEXEC)
-    defer { close(null) }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_adddup2(&actions, null, 0)
-    posix_spawn_file_actions_adddup2(&actions, stdout ?? null, 1)
-    posix_spawn_file_actions_adddup2(&actions, stderr ?? null, 2)
-    var attributes = posix_spawnattr_t()
-    posix_spawnattr_init(&attributes)
-    defer { posix_spawnattr_destroy(&attributes) }
-    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
-    posix_spawnattr_setpgroup(&attributes, 0)
-    let cArgv = argv.map { strdup($0) } + [nil]
-    let cEnvp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer { (cArgv + cEnvp).forEach { free($0) } }
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, argv[0], &actions, &attributes, cArgv, cEnvp)
-    guard rc == 0 else { throw BenchError("cannot start \(argv[0]): \(String(cString: strerror(rc)))") }
-    return pid
+    do {
+        return try Subprocess.spawn(argv, environment: environment, stdout: stdout, stderr: stderr)
+    } catch {
+        throw BenchError("cannot start \(argv[0]): \(error)")
+    }
 }
 
 /// Waits for `pid` and returns its exit status (128 + signal when killed).
 @discardableResult
 func waitFor(_ pid: pid_t) -> Int32 {
-    var status: Int32 = 0
-    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-    return bgtask_wifexited(status) != 0 ? bgtask_wexitstatus(status) : 128 + bgtask_wtermsig(status)
+    Subprocess.wait(pid).map(Subprocess.exitCode) ?? 127
 }
 
 /// Runs a command and returns its stdout (nil when it cannot be started or fails).

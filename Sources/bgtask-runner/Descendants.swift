@@ -1,4 +1,4 @@
-import BGTaskProcesses
+import BGTaskSystem
 import Glibc
 import _BGTaskSystemShims
 

@@ -1,5 +1,5 @@
 import BGTaskHost
-import BGTaskProcesses
+import BGTaskSystem
 import Foundation
 import Testing
 import _BGTaskSystemShims
@@ -68,29 +68,18 @@ func runCommand(_ command: [String], environment: [String: String] = [:], timeou
     guard bgtask_pipe_cloexec(&outPipe) == 0, bgtask_pipe_cloexec(&errPipe) == 0 else {
         throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
     }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
-    posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
-    var attributes = posix_spawnattr_t()
-    posix_spawnattr_init(&attributes)
-    defer { posix_spawnattr_destroy(&attributes) }
-    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
-    posix_spawnattr_setpgroup(&attributes, 0)
-
-    let argv = command.map { strdup($0) } + [nil]
-    let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer { (argv + envp).forEach { free($0) } }
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, command[0], &actions, &attributes, argv, envp)
-    close(outPipe[1])
-    close(errPipe[1])
-    guard rc == 0 else {
+    let pid: pid_t
+    do {
+        pid = try Subprocess.spawn(command, environment: env, stdout: outPipe[1], stderr: errPipe[1])
+    } catch {
         close(outPipe[0])
         close(errPipe[0])
-        throw POSIXError(POSIXErrorCode(rawValue: rc) ?? .EIO)
+        close(outPipe[1])
+        close(errPipe[1])
+        throw POSIXError(POSIXErrorCode(rawValue: error.errno) ?? .EIO)
     }
+    close(outPipe[1])
+    close(errPipe[1])
 
     let group = DispatchGroup()
     nonisolated(unsafe) var outData = Data(), errData = Data()
@@ -106,11 +95,9 @@ func runCommand(_ command: [String], environment: [String: String] = [:], timeou
         kill(-pid, SIGKILL)
         group.wait()
     }
-    var status: Int32 = 0
-    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+    let status = Subprocess.wait(pid) ?? -1
     kill(-pid, SIGKILL) // anything the CLI left in its group
-    let exited = status & 0x7f == 0
-    return CLIResult(status: exited ? (status >> 8) & 0xff : 128 + (status & 0x7f),
+    return CLIResult(status: status == -1 ? -1 : Subprocess.exitCode(status),
                      stdout: String(decoding: outData, as: UTF8.self),
                      stderr: String(decoding: errData, as: UTF8.self))
 }

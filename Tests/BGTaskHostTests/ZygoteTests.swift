@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskProcesses
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import Logging

@@ -1,3 +1,4 @@
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import Glibc
@@ -320,8 +321,7 @@ public enum BundleReader {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 64 * 1024)
         while bytes.count <= limit {
-            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
+            let n = retryingEINTR { chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) } }
             if n < 0 { return nil }
             if n == 0 { return bytes }
             bytes += chunk[0..<n]

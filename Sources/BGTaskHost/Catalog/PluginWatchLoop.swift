@@ -1,3 +1,4 @@
+import BGTaskSystem
 import Foundation
 import _BGTaskSystemShims
 #if canImport(Glibc)
@@ -83,7 +84,7 @@ final class PluginWatchLoop: @unchecked Sendable {
         stopRequested = true
         lock.unlock()
         var byte: UInt8 = 1
-        while write(stopWrite, &byte, 1) == -1 && errno == EINTR {}
+        _ = retryingEINTR { write(stopWrite, &byte, 1) }
         close(stopWrite)
     }
 

@@ -1,4 +1,4 @@
-import BGTaskProcesses
+import BGTaskSystem
 import BGTaskWire
 import Dispatch
 import Foundation

@@ -1,7 +1,8 @@
+import BGTaskSystem
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 
 /// The device conditions scheduling depends on, each from the real machine where Linux exposes
 /// it, with an override for testing (`bgtask device`).
@@ -243,8 +244,7 @@ enum SysFS {
             return true
         }
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
+            let count = retryingEINTR { buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }
             if count <= 0 { break }  // end of file, or an error: what was read so far counts
             pending.append(contentsOf: buffer[0..<count])
             if !drain(final: false) { return }

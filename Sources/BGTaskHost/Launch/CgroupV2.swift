@@ -1,5 +1,5 @@
 #if os(Linux)
-import BGTaskProcesses
+import BGTaskSystem
 import Foundation
 import Glibc
 

@@ -1,3 +1,4 @@
+import BGTaskSystem
 import Glibc
 import _BGTaskSystemShims
 
@@ -79,13 +80,12 @@ final class LaunchLog {
         if buffer.isEmpty { buffer = [UInt8](unsafeUninitializedCapacity: 64 * 1024) { $1 = $0.count } }
         var left = budget
         while left > 0 {
-            let n = buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, min($0.count, left)) }
+            let n = retryingEINTR { buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, min($0.count, left)) } }
             if n > 0 {
                 left -= n
                 buffer.withUnsafeBytes { keep(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
                 continue
             }
-            if n < 0 && errno == EINTR { continue }
             if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return true }
             close(readEnd)
             readEnd = -1
@@ -126,8 +126,7 @@ final class LaunchLog {
         }
         var offset = 0
         while offset < bytes.count {
-            let n = Glibc.write(file, bytes.baseAddress! + offset, bytes.count - offset)
-            if n < 0 && errno == EINTR { continue }
+            let n = retryingEINTR { Glibc.write(file, bytes.baseAddress! + offset, bytes.count - offset) }
             guard n > 0 else {
                 failure = "\(path): \(String(cString: strerror(errno)))"
                 return

@@ -1,3 +1,4 @@
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import Glibc

@@ -1,4 +1,4 @@
-import BGTaskProcesses
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import Glibc
@@ -138,12 +138,11 @@ public struct LaunchSupervisor: Sendable {
         if !forked {
             var environment = ProcessInfo.processInfo.environment
             for (key, value) in overrides { environment[key] = value }
-            let argv = [runnerPath, plan.bundle.identifier]
-            let envp = environment.map { "\($0.key)=\($0.value)" }
-            spawnError = withCStrings(argv) { cArgv in
-                withCStrings(envp) { cEnvp in
-                    bgtask_spawn(runnerPath, cArgv, cEnvp, channels.child.fd, nullFD, log.childEnd, log.childEnd, &pid)
-                }
+            do {
+                pid = try Subprocess.spawn([runnerPath, plan.bundle.identifier], environment: environment,
+                                           stdin: nullFD, stdout: log.childEnd, stderr: log.childEnd, descriptor3: channels.child.fd)
+            } catch {
+                spawnError = error.errno
             }
         }
         if spawnError == 0 { _ = Self.activeRunners.withLock { $0.insert(pid) } }
@@ -692,12 +691,6 @@ public struct LaunchSupervisor: Sendable {
     static let spawnLock = NSLock()
 }
 
-/// Lends `strings` as a NULL-terminated C array (argv, envp) for the duration of `body`.
-func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {
-    let pointers = strings.map { strdup($0) } + [nil]
-    defer { pointers.forEach { free($0) } }
-    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
-}
 
 extension Duration {
     var nanoseconds: Int64 {

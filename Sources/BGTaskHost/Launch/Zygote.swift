@@ -1,3 +1,4 @@
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import Glibc
@@ -94,16 +95,15 @@ public final class Zygote: @unchecked Sendable {
         // AppContainer.snapshottedVariables): a child writes its own into these bytes.
         for key in AppContainer.snapshottedVariables { environment[key] = AppContainer.reservedValue }
         if !confine { environment[AppContainer.pidNamespaceSwitch] = "off" }
-        var child: pid_t = 0
-        // The zygote's own output goes nowhere; each launch's goes to its log.
-        let rc = withCStrings([runnerPath, "--zygote"]) { argv in
-            withCStrings(environment.map { "\($0.key)=\($0.value)" }) { envp in
-                bgtask_spawn(runnerPath, argv, envp, fds[1], null, null, 2, &child)
-            }
-        }
-        guard rc == 0 else {
+        let child: pid_t
+        // The zygote's own output goes nowhere (its stderr is this process's); each launch's
+        // goes to its log.
+        do {
+            child = try Subprocess.spawn([runnerPath, "--zygote"], environment: environment,
+                                         stdin: null, stdout: null, stderr: 2, descriptor3: fds[1])
+        } catch {
             close(fds[0])
-            throw BGTaskError(.launch, file: runnerPath, errno: rc, "cannot spawn the zygote")
+            throw BGTaskError(.launch, file: runnerPath, errno: error.errno, "cannot spawn the zygote")
         }
         socket = fds[0]
         pid = child

@@ -1,3 +1,4 @@
+import BGTaskSystem
 import BGTaskWire
 import Foundation
 import GRDB
@@ -736,8 +737,12 @@ extension PendingRequestStore {
             guard isDirectory.boolValue else {
                 throw BGTaskError(.system, file: databasePath, "cannot open the database: \(directoryPath) is not a directory")
             }
-        } else if let (failed, code) = makeDirectories(directoryPath) {
-            throw BGTaskError(.system, file: databasePath, errno: code, "cannot create the state directory \(failed)")
+        } else {
+            do {
+                try Directories.make(directoryPath, syncingParents: true)
+            } catch {
+                throw BGTaskError(.system, file: databasePath, errno: error.errno, "cannot create the state directory \(error.path ?? directoryPath)")
+            }
         }
         if access(directoryPath, W_OK | X_OK) != 0 {
             let code = errno
@@ -762,35 +767,4 @@ extension PendingRequestStore {
         }
     }
 
-    /// `mkdir -p`, syncing each parent whose entries changed. Returns the path that could not
-    /// be created and the errno, or nil.
-    static func makeDirectories(_ path: String) -> (String, Int32)? {
-        if mkdir(path, 0o755) == 0 {
-            syncDirectory((path as NSString).deletingLastPathComponent)
-            return nil
-        }
-        let code = errno
-        switch code {
-        case EEXIST:
-            return nil
-        case ENOENT:
-            let parent = (path as NSString).deletingLastPathComponent
-            guard !parent.isEmpty, parent != path else { return (path, code) }
-            if let failure = makeDirectories(parent) { return failure }
-            if mkdir(path, 0o755) == 0 || errno == EEXIST {
-                syncDirectory(parent)
-                return nil
-            }
-            return (path, errno)
-        default:
-            return (path, code)
-        }
-    }
-
-    static func syncDirectory(_ path: String) {
-        let fd = open(path.isEmpty ? "." : path, O_RDONLY | O_DIRECTORY)
-        guard fd >= 0 else { return }
-        _ = fsync(fd)
-        _ = close(fd)
-    }
 }

@@ -8,9 +8,10 @@
 #include <sys/resource.h>
 #include <poll.h>
 
-/* Spawns `path` as the leader of a new process group with `channel_fd` as fd 3, `stdin_fd`,
- * `out_fd` and `err_fd` as 0/1/2 and every other descriptor closed; signal mask cleared and
- * all signals at their default. Returns 0 and sets *pid, or an errno value. */
+/* Spawns `path` as the leader of a new process group with `channel_fd` as fd 3 (none when
+ * negative), `stdin_fd`, `out_fd` and `err_fd` as 0/1/2 and every other descriptor closed;
+ * signal mask cleared and all signals at their default. Returns 0 and sets *pid, or an errno
+ * value. */
 int bgtask_spawn(const char *path, char *const argv[], char *const envp[],
                  int channel_fd, int stdin_fd, int out_fd, int err_fd, pid_t *pid);
 
