@@ -10,10 +10,9 @@ import _BGTaskSystemShims
 /// Protocol on fd 3 (SOCK_SEQPACKET; `ZygoteRequest` and `ZygoteAnswer` in the wire module):
 /// the zygote first answers `ready` (its thread count, which the host requires to be 1, and its
 /// first spare). Each request is the launch's environment overrides with three descriptors
-/// (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The zygote
-/// answers `launched` (the launch's process) or `failed`, then makes the next spare and
-/// announces it, unasked: `spare`. The zygote hands a request's bytes to its spare as they came;
-/// the spare decodes them. End of stream: the host is gone, and so are the zygote and its spare.
+/// (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The zygote makes
+/// the next spare and answers `launched` (the launch's process and that spare) or `failed`.
+/// The zygote hands a request's bytes to its spare as they came; the spare decodes them. End of stream: the host is gone, and so are the zygote and its spare.
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
 /// pool): it has already reset its signals and made its process group, and waits on a socket of
@@ -79,17 +78,20 @@ enum ZygoteServer {
                 answer(control, .failed("clone: \(String(cString: strerror(errno)))"))
                 continue
             }
-            // The answer first, then the next spare, announced on its own (the host reaps
-            // spares that die unused): making one (a PID namespace and a fork) takes the better
-            // part of a millisecond, which the supervisor need not wait for.
-            answer(control, .launched(pid: launched))
+            // The next spare before the answer, which reports its pid (the host reaps spares
+            // that die unused). The launch is already running in its spare meanwhile; only the
+            // supervisor waits for this fork. (Answering first was measured worse, twice: the
+            // supervisor then wakes for the launch's messages while the fork and the launch
+            // share the two cores; see docs/benchmark-history.md.)
+            var nextSpare: pid_t = 0
             switch forkSpare() {
             case .becameLaunch: return
             case let .forked(forked):
                 spare = forked
-                answer(control, .spare(pid: forked.pid))
+                nextSpare = forked.pid
             case .failed: break
             }
+            answer(control, .launched(pid: launched, spare: nextSpare))
         }
     }
 

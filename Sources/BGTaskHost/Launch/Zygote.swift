@@ -43,25 +43,19 @@ public final class Zygote: @unchecked Sendable {
         do {
             for attempt in 0..<2 {
                 if socket < 0 { try startLocked() }
-                takeAnnouncements()
                 let fds = [channel, stdin, log]
                 let sent = payload.withUnsafeBytes { raw in
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
-                var answer = sent == 0 ? readAnswer() : nil
-                // A spare announced since the last look (made after the previous answer).
-                while case let .spare(spare)? = answer {
-                    spares.insert(spare)
-                    answer = readAnswer()
-                }
-                switch answer {
-                case let .launched(child)?:
+                switch sent == 0 ? readAnswer() : nil {
+                case let .launched(child, next)?:
                     spares.remove(child)
                     reapSpares(waiting: false)
+                    if next > 0 { spares.insert(next) }
                     return child
                 case let .failed(reason)?:
                     throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(reason)")
-                case .ready?, .spare?:
+                case .ready?:
                     logger.warning("the zygote answered out of turn; restarting it", metadata: ["attempt": "\(attempt + 1)"])
                 case nil:
                     logger.warning("the zygote is gone or did not answer; restarting it", metadata: ["attempt": "\(attempt + 1)"])
@@ -124,25 +118,20 @@ public final class Zygote: @unchecked Sendable {
     /// that does not is killed and replaced. Set before the first launch.
     public var answerTimeout: Duration = .seconds(10)
 
-    /// The zygote's next answer; nil when it is gone, said something unreadable, or (unless
-    /// `nonBlocking`, which takes only what is waiting) did not answer within `timeout`.
-    private func readAnswer(nonBlocking: Bool = false, timeout: Duration? = nil) -> ZygoteAnswer? {
-        if !nonBlocking {
-            var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-            let deadline = bgtask_monotonic_ns() + UInt64((timeout ?? answerTimeout).nanoseconds)
-            while true {
-                let now = bgtask_monotonic_ns()
-                guard now < deadline else { return nil }
-                let ready = bgtask_poll_ns(&poller, 1, Int64(deadline - now))
-                if ready > 0 { break }
-                if ready < 0 && errno != EINTR { return nil }
-            }
+    /// The zygote's next answer; nil when it is gone, said something unreadable, or did not
+    /// answer within `timeout`.
+    private func readAnswer(timeout: Duration? = nil) -> ZygoteAnswer? {
+        var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        let deadline = bgtask_monotonic_ns() + UInt64((timeout ?? answerTimeout).nanoseconds)
+        while true {
+            let now = bgtask_monotonic_ns()
+            guard now < deadline else { return nil }
+            let ready = bgtask_poll_ns(&poller, 1, Int64(deadline - now))
+            if ready > 0 { break }
+            if ready < 0 && errno != EINTR { return nil }
         }
         var buffer = [UInt8](repeating: 0, count: 512)
-        var n: Int
-        repeat {
-            n = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-        } while n < 0 && errno == EINTR
+        let n = retryingEINTR { buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
         guard n > 0 else { return nil }
         do {
             return try LaunchChannel.decode(ZygoteAnswer.self, from: Array(buffer[0..<n]))
@@ -152,18 +141,9 @@ public final class Zygote: @unchecked Sendable {
         }
     }
 
-    /// Notes the spares the zygote announced that are waiting on its socket.
-    private func takeAnnouncements() {
-        guard socket >= 0 else { return }
-        while let announcement = readAnswer(nonBlocking: true) {
-            if case let .spare(spare) = announcement { spares.insert(spare) }
-        }
-    }
-
     /// Ends the zygote: it exits when its socket closes; `kill`: one that stopped answering is
     /// killed first (it may never read its socket again).
     private func stopLocked(kill killFirst: Bool = false) {
-        takeAnnouncements()
         if socket >= 0 {
             close(socket)
             socket = -1
@@ -183,21 +163,11 @@ public final class Zygote: @unchecked Sendable {
     private var spares = Set<pid_t>()
 
     /// The zygote and its spares: this process's children that are not launches (yet).
-    var processes: Set<pid_t> {
-        lock.withLock {
-            takeAnnouncements()
-            return pid > 0 ? spares.union([pid]) : spares
-        }
-    }
+    var processes: Set<pid_t> { lock.withLock { pid > 0 ? spares.union([pid]) : spares } }
 
     /// The zygote's pid (0 when not running) and its spares' (for tests).
     var processID: pid_t { lock.withLock { pid } }
-    var spareIDs: Set<pid_t> {
-        lock.withLock {
-            takeAnnouncements()
-            return spares
-        }
-    }
+    var spareIDs: Set<pid_t> { lock.withLock { spares } }
 
     /// Reaps spares that have exited (a spare that died before its launch, or every spare once
     /// the zygote is gone and `waiting`).
