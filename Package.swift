@@ -122,6 +122,10 @@ let package = Package(
         .target(name: "ABIGrowth", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/ABIGrowth", exclude: ["Info.plist"]),
 
         // MARK: Tests
+        // Tests follow the modules: the system layer and the wire protocols stand alone; the
+        // host's tests drive real hosts, runners and plugins.
+        .testTarget(name: "BGTaskSystemTests", dependencies: ["BGTaskSystem", "_BGTaskSystemShims"]),
+        .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskWire"]),
         .testTarget(
             name: "BGTaskHostTests",
             dependencies: ["BGTaskHost", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]

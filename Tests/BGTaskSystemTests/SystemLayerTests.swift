@@ -1,0 +1,83 @@
+import BGTaskSystem
+import Foundation
+import Testing
+import _BGTaskSystemShims
+
+/// The system layer the host, runner, bench and tests share: real directories, real processes.
+struct SystemLayerTests {
+    func scratch() throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("bgtask-system-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
+        return path
+    }
+
+    @Test func directoriesAreMadeWithTheirParentsAndAFileInTheWayIsNamed() throws {
+        let root = try scratch()
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        try Directories.make(root + "/a/b/c", mode: 0o700, syncingParents: true)
+        var info = stat()
+        #expect(stat(root + "/a/b/c", &info) == 0 && info.st_mode & S_IFMT == S_IFDIR)
+        #expect(info.st_mode & 0o777 == 0o700 & ~umaskValue())
+        try Directories.make(root + "/a/b/c") // exists: fine
+        FileManager.default.createFile(atPath: root + "/file", contents: Data("x".utf8))
+        do {
+            try Directories.make(root + "/file/d")
+            Issue.record("made a directory below a file")
+        } catch {
+            #expect(error.errno == ENOTDIR, "\(error)")
+            #expect(error.description.contains(root + "/file"), "\(error)")
+        }
+        do {
+            try Directories.make(root + "/file")
+            Issue.record("took a file for a directory")
+        } catch {
+            #expect(error.errno == ENOTDIR)
+        }
+    }
+
+    func umaskValue() -> mode_t {
+        let current = umask(0)
+        umask(current)
+        return current
+    }
+
+    @Test func aFailedCallNamesItselfAndItsErrno() {
+        do {
+            try valueOrErrno("open /nonexistent", path: "/nonexistent") { open("/nonexistent/x", O_RDONLY) }
+            Issue.record("opened a missing file")
+        } catch {
+            #expect(error.errno == ENOENT)
+            #expect(error.description == "/nonexistent: open /nonexistent: No such file or directory")
+        }
+    }
+
+    @Test func aSpawnedProcessGetsItsDescriptorsAndItsExitCodeOrSignalIsReported() throws {
+        var pipe: [Int32] = [0, 0]
+        #expect(bgtask_pipe_cloexec(&pipe) == 0)
+        let pid = try Subprocess.spawn(["/bin/sh", "-c", "echo out; echo three >&3; exit 7"],
+                                       environment: ["PATH": "/usr/bin:/bin"], stdout: pipe[1], descriptor3: pipe[1])
+        close(pipe[1])
+        let output = FileHandle(fileDescriptor: pipe[0], closeOnDealloc: true).readDataToEndOfFile()
+        let status = try #require(Subprocess.wait(pid))
+        #expect(Subprocess.exitCode(status) == 7)
+        #expect(String(decoding: output, as: UTF8.self) == "out\nthree\n")
+        #expect(Subprocess.wait(pid) == nil, "reaped once")
+
+        // Its own process group, so a group kill reaches only it; a signal's death is 128 + N.
+        let sleeper = try Subprocess.spawn(["/bin/sleep", "30"], environment: [:])
+        #expect(getpgid(sleeper) == sleeper)
+        kill(-sleeper, SIGTERM)
+        #expect(Subprocess.wait(sleeper).map(Subprocess.exitCode) == 128 + SIGTERM)
+        #expect(SignalName.of(SIGTERM) == "SIGTERM" && SignalName.of(63) == "SIG63")
+    }
+
+    @Test func aMissingExecutableIsAnErrorNotAChild() {
+        do {
+            _ = try Subprocess.spawn(["/nonexistent/binary"], environment: [:])
+            Issue.record("spawned a missing executable")
+        } catch {
+            #expect(error.errno == ENOENT)
+            #expect(error.path == "/nonexistent/binary")
+        }
+    }
+}
