@@ -4,6 +4,7 @@
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
+//   - `BGTaskModel`       the domain model: task kinds, task requests, assignments, containers, shared rules
 //   - `BGTaskWire`        the launch channel's and the zygote's protocols, shared by the host and the runner
 //   - `BGTaskSystem`      the system layer: system calls (EINTR, errno), directories, process
 //                         trees (/proc), signal names; shared by the host, the runner, the bench and tests
@@ -59,18 +60,19 @@ let package = Package(
         .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
         .target(name: "_BGTaskSystemShims"),
         .target(name: "BGTaskSystem", dependencies: ["_BGTaskSystemShims"]),
-        .target(name: "BGTaskWire", dependencies: ["BGTaskSystem"]),
+        .target(name: "BGTaskModel"),
+        .target(name: "BGTaskWire", dependencies: ["BGTaskModel", "BGTaskSystem"]),
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
         .executableTarget(
             name: "bgtask-runner",
-            dependencies: ["BGTaskWire", "BGTaskSystem", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
+            dependencies: ["BGTaskModel", "BGTaskWire", "BGTaskSystem", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
             // C interop all the way down (libffi's global type descriptors, stdio): Swift 5 mode
             // keeps it readable; the runner's state is guarded by one lock regardless.
             swiftSettings: [.swiftLanguageMode(.v5)]
@@ -87,7 +89,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask-bench",
             dependencies: [
-                "BGTaskHost", "BGTaskWire", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskModel", "BGTaskWire", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -125,10 +127,10 @@ let package = Package(
         // Tests follow the modules: the system layer and the wire protocols stand alone; the
         // host's tests drive real hosts, runners and plugins.
         .testTarget(name: "BGTaskSystemTests", dependencies: ["BGTaskSystem", "_BGTaskSystemShims"]),
-        .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskWire"]),
+        .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskModel", "BGTaskWire"]),
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
+            dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
         ),
     ]
 )

@@ -1,3 +1,4 @@
+import BGTaskModel
 import BGTaskSystem
 #if canImport(Glibc)
 import Glibc

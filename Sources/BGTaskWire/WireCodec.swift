@@ -1,3 +1,4 @@
+import BGTaskModel
 /// The launch channel's encoding: one message per packet, a format byte, a message tag, then
 /// the fields in declaration order — integers little-endian at fixed width, strings as a 32-bit
 /// length and UTF-8, optionals behind a presence byte, arrays behind a 32-bit count.
@@ -216,7 +217,7 @@ extension LaunchAssignment {
     }
 }
 
-extension WireTaskRequest {
+extension TaskRequest {
     func write(to writer: inout WireWriter) {
         writer.u8(kind.wireIndex)
         writer.string(identifier)
@@ -289,7 +290,7 @@ extension ChildMessage: WireMessage {
         case 9: self = .taskCompleted(task: try reader.u64("task"), success: try reader.bool("success"), at: try reader.u64("at"))
         case 10: self = .fatal(error: try reader.string("error"))
         case 11: self = .log(level: try reader.i32("level"), message: try reader.string("message"))
-        case 12: self = .submit(seq: try reader.u64("seq"), request: try WireTaskRequest(from: &reader))
+        case 12: self = .submit(seq: try reader.u64("seq"), request: try TaskRequest(from: &reader))
         case 13: self = .cancel(seq: try reader.u64("seq"), identifier: try reader.optional("identifier") { (r: inout WireReader) throws(ChannelError) in try r.string("identifier") })
         case 14: self = .pending(seq: try reader.u64("seq"))
         case 15: self = .progress(task: try reader.u64("task"), completed: try reader.i64("completed"), total: try reader.i64("total"))
@@ -334,7 +335,7 @@ extension ParentMessage: WireMessage {
                 seq: try reader.u64("seq"), status: try reader.i32("status"),
                 message: try reader.optional("message") { (r: inout WireReader) throws(ChannelError) in try r.string("message") },
                 requests: try reader.optional("requests") { (r: inout WireReader) throws(ChannelError) in
-                    try r.array("requests") { (e: inout WireReader) throws(ChannelError) in try WireTaskRequest(from: &e) }
+                    try r.array("requests") { (e: inout WireReader) throws(ChannelError) in try TaskRequest(from: &e) }
                 })
         case 3: self = .startTask(try TaskAssignment(from: &reader))
         case 4: self = .close

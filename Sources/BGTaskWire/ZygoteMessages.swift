@@ -1,3 +1,4 @@
+import BGTaskModel
 /// The zygote's protocol (`bgtask-runner --zygote` and the host, on a SOCK_SEQPACKET pair), in
 /// the launch channel's encoding: one message per packet. The host sends a `ZygoteRequest`,
 /// with three descriptors (SCM_RIGHTS: the launch channel, stdin, the log); the zygote answers

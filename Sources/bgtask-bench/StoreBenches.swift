@@ -1,5 +1,5 @@
 import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import GRDB
 import Glibc
@@ -93,7 +93,7 @@ func storeSubmitRate(in directory: URL, threads: Int, duration: Double) throws -
         while monotonicNs() < deadline {
             let app = SubmitWorkload.app(index)
             for (identifier, kind) in SubmitWorkload.identifiers(index) where monotonicNs() < deadline {
-                let request = WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest)
+                let request = TaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest)
                 if (try? store.submit(app: app, request: request, at: Date(), check: { _ in nil })) == .some(nil) { ok += 1 }
             }
             index += threads
@@ -228,7 +228,7 @@ struct SubmitWorkload {
                         if monotonicNs() >= deadline { break outer }
                         batch.append(ControlRequest(
                             .submit, app: Self.app(index),
-                            request: WireTaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok + batch.count))))
+                            request: TaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok + batch.count))))
                         if batch.count >= window { flush() }
                     }
                 }

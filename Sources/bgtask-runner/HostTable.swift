@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import CBGTaskPluginABI
 import Foundation
 import Glibc
@@ -46,7 +46,7 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
             write(message, messageSize, problem)
             return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
         }
-        guard let request, let wire = WireTaskRequest(abi: request) else {
+        guard let request, let wire = TaskRequest(abi: request) else {
             write(message, messageSize, "invalid request: missing identifier or unknown type")
             return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
         }
@@ -197,7 +197,7 @@ extension bgtask_request {
     }
 }
 
-extension WireTaskRequest {
+extension TaskRequest {
     init?(abi request: bgtask_request) {
         guard let identifier = request.identifier,
               let kind = TaskKind(abiValue: Int32(bitPattern: request.type)) else { return nil }

@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import CBGTaskPluginABI
 import CFFI
 import Foundation

@@ -1,3 +1,4 @@
+import BGTaskModel
 import BGTaskWire
 import CBGTaskPluginABI
 import Foundation
@@ -263,7 +264,7 @@ final class Runner: @unchecked Sendable {
     // MARK: Requests to the parent
 
     /// Sends a request and waits for the parent's reply.
-    func ask(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, requests: [WireTaskRequest]) {
+    func ask(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, requests: [TaskRequest]) {
         let waiter = ReplyWaiter()
         let seq: UInt64 = lock.withLock {
             defer { nextSeq += 1 }
@@ -286,7 +287,7 @@ final class Runner: @unchecked Sendable {
         return (waiter.status, waiter.message, waiter.requests)
     }
 
-    func resolve(seq: UInt64, status: Int32, message: String?, requests: [WireTaskRequest]?) {
+    func resolve(seq: UInt64, status: Int32, message: String?, requests: [TaskRequest]?) {
         guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
         waiter.status = status
         waiter.message = message
@@ -307,5 +308,5 @@ final class ReplyWaiter: @unchecked Sendable {
     let semaphore = DispatchSemaphore(value: 0)
     var status: Int32 = 0
     var message: String?
-    var requests: [WireTaskRequest] = []
+    var requests: [TaskRequest] = []
 }

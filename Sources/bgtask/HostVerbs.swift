@@ -1,6 +1,6 @@
 import ArgumentParser
 import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// Options of every verb that talks to a running host.
@@ -32,7 +32,7 @@ struct HostOptions: ParsableArguments {
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.sortedKeys]
         // Requests as people read them: a refresh request has no strategy, no title.
-        encoder.userInfo[WireTaskRequest.omitsInapplicableFields] = true
+        encoder.userInfo[TaskRequest.omitsInapplicableFields] = true
         FileHandle.standardOutput.write(try encoder.encode(value) + Data("\n".utf8))
     }
 }
@@ -136,7 +136,7 @@ extension BGTaskCommand {
             case .relative(let seconds): delay = seconds // from the host's clock, which may be virtual
             case nil: break
             }
-            let request = WireTaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
+            let request = TaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
                                           requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower,
                                           protectionType: type == .healthResearch ? Self.protectionClasses[protection] ?? 3 : 0)
             _ = try host.send(ControlRequest(.submit, app: app, request: request, delay: delay))
@@ -202,7 +202,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let request = type.map { WireTaskRequest(kind: $0, identifier: identifier) }
+            let request = type.map { TaskRequest(kind: $0, identifier: identifier) }
             let response = try host.send(ControlRequest(.simulateLaunch, app: app, identifier: identifier, request: request,
                                                         force: force, wait: !noWait))
             guard let record = response.record else {

@@ -1,5 +1,5 @@
 import ArgumentParser
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// A duration on the command line: `30` or `30s`, `500ms`, `2m`, `1h`, `1.5s`.

@@ -1,6 +1,6 @@
 import ArgumentParser
 import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 extension BGTaskCommand {

@@ -1,14 +1,14 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 
-/// `WireTaskRequest`'s JSON: whole on the control protocol (the control server's fast reader
+/// `TaskRequest`'s JSON: whole on the control protocol (the control server's fast reader
 /// needs every key), without the fields a request's kind does not have where people read it.
-@Suite struct WireTaskRequestJSONTests {
+@Suite struct TaskRequestJSONTests {
     /// Every field set, including the ones the request's kind does not have.
-    static func request(_ kind: TaskKind) -> WireTaskRequest {
-        WireTaskRequest(
+    static func request(_ kind: TaskKind) -> TaskRequest {
+        TaskRequest(
             kind: kind, identifier: "com.example.a.\(kind.rawValue)", earliestBeginDate: 1_000_000,
             requiresNetworkConnectivity: true, requiresExternalPower: true, protectionType: 1,
             title: "Export", subtitle: "3 files", strategyFail: true, requiredResources: 1)
@@ -19,9 +19,9 @@ import Testing
         return object.keys.sorted()
     }
 
-    static func compact(_ request: WireTaskRequest) throws -> Data {
+    static func compact(_ request: TaskRequest) throws -> Data {
         let encoder = JSONEncoder()
-        encoder.userInfo[WireTaskRequest.omitsInapplicableFields] = true
+        encoder.userInfo[TaskRequest.omitsInapplicableFields] = true
         return try encoder.encode(request)
     }
 
@@ -39,7 +39,7 @@ import Testing
     @Test func theCompactFormDecodesWithDefaultsForWhatItLeftOut() throws {
         for kind in TaskKind.allCases {
             let full = Self.request(kind)
-            var expected = WireTaskRequest(kind: kind, identifier: full.identifier, earliestBeginDate: full.earliestBeginDate)
+            var expected = TaskRequest(kind: kind, identifier: full.identifier, earliestBeginDate: full.earliestBeginDate)
             switch kind {
             case .refresh: break
             case .processing, .healthResearch:
@@ -49,10 +49,10 @@ import Testing
             case .continuedProcessing:
                 (expected.title, expected.subtitle, expected.strategyFail, expected.requiredResources) = ("Export", "3 files", true, 1)
             }
-            #expect(try JSONDecoder().decode(WireTaskRequest.self, from: Self.compact(full)) == expected, "\(kind)")
+            #expect(try JSONDecoder().decode(TaskRequest.self, from: Self.compact(full)) == expected, "\(kind)")
         }
-        let bare = try JSONDecoder().decode(WireTaskRequest.self, from: Data(#"{"kind":"refresh","identifier":"a.b.c"}"#.utf8))
-        #expect(bare == WireTaskRequest(kind: .refresh, identifier: "a.b.c"))
+        let bare = try JSONDecoder().decode(TaskRequest.self, from: Data(#"{"kind":"refresh","identifier":"a.b.c"}"#.utf8))
+        #expect(bare == TaskRequest(kind: .refresh, identifier: "a.b.c"))
     }
 
     @Test func theControlProtocolCarriesEveryFieldAndItsFastReaderAcceptsIt() throws {
@@ -61,8 +61,8 @@ import Testing
         for kind in TaskKind.allCases {
             let request = Self.request(kind)
             #expect(try Self.keys(JSONEncoder().encode(request)) == every)
-            #expect(try JSONDecoder().decode(WireTaskRequest.self, from: JSONEncoder().encode(request)) == request)
-            let control = ControlRequest(verb: "submit", app: "com.example.a", request: WireTaskRequest(kind: kind, identifier: "a.b.c"))
+            #expect(try JSONDecoder().decode(TaskRequest.self, from: JSONEncoder().encode(request)) == request)
+            let control = ControlRequest(verb: "submit", app: "com.example.a", request: TaskRequest(kind: kind, identifier: "a.b.c"))
             #expect(ControlRequestParser.parse(try JSONEncoder.control.encode(control)) == control, "\(kind)")
         }
     }
@@ -70,7 +70,7 @@ import Testing
     @Test func aRequestWithoutKindOrIdentifierOrWithAWrongTypeIsAnError() {
         for json in [#"{"identifier":"a.b.c"}"#, #"{"kind":"refresh"}"#, #"{"kind":"refresh","identifier":"a","strategyFail":null}"#,
                      #"{"kind":"refresh","identifier":"a","requiredResources":-1}"#, #"{"kind":"sometimes","identifier":"a"}"#] {
-            #expect(throws: DecodingError.self, "\(json)") { try JSONDecoder().decode(WireTaskRequest.self, from: Data(json.utf8)) }
+            #expect(throws: DecodingError.self, "\(json)") { try JSONDecoder().decode(TaskRequest.self, from: Data(json.utf8)) }
         }
     }
 }

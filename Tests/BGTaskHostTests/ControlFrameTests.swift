@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 #if canImport(Glibc)
@@ -443,7 +443,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
     @Test func everyKeyRoundTrips() throws {
         let request = ControlRequest(
             verb: "submit", app: "com.example.feed", identifier: "com.example.feed.refresh",
-            request: WireTaskRequest(kind: .processing, identifier: "com.example.feed.refresh", earliestBeginDate: 12.5,
+            request: TaskRequest(kind: .processing, identifier: "com.example.feed.refresh", earliestBeginDate: 12.5,
                                      requiresNetworkConnectivity: true, requiresExternalPower: false),
             force: true, wait: false, device: ["power": "on"], advance: 3.5, limit: 7, event: "{}", delay: 60, after: "a.b")
         #expect(try JSONDecoder().decode(ControlRequest.self, from: JSONEncoder().encode(request)) == request)
@@ -474,7 +474,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         let kinds = TaskKind.allCases
         for i in 0..<2_000 {
             func maybe<T>(_ value: T) -> T? { Bool.random(using: &generator) ? value : nil }
-            let task = WireTaskRequest(
+            let task = TaskRequest(
                 kind: kinds[i % kinds.count], identifier: "com.example.app\(i).task-\(i % 7)",
                 earliestBeginDate: maybe(Double.random(in: -1e10...1e10, using: &generator)),
                 requiresNetworkConnectivity: .random(using: &generator), requiresExternalPower: .random(using: &generator),

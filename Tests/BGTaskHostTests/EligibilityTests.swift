@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 
@@ -12,7 +12,7 @@ import Testing
         mappedHandlers: [], entitlements: [PluginBundle.healthResearchEntitlement: true], extensionPoint: nil,
         extensions: [], invalidExtensions: [])
 
-    func codes(_ request: WireTaskRequest, conditions: DeviceConditions = DeviceConditions(), policy: SchedulingPolicy = .immediate,
+    func codes(_ request: TaskRequest, conditions: DeviceConditions = DeviceConditions(), policy: SchedulingPolicy = .immediate,
                state: AppState? = nil, running: Int = 0, appRunning: Bool = false) -> [String] {
         let eligibility = Eligibility(policy: policy, now: now, conditions: conditions, runningLaunches: running, maximumConcurrentLaunches: 2)
         return eligibility.blockers(for: StoredRequest(app: app.identifier, request: request, submittedAt: now), app: app,
@@ -20,29 +20,29 @@ import Testing
     }
 
     @Test func aDueRequestWithItsConditionsIsEligible() {
-        #expect(codes(WireTaskRequest(kind: .refresh, identifier: "com.example.a.r")).isEmpty)
-        #expect(codes(WireTaskRequest(kind: .refresh, identifier: "com.example.a.r", earliestBeginDate: now.timeIntervalSince1970)).isEmpty,
+        #expect(codes(TaskRequest(kind: .refresh, identifier: "com.example.a.r")).isEmpty)
+        #expect(codes(TaskRequest(kind: .refresh, identifier: "com.example.a.r", earliestBeginDate: now.timeIntervalSince1970)).isEmpty,
                 "earliestBeginDate is a floor: due at that instant")
     }
 
     @Test func everyConditionIsNamed() {
-        let later = WireTaskRequest(kind: .refresh, identifier: "com.example.a.r", earliestBeginDate: now.timeIntervalSince1970 + 60)
+        let later = TaskRequest(kind: .refresh, identifier: "com.example.a.r", earliestBeginDate: now.timeIntervalSince1970 + 60)
         #expect(codes(later) == ["not-due"])
         var off = DeviceConditions()
         off.backgroundRefresh = false
         off.lowPowerMode = true
-        #expect(codes(WireTaskRequest(kind: .refresh, identifier: "com.example.a.r"), conditions: off) == ["refresh-disabled", "low-power-mode"])
+        #expect(codes(TaskRequest(kind: .refresh, identifier: "com.example.a.r"), conditions: off) == ["refresh-disabled", "low-power-mode"])
         var state = AppState(app: app.identifier)
         state.refreshEnabled = false
-        #expect(codes(WireTaskRequest(kind: .refresh, identifier: "com.example.a.r"), state: state) == ["app-refresh-disabled"])
+        #expect(codes(TaskRequest(kind: .refresh, identifier: "com.example.a.r"), state: state) == ["app-refresh-disabled"])
         var device = DeviceConditions()
         device.externalPower = false
         device.network = false
         device.idle = false
-        let needy = WireTaskRequest(kind: .processing, identifier: "com.example.a.p", requiresNetworkConnectivity: true, requiresExternalPower: true)
+        let needy = TaskRequest(kind: .processing, identifier: "com.example.a.p", requiresNetworkConnectivity: true, requiresExternalPower: true)
         #expect(codes(needy, conditions: device) == ["device-not-idle", "no-external-power", "no-network"])
-        #expect(codes(WireTaskRequest(kind: .processing, identifier: "com.example.a.p"), running: 2) == ["concurrency"])
-        #expect(codes(WireTaskRequest(kind: .processing, identifier: "com.example.a.p"), appRunning: true) == ["app-running"])
+        #expect(codes(TaskRequest(kind: .processing, identifier: "com.example.a.p"), running: 2) == ["concurrency"])
+        #expect(codes(TaskRequest(kind: .processing, identifier: "com.example.a.p"), appRunning: true) == ["app-running"])
     }
 
     @Test(arguments: [(Int32(1), true, true, true), (1, false, true, false), (2, true, true, true),
@@ -51,7 +51,7 @@ import Testing
         var device = DeviceConditions()
         device.locked = locked
         device.unlockedSinceBoot = unlockedSinceBoot
-        let request = WireTaskRequest(kind: .healthResearch, identifier: "com.example.a.p", protectionType: protection)
+        let request = TaskRequest(kind: .healthResearch, identifier: "com.example.a.p", protectionType: protection)
         #expect(codes(request, conditions: device).contains("data-protected") == blocked)
     }
 
@@ -63,7 +63,7 @@ import Testing
         state.penaltyLevel = 1
         state.penaltyUntil = now.addingTimeInterval(60)
         state.lastLaunchAt = now.addingTimeInterval(-60)
-        let refresh = WireTaskRequest(kind: .refresh, identifier: "com.example.a.r")
+        let refresh = TaskRequest(kind: .refresh, identifier: "com.example.a.r")
         #expect(codes(refresh, policy: .realistic, state: state) == ["penalty", "rate-limit"])
         #expect(codes(refresh, policy: .immediate, state: state).isEmpty, "immediate ignores both")
     }
@@ -72,7 +72,7 @@ import Testing
         var state = AppState(app: app.identifier)
         state.lastRegistered = ["com.example.a.p"]
         let eligibility = Eligibility(policy: .immediate, now: now, conditions: DeviceConditions(), runningLaunches: 0, maximumConcurrentLaunches: 2)
-        let blockers = eligibility.blockers(for: StoredRequest(app: app.identifier, request: WireTaskRequest(kind: .refresh, identifier: "com.example.a.r"), submittedAt: now),
+        let blockers = eligibility.blockers(for: StoredRequest(app: app.identifier, request: TaskRequest(kind: .refresh, identifier: "com.example.a.r"), submittedAt: now),
                                             app: app, state: state, appRunning: false)
         #expect(blockers.map(\.code) == ["handler-not-registered"])
         #expect(blockers.allSatisfy { !$0.blocking })

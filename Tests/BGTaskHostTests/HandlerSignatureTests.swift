@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Testing
 
 /// Parses `text`, expecting a ParseError whose description contains every one of `mentions`.

@@ -1,6 +1,6 @@
 @testable import BGTaskHost
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 
@@ -51,7 +51,7 @@ import Testing
                 DispatchQueue.global().async {
                     defer { done.leave() }
                     for (offset, (app, identifier)) in all.enumerated() where offset % 2 == worker {
-                        let request = WireTaskRequest(kind: .processing, identifier: identifier, earliestBeginDate: later + Double(round))
+                        let request = TaskRequest(kind: .processing, identifier: identifier, earliestBeginDate: later + Double(round))
                         let response: ControlResponse
                         do {
                             response = try host.send(ControlRequest(verb: "submit", app: app, request: request))

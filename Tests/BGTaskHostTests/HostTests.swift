@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 import _BGTaskSystemShims
@@ -312,7 +312,7 @@ struct HostTestError: Error, CustomStringConvertible {
         defer { host.stop() }
         let feed = "com.example.feed"
         func submit(_ identifier: String, _ kind: TaskKind, app: String = feed) -> ControlRequest {
-            ControlRequest(verb: "submit", app: app, request: WireTaskRequest(kind: kind, identifier: identifier), delay: 3600)
+            ControlRequest(verb: "submit", app: app, request: TaskRequest(kind: kind, identifier: identifier), delay: 3600)
         }
         // One connection, every frame written before any answer is read.
         let responses = try ControlClient(stateDirectory: scratch.state).send([

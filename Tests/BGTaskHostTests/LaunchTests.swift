@@ -1,5 +1,5 @@
 import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 

@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import GRDB
 import Synchronization
@@ -31,12 +31,12 @@ private let t0 = Date(timeIntervalSince1970: 1_800_000_000)
 private let feed = "com.example.feed"
 private let mail = "com.example.mail"
 
-private func refresh(_ identifier: String, earliest: Date? = nil) -> WireTaskRequest {
-    WireTaskRequest(kind: .refresh, identifier: identifier, earliestBeginDate: earliest?.timeIntervalSince1970)
+private func refresh(_ identifier: String, earliest: Date? = nil) -> TaskRequest {
+    TaskRequest(kind: .refresh, identifier: identifier, earliestBeginDate: earliest?.timeIntervalSince1970)
 }
 
-private func processing(_ identifier: String, earliest: Date? = nil) -> WireTaskRequest {
-    WireTaskRequest(
+private func processing(_ identifier: String, earliest: Date? = nil) -> TaskRequest {
+    TaskRequest(
         kind: .processing, identifier: identifier, earliestBeginDate: earliest?.timeIntervalSince1970,
         requiresNetworkConnectivity: true, requiresExternalPower: true)
 }
@@ -53,17 +53,17 @@ private func bundle(_ identifier: String) -> PluginBundle {
 
 extension PendingRequestStore {
     /// Submits with Apple's rules for an in-memory bundle of `app`; fails the test on rejection.
-    fileprivate func submitChecked(_ request: WireTaskRequest, app: String, at date: Date = t0) throws -> SubmissionRules.Rejection? {
+    fileprivate func submitChecked(_ request: TaskRequest, app: String, at date: Date = t0) throws -> SubmissionRules.Rejection? {
         try submit(app: app, request: request, at: date) { SubmissionRules.check(request, app: bundle(app), pending: $0) }
     }
 
-    fileprivate func accept(_ request: WireTaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    fileprivate func accept(_ request: TaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let rejection = try submitChecked(request, app: app, at: date)
         #expect(rejection == nil, "rejected: \(rejection?.message ?? "")", sourceLocation: sourceLocation)
     }
 
     /// Submits without Apple's rules (an identifier the in-memory bundle does not permit).
-    fileprivate func put(_ request: WireTaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    fileprivate func put(_ request: TaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let rejection = try submit(app: app, request: request, at: date) { _ in nil }
         #expect(rejection == nil, sourceLocation: sourceLocation)
     }
@@ -90,7 +90,7 @@ extension PendingRequestStore {
 
 private func runRecord(
     _ launchID: String, app: String, startedAt: Date, termination: RunRecord.Termination = .exited,
-    tasks: [WireTaskRequest]
+    tasks: [TaskRequest]
 ) -> RunRecord {
     RunRecord(
         app: app, launchID: launchID, reason: "scheduled",
@@ -109,7 +109,7 @@ private func runRecord(
         submitted: [refresh("\(app).refresh", earliest: startedAt.addingTimeInterval(900))])
 }
 
-private func assignments(_ requests: [WireTaskRequest]) -> [TaskAssignment] {
+private func assignments(_ requests: [TaskRequest]) -> [TaskAssignment] {
     requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.identifier, kind: $0.element.kind) }
 }
 
@@ -226,7 +226,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         let scratch = try StoreScratch()
         defer { scratch.remove() }
         let store = try scratch.open()
-        let full = WireTaskRequest(
+        let full = TaskRequest(
             kind: .continuedProcessing, identifier: "\(feed).export.photos", earliestBeginDate: 1_800_000_123.5,
             requiresNetworkConnectivity: true, requiresExternalPower: false, protectionType: 3,
             title: "Exporting", subtitle: "12 photos", strategyFail: true, requiredResources: 1)
@@ -270,7 +270,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         try store.accept(processing("\(feed).clean"), app: feed)
         try store.accept(refresh("\(mail).refresh"), app: mail)
 
-        var seen: [WireTaskRequest] = []
+        var seen: [TaskRequest] = []
         let rejection = SubmissionRules.Rejection(status: .notPermitted, message: "no")
         #expect(try store.submit(app: feed, request: refresh("\(feed).x"), at: t0) { seen = $0; return rejection } == rejection)
         // The app's own requests, in submission order; not another app's.
@@ -476,7 +476,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
 
         // During the launch the app submits its refresh again: check sees the running one too,
         // Apple's rules accept it (same identifier), and it is a new pending row beside it.
-        var seen: [WireTaskRequest] = []
+        var seen: [TaskRequest] = []
         let again = refresh(r.identifier, earliest: t0.addingTimeInterval(900))
         #expect(try store.submit(app: feed, request: again, at: t0.addingTimeInterval(1)) {
             seen = $0

@@ -1,6 +1,6 @@
 @testable import BGTaskHost
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 import _BGTaskSystemShims
@@ -171,7 +171,7 @@ import _BGTaskSystemShims
         #expect(submitted.status == 0, "\(submitted.stderr)")
 
         let response = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).refuse-many",
-                                                    request: WireTaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).refuse-many"),
+                                                    request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).refuse-many"),
                                                     force: true, wait: true))
         let record = try #require(response.record, "\(String(describing: response.error))")
         #expect(record.termination == .exited && record.succeeded, "\(record)")
@@ -268,10 +268,10 @@ import _BGTaskSystemShims
 
         // A date a launch or a client may ask for: finite, and within 100 years of the clock.
         let absurd = try host.send(ControlRequest(verb: "submit", app: "com.example.feed",
-                                                  request: WireTaskRequest(kind: .refresh, identifier: "com.example.feed.refresh", earliestBeginDate: 1e308)))
+                                                  request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh", earliestBeginDate: 1e308)))
         #expect(absurd.error?.code == "notPermitted" && absurd.error?.message.contains("100 years") == true, "\(String(describing: absurd.error))")
         let far = try host.send(ControlRequest(verb: "submit", app: "com.example.feed",
-                                               request: WireTaskRequest(kind: .refresh, identifier: "com.example.feed.refresh"), delay: 1e308))
+                                               request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh"), delay: 1e308))
         #expect(far.error?.code == "out-of-range", "\(String(describing: far.error))")
         let usable = try host.cli(["submit", "com.example.feed", "com.example.feed.refresh", "--earliest", "+15m"])
         #expect(usable.status == 0, "\(usable.stderr)")
@@ -364,7 +364,7 @@ import _BGTaskSystemShims
         let apps = try runCLI(["apps", "--state", scratch.state.path], timeout: .seconds(20))
         #expect(apps.status == 0 && apps.stdout.contains("com.example.inner") && apps.stdout.contains(Self.misbehaving), "\(apps.stdout) \(apps.stderr)")
         let launch = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).ok",
-                                                  request: WireTaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
+                                                  request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
         #expect(launch.record?.succeeded == true, "\(String(describing: launch.error))")
         // And SIGTERM still stops it.
         let status = host.stop()
@@ -458,7 +458,7 @@ import _BGTaskSystemShims
         let host = try HostProcess.started(scratch, installing: [.misbehaving])
         defer { host.stop() }
         let launch = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).ok",
-                                                  request: WireTaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
+                                                  request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
         let log = try #require(launch.record?.log, "the launch printed a line")
 
         func mode(_ path: String) -> mode_t? {
@@ -490,7 +490,7 @@ import _BGTaskSystemShims
         defer { host.stop() }
         for round in 1...2 {
             let response = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).fork-many",
-                                                        request: WireTaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).fork-many"),
+                                                        request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).fork-many"),
                                                         force: true, wait: true))
             let record = try #require(response.record, "\(String(describing: response.error))")
             // Jetsam when the children's resident memory is counted over the limit; a sampler

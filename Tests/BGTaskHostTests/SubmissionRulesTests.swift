@@ -1,5 +1,5 @@
 @testable import BGTaskHost
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Testing
 
@@ -102,28 +102,28 @@ private let gpu: UInt32 = 1
 
     @Test(arguments: TaskKind.allCases)
     func notPermitted(_ kind: TaskKind) {
-        let request = WireTaskRequest(kind: kind, identifier: "com.example.app.unknown")
+        let request = TaskRequest(kind: kind, identifier: "com.example.app.unknown")
         let app = makeApp(entitlements: [PluginBundle.healthResearchEntitlement: true])
         expectRejected(SubmissionRules.check(request, app: app, pending: []), .notPermitted,
                        mentions: ["'com.example.app.unknown'", "BGTaskSchedulerPermittedIdentifiers", "com.example.app"])
     }
 
     @Test func refreshNeedsFetchMode() {
-        let request = WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
+        let request = TaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
         expectRejected(SubmissionRules.check(request, app: makeApp(modes: ["processing"]), pending: []), .notPermitted,
                        mentions: ["refresh", "UIBackgroundModes", "'fetch'"])
         #expect(SubmissionRules.check(request, app: makeApp(modes: ["fetch"]), pending: []) == nil)
     }
 
     @Test func processingNeedsProcessingMode() {
-        let request = WireTaskRequest(kind: .processing, identifier: "com.example.app.clean")
+        let request = TaskRequest(kind: .processing, identifier: "com.example.app.clean")
         expectRejected(SubmissionRules.check(request, app: makeApp(modes: ["fetch"]), pending: []), .notPermitted,
                        mentions: ["processing", "UIBackgroundModes", "'processing'"])
         #expect(SubmissionRules.check(request, app: makeApp(modes: ["processing"]), pending: []) == nil)
     }
 
     @Test func healthResearchNeedsTheEntitlement() {
-        let request = WireTaskRequest(kind: .healthResearch, identifier: "com.example.app.clean")
+        let request = TaskRequest(kind: .healthResearch, identifier: "com.example.app.clean")
         expectRejected(SubmissionRules.check(request, app: makeApp(), pending: []), .notPermitted,
                        mentions: ["health-research", PluginBundle.healthResearchEntitlement])
         let denied = makeApp(entitlements: [PluginBundle.healthResearchEntitlement: false])
@@ -134,25 +134,25 @@ private let gpu: UInt32 = 1
     }
 
     @Test func healthResearchAlsoNeedsProcessingMode() {
-        let request = WireTaskRequest(kind: .healthResearch, identifier: "com.example.app.clean")
+        let request = TaskRequest(kind: .healthResearch, identifier: "com.example.app.clean")
         let app = makeApp(modes: ["fetch"], entitlements: [PluginBundle.healthResearchEntitlement: true])
         expectRejected(SubmissionRules.check(request, app: app, pending: []), .notPermitted, mentions: ["'processing'"])
     }
 
     @Test func continuedProcessingNeedsAWildcardIdentifier() {
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.clean", title: "Export")
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.clean", title: "Export")
         expectRejected(SubmissionRules.check(request, app: makeApp(), pending: []), .notPermitted,
                        mentions: ["'com.example.app.clean'", "wildcard", "com.example.app.export.*"])
     }
 
     @Test func continuedProcessingThroughTheWildcardIsAccepted() {
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", title: "Export")
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", title: "Export")
         // Needs no background mode.
         #expect(SubmissionRules.check(request, app: makeApp(modes: []), pending: []) == nil)
     }
 
     @Test func gpuNeedsTheEntitlement() {
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: gpu)
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: gpu)
         expectRejected(SubmissionRules.check(request, app: makeApp(), pending: [], supportedResources: gpu), .notPermitted,
                        mentions: ["GPU", PluginBundle.continuedProcessingGPUEntitlement])
         let denied = makeApp(entitlements: [PluginBundle.continuedProcessingGPUEntitlement: false])
@@ -161,7 +161,7 @@ private let gpu: UInt32 = 1
     }
 
     @Test func gpuNeedsSupportedResources() {
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: gpu)
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: gpu)
         let app = makeApp(entitlements: [PluginBundle.continuedProcessingGPUEntitlement: true])
         expectRejected(SubmissionRules.check(request, app: app, pending: [], supportedResources: 0), .notPermitted,
                        mentions: ["GPU", "supportedResources"])
@@ -170,13 +170,13 @@ private let gpu: UInt32 = 1
     }
 
     @Test func noGPURequiredNeedsNeitherEntitlementNorResources() {
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: 0)
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.video", requiredResources: 0)
         #expect(SubmissionRules.check(request, app: makeApp(), pending: [], supportedResources: 0) == nil)
     }
 
     @Test(arguments: [TaskKind.refresh, .processing, .healthResearch])
     func wildcardIdentifierOnlyAsContinuedProcessing(_ kind: TaskKind) {
-        let request = WireTaskRequest(kind: kind, identifier: "com.example.app.export.video")
+        let request = TaskRequest(kind: kind, identifier: "com.example.app.export.video")
         let app = makeApp(entitlements: [PluginBundle.healthResearchEntitlement: true])
         expectRejected(SubmissionRules.check(request, app: app, pending: []), .notPermitted,
                        mentions: ["'com.example.app.export.video'", "continued-processing", kind.rawValue])
@@ -184,7 +184,7 @@ private let gpu: UInt32 = 1
 
     @Test func identifierListedBothExactlyAndByWildcardMayBeRefresh() {
         let app = makeApp(permitted: ["com.example.app.export.*", "com.example.app.export.nightly"])
-        let request = WireTaskRequest(kind: .refresh, identifier: "com.example.app.export.nightly")
+        let request = TaskRequest(kind: .refresh, identifier: "com.example.app.export.nightly")
         #expect(SubmissionRules.check(request, app: app, pending: []) == nil)
     }
 
@@ -192,20 +192,20 @@ private let gpu: UInt32 = 1
 
     @Test func oneRefreshAtATime() {
         let app = makeApp(permitted: ["com.example.app.refresh", "com.example.app.refresh2"])
-        let pending = [WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh")]
+        let pending = [TaskRequest(kind: .refresh, identifier: "com.example.app.refresh")]
         #expect(SubmissionRules.maximumPendingRefresh == 1)
         expectRejected(
-            SubmissionRules.check(WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app, pending: pending),
+            SubmissionRules.check(TaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app, pending: pending),
             .tooManyPendingTaskRequests, mentions: ["com.example.app", "1 pending refresh", "limit"])
         // Resubmitting the pending identifier replaces it.
-        let again = WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh", earliestBeginDate: 1_000)
+        let again = TaskRequest(kind: .refresh, identifier: "com.example.app.refresh", earliestBeginDate: 1_000)
         #expect(SubmissionRules.check(again, app: app, pending: pending) == nil)
     }
 
     @Test func pendingProcessingDoesNotCountAgainstRefresh() {
         let app = makeApp()
-        let pending = [WireTaskRequest(kind: .processing, identifier: "com.example.app.clean")]
-        #expect(SubmissionRules.check(WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh"), app: app, pending: pending) == nil)
+        let pending = [TaskRequest(kind: .processing, identifier: "com.example.app.clean")]
+        #expect(SubmissionRules.check(TaskRequest(kind: .refresh, identifier: "com.example.app.refresh"), app: app, pending: pending) == nil)
     }
 
     private static let processingIdentifiers = (0..<11).map { "com.example.app.p\($0)" }
@@ -213,39 +213,39 @@ private let gpu: UInt32 = 1
     @Test func tenProcessingAtATime() {
         let app = makeApp(permitted: Self.processingIdentifiers)
         #expect(SubmissionRules.maximumPendingProcessing == 10)
-        let nine = Self.processingIdentifiers.prefix(9).map { WireTaskRequest(kind: .processing, identifier: $0) }
-        let tenth = WireTaskRequest(kind: .processing, identifier: Self.processingIdentifiers[9])
+        let nine = Self.processingIdentifiers.prefix(9).map { TaskRequest(kind: .processing, identifier: $0) }
+        let tenth = TaskRequest(kind: .processing, identifier: Self.processingIdentifiers[9])
         #expect(SubmissionRules.check(tenth, app: app, pending: nine) == nil)
         let ten = nine + [tenth]
-        let eleventh = WireTaskRequest(kind: .processing, identifier: Self.processingIdentifiers[10])
+        let eleventh = TaskRequest(kind: .processing, identifier: Self.processingIdentifiers[10])
         expectRejected(SubmissionRules.check(eleventh, app: app, pending: ten), .tooManyPendingTaskRequests,
                        mentions: ["com.example.app", "10 pending processing", "limit"])
         // Resubmitting one of the ten replaces it.
-        let resubmitted = WireTaskRequest(kind: .processing, identifier: Self.processingIdentifiers[3], requiresExternalPower: true)
+        let resubmitted = TaskRequest(kind: .processing, identifier: Self.processingIdentifiers[3], requiresExternalPower: true)
         #expect(SubmissionRules.check(resubmitted, app: app, pending: ten) == nil)
     }
 
     @Test func healthResearchCountsAsProcessing() {
         let app = makeApp(permitted: Self.processingIdentifiers, entitlements: [PluginBundle.healthResearchEntitlement: true])
         let mixed = Self.processingIdentifiers.prefix(10).enumerated().map { index, identifier in
-            WireTaskRequest(kind: index.isMultiple(of: 2) ? .healthResearch : .processing, identifier: identifier)
+            TaskRequest(kind: index.isMultiple(of: 2) ? .healthResearch : .processing, identifier: identifier)
         }
         let last = Self.processingIdentifiers[10]
-        expectRejected(SubmissionRules.check(WireTaskRequest(kind: .processing, identifier: last), app: app, pending: mixed),
+        expectRejected(SubmissionRules.check(TaskRequest(kind: .processing, identifier: last), app: app, pending: mixed),
                        .tooManyPendingTaskRequests, mentions: ["10 pending processing"])
-        expectRejected(SubmissionRules.check(WireTaskRequest(kind: .healthResearch, identifier: last), app: app, pending: mixed),
+        expectRejected(SubmissionRules.check(TaskRequest(kind: .healthResearch, identifier: last), app: app, pending: mixed),
                        .tooManyPendingTaskRequests, mentions: ["10 pending processing"])
         // Refresh and continued-processing requests do not count.
-        let others = Array(mixed.prefix(9)) + [WireTaskRequest(kind: .refresh, identifier: "com.example.app.r")]
-        #expect(SubmissionRules.check(WireTaskRequest(kind: .healthResearch, identifier: last), app: app, pending: others) == nil)
+        let others = Array(mixed.prefix(9)) + [TaskRequest(kind: .refresh, identifier: "com.example.app.r")]
+        #expect(SubmissionRules.check(TaskRequest(kind: .healthResearch, identifier: last), app: app, pending: others) == nil)
     }
 
     @Test func continuedProcessingHasNoPendingLimit() {
         let app = makeApp()
-        let pending = (0..<20).map { WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.\($0)") }
-            + [WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh")]
-            + (0..<10).map { WireTaskRequest(kind: .processing, identifier: "com.example.app.p\($0)") }
-        let request = WireTaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.more")
+        let pending = (0..<20).map { TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.\($0)") }
+            + [TaskRequest(kind: .refresh, identifier: "com.example.app.refresh")]
+            + (0..<10).map { TaskRequest(kind: .processing, identifier: "com.example.app.p\($0)") }
+        let request = TaskRequest(kind: .continuedProcessing, identifier: "com.example.app.export.more")
         #expect(SubmissionRules.check(request, app: app, pending: pending) == nil)
     }
 
@@ -254,8 +254,8 @@ private let gpu: UInt32 = 1
     @Test func brokerReplacesOnResubmit() {
         let broker = InMemoryRequestBroker()
         let app = makeApp()
-        let first = WireTaskRequest(kind: .processing, identifier: "com.example.app.clean", earliestBeginDate: 100)
-        let second = WireTaskRequest(kind: .processing, identifier: "com.example.app.clean", earliestBeginDate: 200, requiresNetworkConnectivity: true)
+        let first = TaskRequest(kind: .processing, identifier: "com.example.app.clean", earliestBeginDate: 100)
+        let second = TaskRequest(kind: .processing, identifier: "com.example.app.clean", earliestBeginDate: 200, requiresNetworkConnectivity: true)
         #expect(broker.submit(first, app: app) == nil)
         #expect(broker.pending(app: app) == [first])
         #expect(broker.submit(second, app: app) == nil)
@@ -265,25 +265,25 @@ private let gpu: UInt32 = 1
     @Test func brokerEnforcesTheRefreshLimitAndKeepsRejectedOut() {
         let broker = InMemoryRequestBroker()
         let app = makeApp(permitted: ["com.example.app.refresh", "com.example.app.refresh2"])
-        let first = WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
+        let first = TaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
         #expect(broker.submit(first, app: app) == nil)
-        let rejection = broker.submit(WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app)
+        let rejection = broker.submit(TaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app)
         #expect(rejection?.status == .tooManyPendingTaskRequests)
         #expect(broker.pending(app: app) == [first])
-        let unknown = broker.submit(WireTaskRequest(kind: .refresh, identifier: "com.example.app.nope"), app: app)
+        let unknown = broker.submit(TaskRequest(kind: .refresh, identifier: "com.example.app.nope"), app: app)
         #expect(unknown?.status == .notPermitted)
         #expect(broker.pending(app: app) == [first])
         // After a cancel the other identifier fits.
         broker.cancel(identifier: "com.example.app.refresh", app: app)
-        #expect(broker.submit(WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app) == nil)
+        #expect(broker.submit(TaskRequest(kind: .refresh, identifier: "com.example.app.refresh2"), app: app) == nil)
         #expect(broker.pending(app: app).map(\.identifier) == ["com.example.app.refresh2"])
     }
 
     @Test func brokerCancelsOne() {
         let broker = InMemoryRequestBroker()
         let app = makeApp()
-        let refresh = WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
-        let clean = WireTaskRequest(kind: .processing, identifier: "com.example.app.clean")
+        let refresh = TaskRequest(kind: .refresh, identifier: "com.example.app.refresh")
+        let clean = TaskRequest(kind: .processing, identifier: "com.example.app.clean")
         #expect(broker.submit(refresh, app: app) == nil)
         #expect(broker.submit(clean, app: app) == nil)
         #expect(broker.pending(app: app) == [refresh, clean])
@@ -296,8 +296,8 @@ private let gpu: UInt32 = 1
     @Test func brokerCancelsAll() {
         let broker = InMemoryRequestBroker()
         let app = makeApp()
-        #expect(broker.submit(WireTaskRequest(kind: .refresh, identifier: "com.example.app.refresh"), app: app) == nil)
-        #expect(broker.submit(WireTaskRequest(kind: .processing, identifier: "com.example.app.clean"), app: app) == nil)
+        #expect(broker.submit(TaskRequest(kind: .refresh, identifier: "com.example.app.refresh"), app: app) == nil)
+        #expect(broker.submit(TaskRequest(kind: .processing, identifier: "com.example.app.clean"), app: app) == nil)
         broker.cancel(identifier: nil, app: app)
         #expect(broker.pending(app: app).isEmpty)
         // Cancelling everything for an app with nothing pending is harmless.
@@ -309,8 +309,8 @@ private let gpu: UInt32 = 1
         let broker = InMemoryRequestBroker()
         let one = makeApp(identifier: "com.example.one", permitted: ["com.example.one.refresh"])
         let two = makeApp(identifier: "com.example.two", permitted: ["com.example.two.refresh"])
-        let refreshOne = WireTaskRequest(kind: .refresh, identifier: "com.example.one.refresh")
-        let refreshTwo = WireTaskRequest(kind: .refresh, identifier: "com.example.two.refresh")
+        let refreshOne = TaskRequest(kind: .refresh, identifier: "com.example.one.refresh")
+        let refreshTwo = TaskRequest(kind: .refresh, identifier: "com.example.two.refresh")
         // Each app has its own refresh limit.
         #expect(broker.submit(refreshOne, app: one) == nil)
         #expect(broker.submit(refreshTwo, app: two) == nil)

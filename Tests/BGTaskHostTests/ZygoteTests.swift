@@ -1,6 +1,6 @@
 @testable import BGTaskHost
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Logging
 import Testing

@@ -1,3 +1,4 @@
+import BGTaskModel
 import BGTaskWire
 import Foundation
 import Testing
@@ -6,7 +7,7 @@ import Testing
 /// trip unchanged, and a frame that is not one (garbage, JSON, a truncated or padded message)
 /// is refused with an error naming what is wrong, never trapped on.
 struct WireCodecTests {
-    static let request = WireTaskRequest(
+    static let request = TaskRequest(
         kind: .processing, identifier: "com.example.feed.db-cleaning", earliestBeginDate: 1_800_000_000.25,
         requiresNetworkConnectivity: true, requiresExternalPower: true, protectionType: 2,
         title: "Cleaning", subtitle: "ünïcödé ✓", strategyFail: true, requiredResources: 1)
@@ -16,7 +17,7 @@ struct WireCodecTests {
         .registerRefused(identifier: "a.c", reason: "not permitted"), .launched(at: 7), .launchFailed(error: ""),
         .taskBegan(task: 1, at: 2), .taskNotRegistered(task: 3), .expirationDelivered(task: 4, at: 5, toApp: true),
         .taskCompleted(task: 6, success: false, at: 8), .fatal(error: "registered twice"), .log(level: -1, message: "line\nline"),
-        .submit(seq: 9, request: request), .submit(seq: 10, request: WireTaskRequest(kind: .refresh, identifier: "r")),
+        .submit(seq: 9, request: request), .submit(seq: 10, request: TaskRequest(kind: .refresh, identifier: "r")),
         .cancel(seq: 11, identifier: nil), .cancel(seq: 12, identifier: "x"), .pending(seq: 13),
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
         .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true), .finished(at: 100, descendants: false),
@@ -39,7 +40,7 @@ struct WireCodecTests {
                                 dataDirectory: "/d", permittedIdentifiers: [], tasks: [], mappedHandlers: [])),
         .expire(task: nil, reason: "budget"), .expire(task: 2, reason: "simulated"),
         .reply(seq: 1, status: 0, message: nil, requests: nil), .reply(seq: 2, status: 3, message: "too many", requests: []),
-        .reply(seq: 3, status: 0, message: nil, requests: [request, WireTaskRequest(kind: .healthResearch, identifier: "h")]),
+        .reply(seq: 3, status: 0, message: nil, requests: [request, TaskRequest(kind: .healthResearch, identifier: "h")]),
         .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close, .probeChildren,
     ]
 

@@ -108,7 +108,7 @@ def request(path, body, timeout=10.0):
 
 
 def task(kind, identifier, earliest=None, title=None, subtitle=None, network=False, power=False):
-    """A WireTaskRequest in the control protocol's form (every field)."""
+    """A TaskRequest in the control protocol's form (every field)."""
     body = {"kind": kind, "identifier": identifier}
     if earliest is not None:
         body["earliestBeginDate"] = earliest

@@ -1,5 +1,5 @@
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import Glibc
 

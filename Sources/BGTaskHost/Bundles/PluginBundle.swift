@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// A validated app (`.app`) or extension (`.appex`) bundle: what its Info.plist says, checked.

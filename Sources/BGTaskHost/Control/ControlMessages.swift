@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// A request on the control socket. Flat, with optional fields, so that adding a field or a
@@ -7,7 +7,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     public var verb: String
     public var app: String?
     public var identifier: String?
-    public var request: WireTaskRequest?
+    public var request: TaskRequest?
     public var force: Bool?
     public var wait: Bool?
     /// `device`: overrides to set ("power" → "on"/"off"/"auto"), and the app a per-app switch is for.
@@ -25,7 +25,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     /// before paging existed.
     public var after: String?
 
-    public init(verb: String, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
+    public init(verb: String, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
                 limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
         self.verb = verb
@@ -60,7 +60,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
                 sawVerb = true
             case .app: app = try container.decode(String.self, forKey: key)
             case .identifier: identifier = try container.decode(String.self, forKey: key)
-            case .request: request = try container.decode(WireTaskRequest.self, forKey: key)
+            case .request: request = try container.decode(TaskRequest.self, forKey: key)
             case .force: force = try container.decode(Bool.self, forKey: key)
             case .wait: wait = try container.decode(Bool.self, forKey: key)
             case .device: device = try container.decode([String: String].self, forKey: key)
@@ -80,7 +80,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     public static var verbs: [String] { ControlVerb.allCases.map(\.rawValue) }
 
     /// A request of a verb the host knows.
-    public init(_ verb: ControlVerb, app: String? = nil, identifier: String? = nil, request: WireTaskRequest? = nil,
+    public init(_ verb: ControlVerb, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
                 limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
         self.init(verb: verb.rawValue, app: app, identifier: identifier, request: request, force: force, wait: wait,
@@ -160,7 +160,7 @@ public struct WhyReport: Codable, Sendable, Equatable {
     public var identifier: String
     public var state: String // "pending", "running", "not-submitted"
     public var runningLaunch: String?
-    public var request: WireTaskRequest?
+    public var request: TaskRequest?
     public var blockers: [Blocker]
     public var now: Date
 

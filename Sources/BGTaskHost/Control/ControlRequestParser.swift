@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// A fast path for decoding control requests: a strict reader of the JSON that clients send
@@ -205,7 +205,7 @@ enum ControlRequestParser {
             return complete && sawVerb ? request : nil
         }
 
-        mutating func taskRequest() -> WireTaskRequest? {
+        mutating func taskRequest() -> TaskRequest? {
             var kind: TaskKind?, identifier: String?, earliest: Double?, title: String?, subtitle: String?
             var network: Bool?, power: Bool?, strategyFail: Bool?
             var protection: Int32?, resources: UInt32?
@@ -230,7 +230,7 @@ enum ControlRequestParser {
                 }
             }
             guard complete, let kind, let identifier, let network, let power, let strategyFail, let protection, let resources else { return nil }
-            return WireTaskRequest(
+            return TaskRequest(
                 kind: kind, identifier: identifier, earliestBeginDate: earliest, requiresNetworkConnectivity: network,
                 requiresExternalPower: power, protectionType: protection, title: title, subtitle: subtitle,
                 strategyFail: strategyFail, requiredResources: resources)

@@ -1,5 +1,5 @@
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Dispatch
 import Foundation
 import Glibc
@@ -61,7 +61,7 @@ public final class TaskHost: @unchecked Sendable {
         var app: String
         var reason: String
         var tasks: [TaskAssignment]
-        var requests: [String: WireTaskRequest]
+        var requests: [String: TaskRequest]
         var control: LaunchControl
         var expiredTasks: Set<UInt64> = []
         var waiters: [DispatchSemaphore] = []
@@ -80,7 +80,7 @@ public final class TaskHost: @unchecked Sendable {
     /// A continued-processing request waiting for a slot (strategy `.queue`).
     struct QueuedContinued {
         var launchID: String
-        var request: WireTaskRequest
+        var request: TaskRequest
     }
 
     public let configuration: Configuration
@@ -500,7 +500,7 @@ public final class TaskHost: @unchecked Sendable {
     // unavailable.
 
     /// The device's part of admission: its Background App Refresh switch and Low Power Mode.
-    private func deviceAdmission(_ request: WireTaskRequest, _ conditions: DeviceConditions) -> SubmissionRules.Rejection? {
+    private func deviceAdmission(_ request: TaskRequest, _ conditions: DeviceConditions) -> SubmissionRules.Rejection? {
         if request.kind != .continuedProcessing && !conditions.backgroundRefresh {
             return .init(status: .unavailable, message: "Background App Refresh is off for the device")
         }
@@ -511,14 +511,14 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     /// The app's part of admission: its own Background App Refresh switch.
-    static func appAdmission(_ request: WireTaskRequest, state: AppState) -> SubmissionRules.Rejection? {
+    static func appAdmission(_ request: TaskRequest, state: AppState) -> SubmissionRules.Rejection? {
         if request.kind != .continuedProcessing && !state.refreshEnabled {
             return .init(status: .unavailable, message: "Background App Refresh is off for \(state.app)")
         }
         return nil
     }
 
-    func submit(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String? = nil) -> SubmissionRules.Rejection? {
+    func submit(_ request: TaskRequest, app bundle: PluginBundle, fromLaunch launchID: String? = nil) -> SubmissionRules.Rejection? {
         if request.kind == .continuedProcessing { return submitContinued(request, app: bundle, fromLaunch: launchID) }
         return submitAll([(request, bundle)])[0]
     }
@@ -526,7 +526,7 @@ public final class TaskHost: @unchecked Sendable {
     /// Submits requests (not continued-processing ones) in one group commit: the rejection of
     /// each, or nil once it is durable. The app's switch and Apple's per-app rules are checked
     /// inside the store's write transaction, in order, so each sees the ones before it.
-    func submitAll(_ items: [(request: WireTaskRequest, app: PluginBundle)]) -> [SubmissionRules.Rejection?] {
+    func submitAll(_ items: [(request: TaskRequest, app: PluginBundle)]) -> [SubmissionRules.Rejection?] {
         let conditions = self.conditions()
         let supported = conditions.supportedResources
         let now = clock.now
@@ -579,7 +579,7 @@ public final class TaskHost: @unchecked Sendable {
 
     /// A continued-processing request runs in the foreground launch that submitted it, at once
     /// when a slot is free; otherwise it waits (`.queue`) or is refused (`.fail`).
-    func submitContinued(_ request: WireTaskRequest, app bundle: PluginBundle, fromLaunch launchID: String?) -> SubmissionRules.Rejection? {
+    func submitContinued(_ request: TaskRequest, app bundle: PluginBundle, fromLaunch launchID: String?) -> SubmissionRules.Rejection? {
         let supported = conditions().supportedResources
         if let rejection = SubmissionRules.check(request, app: bundle, pending: [], supportedResources: supported, now: clock.now) { return rejection }
         return queue.sync {
@@ -608,7 +608,7 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     /// On `queue`.
-    private func startContinued(_ request: WireTaskRequest, in launchID: String) {
+    private func startContinued(_ request: TaskRequest, in launchID: String) {
         guard var launch = running[launchID] else { return }
         let task = TaskAssignment(task: launch.nextTaskID, identifier: request.identifier, kind: .continuedProcessing)
         launch.nextTaskID += 1
@@ -939,7 +939,7 @@ public final class TaskHost: @unchecked Sendable {
     private func controlSubmit(_ requests: [ControlRequest]) -> [ControlResponse] {
         let apps = queue.sync { requests.map { $0.app.flatMap { catalog.apps[$0] } } }
         var responses: [ControlResponse?] = Array(repeating: nil, count: requests.count)
-        var items: [(request: WireTaskRequest, app: PluginBundle)] = []
+        var items: [(request: TaskRequest, app: PluginBundle)] = []
         var positions: [Int] = []
         for (position, request) in requests.enumerated() {
             guard let app = request.app, var task = request.request else {
@@ -1193,7 +1193,7 @@ struct HostRequestBroker: LaunchRequestBroker {
 
     /// A request from an extension is the containing app's: the host bound the extension's
     /// identity when it started the launch, so it can only ever act for that app.
-    func submit(_ request: WireTaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
+    func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
         guard let owner = host.owningApp(of: app) else {
             return .init(status: .unavailable, message: "the app containing \(app.identifier) is no longer in the plugin directory")
         }
@@ -1207,7 +1207,7 @@ struct HostRequestBroker: LaunchRequestBroker {
         _ = try? host.store.cancel(app: owner.identifier, identifier: identifier)
     }
 
-    func pending(app: PluginBundle) -> [WireTaskRequest] {
+    func pending(app: PluginBundle) -> [TaskRequest] {
         let offset = self.offset
         guard let owner = host.owningApp(of: app) else { return [] }
         return ((try? host.store.pending(app: owner.identifier)) ?? []).map {

@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// Limits of one launch, as data. Defaults per task type are documented in docs/records-and-limits.md.

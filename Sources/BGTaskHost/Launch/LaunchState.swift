@@ -1,4 +1,5 @@
 import BGTaskSystem
+import BGTaskModel
 import BGTaskWire
 import Foundation
 import Glibc
@@ -29,7 +30,7 @@ struct LaunchState {
         didSet { if refused.count > InputLimits.recordListEntries { refused.removeLast(); refusedOmitted += 1 } }
     }
     var refusedOmitted = 0
-    var submitted: [WireTaskRequest] = [] {
+    var submitted: [TaskRequest] = [] {
         didSet { if submitted.count > InputLimits.recordListEntries { submitted.removeLast(); submittedOmitted += 1 } }
     }
     var submittedOmitted = 0

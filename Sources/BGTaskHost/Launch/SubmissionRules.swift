@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// Apple's rules for accepting a task request, shared by every place requests come from (an
@@ -25,7 +25,7 @@ public enum SubmissionRules {
     /// for it. Returns nil when it may be accepted (replacing any pending request with the
     /// same identifier). `now` is the host's clock, which bounds `earliestBeginDate`.
     public static func check(
-        _ request: WireTaskRequest, app: PluginBundle, pending: [WireTaskRequest],
+        _ request: TaskRequest, app: PluginBundle, pending: [TaskRequest],
         supportedResources: UInt32 = 0, now: Date = Date()
     ) -> Rejection? {
         if let problem = oversizedField(request) { return Rejection(status: .notPermitted, message: problem) }
@@ -79,7 +79,7 @@ public enum SubmissionRules {
     /// Why a request is too large to keep (an identifier, title or subtitle over its limit, in
     /// `InputLimits`), or nil. The runner refuses these before they are sent; a control client
     /// is checked here.
-    static func oversizedField(_ request: WireTaskRequest) -> String? {
+    static func oversizedField(_ request: TaskRequest) -> String? {
         let fields = [("identifier", request.identifier, InputLimits.identifierBytes),
                       ("title", request.title ?? "", InputLimits.titleBytes),
                       ("subtitle", request.subtitle ?? "", InputLimits.titleBytes)]
@@ -92,19 +92,19 @@ public enum SubmissionRules {
 
 /// Answers the requests a launch makes of its host (submit, cancel, pending).
 public protocol LaunchRequestBroker: Sendable {
-    func submit(_ request: WireTaskRequest, app: PluginBundle) -> SubmissionRules.Rejection?
+    func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection?
     func cancel(identifier: String?, app: PluginBundle)
-    func pending(app: PluginBundle) -> [WireTaskRequest]
+    func pending(app: PluginBundle) -> [TaskRequest]
 }
 
 /// The broker of a one-shot `bgtask run`: requests live as long as the process.
 public final class InMemoryRequestBroker: LaunchRequestBroker, @unchecked Sendable {
     private let lock = NSLock()
-    private var requests: [String: [WireTaskRequest]] = [:]
+    private var requests: [String: [TaskRequest]] = [:]
 
     public init() {}
 
-    public func submit(_ request: WireTaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
+    public func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
         lock.withLock {
             let pending = requests[app.identifier] ?? []
             if let rejection = SubmissionRules.check(request, app: app, pending: pending) { return rejection }
@@ -123,7 +123,7 @@ public final class InMemoryRequestBroker: LaunchRequestBroker, @unchecked Sendab
         }
     }
 
-    public func pending(app: PluginBundle) -> [WireTaskRequest] {
+    public func pending(app: PluginBundle) -> [TaskRequest] {
         lock.withLock { requests[app.identifier] ?? [] }
     }
 }

@@ -1,4 +1,5 @@
 import BGTaskSystem
+import BGTaskModel
 import BGTaskWire
 import Foundation
 import Glibc

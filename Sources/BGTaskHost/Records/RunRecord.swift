@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// What happened in one launch (the run record contract of DESIGN.md). Times are milliseconds
@@ -95,7 +95,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var registered: [String]
     public var refusedRegistrations: [String]
     /// Requests the app submitted during the launch.
-    public var submitted: [WireTaskRequest]
+    public var submitted: [TaskRequest]
     /// How the child was started: `zygote` (forked from the pre-warmed launcher) or `spawn`.
     public var launcher: String?
     /// The launch's confinement, layer by layer (`SandboxLayer.names`): applied, with what it
@@ -122,7 +122,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public func jsonData(pretty: Bool = false) throws -> Data {
         let encoder = JSONEncoder()
         // A submitted refresh request has no strategy: list only what its kind has.
-        encoder.userInfo[WireTaskRequest.omitsInapplicableFields] = true
+        encoder.userInfo[TaskRequest.omitsInapplicableFields] = true
         // ISO 8601 with milliseconds: a record read back equals the one written.
         encoder.dateEncodingStrategy = .custom { date, encoder in
             var container = encoder.singleValueContainer()

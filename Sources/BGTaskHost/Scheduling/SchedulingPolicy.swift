@@ -1,4 +1,4 @@
-import BGTaskWire
+import BGTaskModel
 import Foundation
 
 /// How eagerly the host launches eligible work.

@@ -1,5 +1,5 @@
 import BGTaskSystem
-import BGTaskWire
+import BGTaskModel
 import Foundation
 import GRDB
 
@@ -12,12 +12,12 @@ import Darwin
 /// A request as the host keeps it.
 public struct StoredRequest: Sendable, Equatable, Codable {
     public var app: String
-    public var request: WireTaskRequest
+    public var request: TaskRequest
     public var submittedAt: Date
     /// The launch running it now, or nil while it is pending.
     public var runningLaunch: String?
 
-    public init(app: String, request: WireTaskRequest, submittedAt: Date, runningLaunch: String? = nil) {
+    public init(app: String, request: TaskRequest, submittedAt: Date, runningLaunch: String? = nil) {
         self.app = app
         self.request = request
         self.submittedAt = submittedAt
@@ -119,9 +119,9 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// another submitter's thread while this one waits: they must be quick and must not call
     /// back into the store.
     public func submit(
-        app: String, request: WireTaskRequest, at date: Date,
+        app: String, request: TaskRequest, at date: Date,
         admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
-        check: ([WireTaskRequest]) -> SubmissionRules.Rejection?
+        check: ([TaskRequest]) -> SubmissionRules.Rejection?
     ) throws(BGTaskError) -> SubmissionRules.Rejection? {
         let outcomes = withoutActuallyEscaping(check) { check in
             submitAll([Submission(app: app, request: request, at: date, admit: admit, check: check)])
@@ -132,14 +132,14 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// A submission for `submitAll`: what `submit` takes.
     public struct Submission {
         public var app: String
-        public var request: WireTaskRequest
+        public var request: TaskRequest
         public var date: Date
         public var admit: ((AppState) -> SubmissionRules.Rejection?)?
-        public var check: ([WireTaskRequest]) -> SubmissionRules.Rejection?
+        public var check: ([TaskRequest]) -> SubmissionRules.Rejection?
 
-        public init(app: String, request: WireTaskRequest, at date: Date,
+        public init(app: String, request: TaskRequest, at date: Date,
                     admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
-                    check: @escaping ([WireTaskRequest]) -> SubmissionRules.Rejection?) {
+                    check: @escaping ([TaskRequest]) -> SubmissionRules.Rejection?) {
             self.app = app
             self.request = request
             self.date = date
@@ -660,7 +660,7 @@ extension PendingRequestStore {
         guard let kind = TaskKind(rawValue: kindName) else {
             throw StoreCorruption("request \(seq) has the unknown task kind '\(kindName)'")
         }
-        let request = WireTaskRequest(
+        let request = TaskRequest(
             kind: kind,
             identifier: try row.decode(String.self, atIndex: 2),
             earliestBeginDate: try row.decode(Double?.self, atIndex: 4),
@@ -680,7 +680,7 @@ extension PendingRequestStore {
 
     /// Inserts a pending request, replacing the pending one of `app` with the same identifier
     /// (`request_pending_unique`): the new row has a new `seq`, so it is the newest submission.
-    static func insert(_ db: Database, app: String, request: WireTaskRequest, submittedAt: Date) throws {
+    static func insert(_ db: Database, app: String, request: TaskRequest, submittedAt: Date) throws {
         try db.cachedStatement(sql: """
                 INSERT OR REPLACE INTO request (app, identifier, kind, earliest, requires_network, requires_power,
                     protection_type, title, subtitle, strategy_fail, required_resources, submitted_at)
