@@ -73,14 +73,6 @@ public final class TaskHost: @unchecked Sendable {
         /// Foreground launches: in the foreground until then.
         var staysUntil: Date?
         var nextTaskID: UInt64 = 1
-        /// Continued-processing tasks running in this launch.
-        var continued: [UInt64: ContinuedTaskStatus] = [:]
-    }
-
-    /// A continued-processing request waiting for a slot (strategy `.queue`).
-    struct QueuedContinued {
-        var launchID: String
-        var request: TaskRequest
     }
 
     public let configuration: Configuration
@@ -92,12 +84,11 @@ public final class TaskHost: @unchecked Sendable {
     private var catalog = PluginCatalog()
     private var running: [String: RunningLaunch] = [:]
     private var finishedRecords: [String: RunRecord] = [:]
-    private var continuedQueue: [QueuedContinued] = []
+    /// Continued-processing tasks: running, queued, their progress (on `queue`).
+    private var continued: ContinuedProcessing
     /// Apps whose last launch could not be started, and when to try again (real time).
     private var retryAfter: [String: Date] = [:]
     static let startFailureBackoff: TimeInterval = 30
-    /// Continued tasks that ended in the last few seconds, for `bgtask progress`.
-    private var recentlyEnded: [(status: ContinuedTaskStatus, until: Date)] = []
     private var stallTimer: DispatchSourceTimer?
     private var shuttingDown = false
     private var dueTimer: DispatchSourceTimer?
@@ -121,6 +112,7 @@ public final class TaskHost: @unchecked Sendable {
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
         self.configuration = configuration
         self.logger = logger
+        continued = ContinuedProcessing(slots: configuration.maximumContinuedTasks, stallInterval: configuration.progressStallInterval.timeInterval)
         if let warning = try StateDirectory.prepare(configuration.stateDirectory) { logger.warning("\(warning)") }
         lock = try StateDirectory.Lock(configuration.stateDirectory)
         store = try PendingRequestStore(directory: configuration.stateDirectory)
@@ -485,12 +477,10 @@ public final class TaskHost: @unchecked Sendable {
         logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
         let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
         // Queued continued-processing requests die with the foreground launch that made them.
-        continuedQueue.removeAll { $0.launchID == record.launchID }
+        continued.launchEnded(record.launchID, at: Date())
         startQueuedContinued()
         if !waiters.isEmpty { finishedRecords[record.launchID] = record }
         for waiter in waiters { waiter.signal() }
-        let now = Date()
-        recentlyEnded.removeAll { $0.until < now }
         if shuttingDown { finishShutdownIfIdle() } else { evaluate() }
     }
 
@@ -586,25 +576,17 @@ public final class TaskHost: @unchecked Sendable {
             guard let launchID, let launch = running[launchID], launch.role == .foreground, !launch.closed else {
                 return .init(status: .unavailable, message: "continued-processing requests are submitted from the foreground: open the app (bgtask open \(bundle.identifier)) and submit from it")
             }
-            if running.values.contains(where: { $0.continued.values.contains { $0.identifier == request.identifier } })
-                || continuedQueue.contains(where: { $0.request.identifier == request.identifier }) {
-                return .init(status: .immediateRunIneligible, message: "'\(request.identifier)' is already running or queued")
-            }
-            if continuedSlotsInUse() < configuration.maximumContinuedTasks {
+            switch continued.admit(request, in: launchID) {
+            case .start:
                 startContinued(request, in: launchID)
                 return nil
+            case .queued:
+                logger.info("continued-processing request queued", metadata: ["launch.id": "\(launchID)", "task.id": "\(request.identifier)"])
+                return nil
+            case let .refused(rejection):
+                return rejection
             }
-            if request.strategyFail {
-                return .init(status: .immediateRunIneligible, message: "all \(configuration.maximumContinuedTasks) continued-processing slots are busy and the request's strategy is .fail")
-            }
-            continuedQueue.append(QueuedContinued(launchID: launchID, request: request))
-            logger.info("continued-processing request queued", metadata: ["launch.id": "\(launchID)", "task.id": "\(request.identifier)"])
-            return nil
         }
-    }
-
-    private func continuedSlotsInUse() -> Int {
-        running.values.reduce(0) { $0 + $1.continued.count }
     }
 
     /// On `queue`.
@@ -614,11 +596,7 @@ public final class TaskHost: @unchecked Sendable {
         launch.nextTaskID += 1
         launch.tasks.append(task)
         launch.requests[request.identifier] = request
-        let now = Date()
-        launch.continued[task.task] = ContinuedTaskStatus(
-            launchID: launchID, app: launch.app, identifier: request.identifier, task: task.task,
-            title: request.title ?? "", subtitle: request.subtitle ?? "", completed: 0, total: 0,
-            startedAt: now, progressChangedAt: now, expiring: false)
+        continued.started(request, task: task.task, in: launchID, app: launch.app, at: Date())
         running[launchID] = launch
         launch.control.startTask(task)
         logger.info("continued-processing task started", metadata: ["launch.id": "\(launchID)", "task.id": "\(request.identifier)"])
@@ -626,9 +604,7 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     private func startQueuedContinued() {
-        while continuedSlotsInUse() < configuration.maximumContinuedTasks, !continuedQueue.isEmpty {
-            let next = continuedQueue.removeFirst()
-            guard running[next.launchID] != nil else { continue }
+        while let next = continued.nextToStart(isRunning: { running[$0] != nil }) {
             startContinued(next.request, in: next.launchID)
         }
     }
@@ -647,22 +623,11 @@ public final class TaskHost: @unchecked Sendable {
         case .taskBegan:
             break
         case .taskEnded(let task):
-            if var status = running[launchID]?.continued.removeValue(forKey: task) {
-                status.ended = true
-                recentlyEnded.append((status, Date().addingTimeInterval(3)))
-                startQueuedContinued()
-            }
+            if continued.ended(task, in: launchID, at: Date()) { startQueuedContinued() }
         case let .progress(task, completed, total):
-            guard var status = running[launchID]?.continued[task] else { return }
-            if status.completed != completed || status.total != total {
-                status.completed = completed
-                status.total = total
-                status.progressChangedAt = Date()
-            }
-            running[launchID]?.continued[task] = status
+            continued.progress(task, in: launchID, completed: completed, total: total, at: Date())
         case let .title(task, title, subtitle):
-            running[launchID]?.continued[task]?.title = title
-            running[launchID]?.continued[task]?.subtitle = subtitle ?? ""
+            continued.title(task, in: launchID, title: title, subtitle: subtitle)
         }
         closeIfIdle(launchID)
     }
@@ -672,7 +637,7 @@ public final class TaskHost: @unchecked Sendable {
     private func closeIfIdle(_ launchID: String) {
         guard let launch = running[launchID], launch.role == .foreground, launch.launched, !launch.closed,
               Date() >= launch.staysUntil ?? .distantFuture,
-              launch.continued.isEmpty, !continuedQueue.contains(where: { $0.launchID == launchID }) else { return }
+              !continued.holds(launchID) else { return }
         running[launchID]?.closed = true
         launch.control.close()
     }
@@ -686,18 +651,11 @@ public final class TaskHost: @unchecked Sendable {
         timer.schedule(deadline: .now() + period, repeating: period)
         timer.setEventHandler { [weak self] in
             guard let self else { return }
-            let now = Date()
-            var any = false
-            for (id, launch) in self.running {
-                for (task, status) in launch.continued {
-                    any = true
-                    guard !status.expiring, now.timeIntervalSince(status.progressChangedAt) > stall else { continue }
-                    self.running[id]?.continued[task]?.expiring = true
-                    launch.control.expire(task: task, reason: "progress stalled")
-                    self.logger.info("expiring a continued-processing task: its progress stalled", metadata: ["launch.id": "\(id)", "task.id": "\(status.identifier)"])
-                }
+            for (id, status) in self.continued.stalled(at: Date()) {
+                self.running[id]?.control.expire(task: status.task, reason: "progress stalled")
+                self.logger.info("expiring a continued-processing task: its progress stalled", metadata: ["launch.id": "\(id)", "task.id": "\(status.identifier)"])
             }
-            if !any {
+            if self.continued.isEmpty {
                 self.stallTimer?.cancel()
                 self.stallTimer = nil
             }
@@ -769,22 +727,18 @@ public final class TaskHost: @unchecked Sendable {
     private func cancelTask(_ request: ControlRequest) -> ControlResponse {
         guard let identifier = request.identifier else { return .failure(.badRequest, "cancel-task needs a task identifier") }
         return queue.sync {
-            for (id, launch) in running {
-                guard let (task, _) = launch.continued.first(where: { $0.value.identifier == identifier }) else { continue }
-                running[id]?.continued[task]?.expiring = true
-                launch.control.expire(task: task, reason: "cancelled by the user")
-                var response = ControlResponse()
+            var response = ControlResponse()
+            switch continued.cancel(identifier) {
+            case let .running(id, task)?:
+                running[id]?.control.expire(task: task, reason: "cancelled by the user")
                 response.launchID = id
-                return response
+            case let .dequeued(id)?:
+                closeIfIdle(id)
+                response.launchID = id
+            case nil:
+                return .failure(.notFound, "no continued-processing task \(identifier) is running or queued")
             }
-            if let index = continuedQueue.firstIndex(where: { $0.request.identifier == identifier }) {
-                let queued = continuedQueue.remove(at: index)
-                closeIfIdle(queued.launchID)
-                var response = ControlResponse()
-                response.launchID = queued.launchID
-                return response
-            }
-            return .failure(.notFound, "no continued-processing task \(identifier) is running or queued")
+            return response
         }
     }
 
@@ -827,10 +781,7 @@ public final class TaskHost: @unchecked Sendable {
         case .progress:
             return queue.sync {
                 var response = ControlResponse()
-                let now = Date()
-                recentlyEnded.removeAll { $0.until < now }
-                response.continued = (running.values.flatMap(\.continued.values) + recentlyEnded.map(\.status))
-                    .sorted { ($0.startedAt, $0.task) < ($1.startedAt, $1.task) }
+                response.continued = continued.statuses(at: Date())
                 return response
             }
         }
