@@ -1082,6 +1082,26 @@ public final class TaskHost: @unchecked Sendable {
         }
     }
 
+    /// A launch's `cancel` host functions: its app's pending requests (one, or all) removed.
+    func cancelRequests(app: String, identifier: String?) {
+        do {
+            _ = try store.cancel(app: app, identifier: identifier)
+        } catch {
+            logger.error("cannot cancel requests", metadata: ["bundle.id": "\(app)", "error": "\(error)"])
+        }
+    }
+
+    /// A launch's `pending` host function: its app's pending requests (none when the store
+    /// cannot be read, which is logged).
+    func pendingRequests(app: String) -> [TaskRequest] {
+        do {
+            return try store.pending(app: app).map(\.request)
+        } catch {
+            logger.error("cannot read pending requests", metadata: ["bundle.id": "\(app)", "error": "\(error)"])
+            return []
+        }
+    }
+
     /// The app an extension belongs to (the app itself for an app).
     func owningApp(of bundle: PluginBundle) -> PluginBundle? {
         guard bundle.kind == .extension else { return bundle }
@@ -1155,14 +1175,14 @@ struct HostRequestBroker: LaunchRequestBroker {
 
     func cancel(identifier: String?, app: PluginBundle) {
         guard let owner = host.owningApp(of: app) else { return }
-        _ = try? host.store.cancel(app: owner.identifier, identifier: identifier)
+        host.cancelRequests(app: owner.identifier, identifier: identifier)
     }
 
     func pending(app: PluginBundle) -> [TaskRequest] {
         let offset = self.offset
         guard let owner = host.owningApp(of: app) else { return [] }
-        return ((try? host.store.pending(app: owner.identifier)) ?? []).map {
-            var request = $0.request
+        return host.pendingRequests(app: owner.identifier).map {
+            var request = $0
             request.earliestBeginDate = request.earliestBeginDate.map { $0 - offset }
             return request
         }
