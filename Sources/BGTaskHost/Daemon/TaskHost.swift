@@ -330,7 +330,7 @@ public final class TaskHost: @unchecked Sendable {
                         eligible.append(stored)
                     } else {
                         for until in blockers.compactMap(\.until) where until > now { wakeAt = min(wakeAt ?? until, until) }
-                        if blockers.contains(where: { ["no-external-power", "no-network"].contains($0.code) }) { watchConditions = true }
+                        if blockers.contains(where: { $0.knownCode?.liftsWithDeviceConditions == true }) { watchConditions = true }
                     }
                 }
                 if !eligible.isEmpty { startLaunch(bundle, requests: eligible, reason: .scheduled) }

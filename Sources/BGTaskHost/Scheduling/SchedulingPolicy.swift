@@ -68,6 +68,10 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     case concurrency
     /// Not blocking: a note that the app's last launch did not register the handler.
     case handlerNotRegistered = "handler-not-registered"
+
+    /// Lifts when the machine's power or network comes back, which the host learns only by
+    /// looking again (it re-reads device conditions while such a request waits).
+    var liftsWithDeviceConditions: Bool { self == .noExternalPower || self == .noNetwork }
 }
 
 /// Decides, for one request, everything that holds it back. A pure function of its inputs, so
