@@ -310,32 +310,20 @@ public final class TaskHost: @unchecked Sendable {
         if conditions.locked == false { unlockedSinceBoot = true }
         enforceConditions(conditions)
         lastConditions = conditions
-        let now = clock.now
-        var wakeAt: Date?
+        // A running processing task is expired when the device stops being idle or loses the
+        // power or network it requires: conditions are watched while one runs.
         var watchConditions = running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } }
+        var wakeAt: Date?
+        let realNow = Date()
+        retryAfter = retryAfter.filter { $0.value > realNow }
         do {
-            for app in try store.dueApps(at: now) {
-                guard running.count < configuration.maximumConcurrentLaunches else { break }
-                guard !running.values.contains(where: { $0.app == app }), let bundle = catalog.apps[app] else { continue }
-                if let retry = retryAfter[app] {
-                    if retry > Date() { continue }
-                    retryAfter[app] = nil
-                }
-                let state = try store.appState(app)
-                var eligible: [StoredRequest] = []
-                for stored in try store.pending(app: app) {
-                    let blockers = eligibility(conditions).blockers(for: stored, app: bundle, state: state, appRunning: false)
-                        .filter(\.blocking)
-                    if blockers.isEmpty {
-                        eligible.append(stored)
-                    } else {
-                        for until in blockers.compactMap(\.until) where until > now { wakeAt = min(wakeAt ?? until, until) }
-                        if blockers.contains(where: { $0.knownCode?.liftsWithDeviceConditions == true }) { watchConditions = true }
-                    }
-                }
-                if !eligible.isEmpty { startLaunch(bundle, requests: eligible, reason: .scheduled) }
-            }
-            if let next = try store.nextDueDate(after: now) { wakeAt = min(wakeAt ?? next, next) }
+            let decision = try Scheduler(eligibility: eligibility(conditions)).decide(
+                from: store, catalog: catalog.apps, running: Set(running.values.map(\.app)),
+                runningCount: running.count, maximumLaunches: configuration.maximumConcurrentLaunches,
+                backingOff: { retryAfter[$0] != nil })
+            for (bundle, requests) in decision.launches { startLaunch(bundle, requests: requests, reason: .scheduled) }
+            wakeAt = decision.wakeAt
+            watchConditions = watchConditions || decision.watchConditions
         } catch {
             logger.error("scheduling failed", metadata: ["error": "\(error)"])
         }
