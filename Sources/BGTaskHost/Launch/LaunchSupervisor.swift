@@ -301,30 +301,14 @@ public struct LaunchSupervisor: Sendable {
         var killAt: UInt64?
         var channelOpen = true
         var channelClosedAt: UInt64?
-        let sampleNs = UInt64(memorySampleInterval.nanoseconds)
-        // Adaptive sampling: the next sample comes before the launch, growing as fast as it
-        // last did, could cross half of its remaining headroom (never sooner than 0.5 ms).
-        var nextSampleNs: UInt64 = 0
-        var lastSample: (at: UInt64, rss: UInt64)?
-        let descendantWalkNs = UInt64(descendantSampleInterval.nanoseconds)
-        var nextDescendantWalkNs = state.startNs + descendantWalkNs
-        var knownDescendants: [pid_t] = []
-        var probeSent = false
-        var nextUnconditionalWalkNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
-        var heldSharedBytes: UInt64 = 0
-        // The app's own process: the runner, or pid 2 of the launch's PID namespace (see
-        // ProcessTree.appProcess). Found at the first sample; until the runner has reported its
-        // confinement (after its namespace is made), "no namespace" is not taken as final.
-        var app: pid_t?
-        // The disk reserve: the container's filesystem looked at every 100 ms, every 5 ms once
-        // it is within four reserves of it; under it, what the launch's containers hold is
-        // measured, and a launch whose containers grew by more than a MiB since is killed.
-        let reserve = plan.limits.diskReserveBytes
-        let containers = [plan.dataDirectory.path] + plan.bundle.appGroups.map {
-            AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0)
-        }
-        var nextDiskCheckNs = state.startNs + UInt64(descendantCheckInterval.nanoseconds)
-        var containersUnderReserve: UInt64?
+        var memory = MemorySampler(
+            limit: plan.limits.memoryLimitBytes, startNs: state.startNs, sampleInterval: UInt64(memorySampleInterval.nanoseconds),
+            descendantInterval: UInt64(descendantSampleInterval.nanoseconds), checkInterval: UInt64(descendantCheckInterval.nanoseconds))
+        let sampling = plan.limits.memoryLimitBytes > 0 && state.cgroup == nil
+        var disk = DiskReserveWatch(
+            reserve: plan.limits.diskReserveBytes,
+            containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
+            startNs: state.startNs, checkInterval: UInt64(descendantCheckInterval.nanoseconds))
 
         while true {
             let now = bgtask_monotonic_ns()
@@ -356,69 +340,26 @@ public struct LaunchSupervisor: Sendable {
                 Self.terminate(pid, cgroup: state.cgroup)
                 logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
             }
-            if reserve > 0, state.killed == nil, now >= nextDiskCheckNs {
-                let free = Self.availableBytes(containers[0])
-                if free < reserve {
-                    let held = Self.bytesHeld(containers)
-                    if let before = containersUnderReserve, held > before + (1 << 20) {
-                        state.killed = .disk
-                        state.diskExhaustion = "wrote \(RunRecord.mib(held - before)) more into its containers while their filesystem had \(RunRecord.mib(free)) free, under the host's reserve of \(RunRecord.mib(reserve)) (--disk-reserve)"
-                        Self.terminate(pid, cgroup: state.cgroup)
-                        logger.info("disk kill", metadata: ["free": "\(free)", "reserve": "\(reserve)"])
-                    } else if containersUnderReserve == nil {
-                        containersUnderReserve = held
-                    }
-                    nextDiskCheckNs = now + 5_000_000
-                } else {
-                    containersUnderReserve = nil
-                    nextDiskCheckNs = now + (free / 4 < reserve ? 5_000_000 : UInt64(descendantCheckInterval.nanoseconds))
-                }
+            if state.killed == nil, let exhaustion = disk.check(at: now) {
+                state.killed = .disk
+                state.diskExhaustion = exhaustion
+                Self.terminate(pid, cgroup: state.cgroup)
+                logger.info("disk kill", metadata: ["reserve": "\(disk.reserve)"])
             }
-            if plan.limits.memoryLimitBytes > 0, state.killed == nil, state.cgroup == nil, now >= nextSampleNs {
-                if app == nil, let found = ProcessTree.appProcess(of: pid), found != pid || state.sandbox != nil { app = found }
-                let counted = app ?? pid
-                if now >= nextDescendantWalkNs {
-                    // Walk when the runner said it has a child, or when it did not answer, and
-                    // every `descendantCheckInterval` whatever it said: its answer saves a
-                    // short launch the walk, it cannot hide a child for longer than that.
-                    if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
-                        let periodic = now >= nextUnconditionalWalkNs
-                        nextUnconditionalWalkNs = now + UInt64(descendantCheckInterval.nanoseconds)
-                        knownDescendants = ProcessTree.descendants(of: counted)
-                        if !knownDescendants.isEmpty { state.hadDescendants = true }
-                        // Memory no process's resident set shows (a memfd written but not
-                        // mapped, POSIX shared memory): looked for at the periodic walk only.
-                        if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants) }
-                    } else {
-                        knownDescendants = []
-                    }
-                    state.childrenAnswer = nil
-                    probeSent = (try? channel.send(ParentMessage.probeChildren)) != nil
-                    nextDescendantWalkNs = now + descendantWalkNs
-                }
-                let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: counted)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
-                state.peakRSS = max(state.peakRSS, rss)
-                var interval = sampleNs
-                if let last = lastSample, rss > last.rss, now > last.at, rss < plan.limits.memoryLimitBytes {
-                    let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
-                    let untilHalfHeadroom = Double(plan.limits.memoryLimitBytes - rss) / 2 / bytesPerNs
-                    interval = UInt64(min(Double(sampleNs), max(500_000, untilHalfHeadroom)))
-                }
-                lastSample = (now, rss)
-                nextSampleNs = now + interval
-                if rss > plan.limits.memoryLimitBytes {
-                    state.killed = .jetsam
-                    Self.terminate(pid, cgroup: nil)
-                    logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
-                }
+            if sampling, state.killed == nil,
+               let rss = memory.sample(at: now, runner: pid, state: &state, probe: { (try? channel.send(ParentMessage.probeChildren)) != nil }),
+               rss > plan.limits.memoryLimitBytes {
+                state.killed = .jetsam
+                Self.terminate(pid, cgroup: nil)
+                logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
             }
 
             var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
             if state.killed != nil { next = UInt64.max }
-            if plan.limits.memoryLimitBytes > 0 && state.killed == nil && state.cgroup == nil { next = min(next, max(nextSampleNs, now)) }
+            if sampling && state.killed == nil { next = min(next, max(memory.nextSampleNs, now)) }
             if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
             if let finishedNs = state.finishedNs, state.killed == nil { next = min(next, finishedNs + Self.exitAfterFinished) }
-            if reserve > 0, state.killed == nil { next = min(next, max(nextDiskCheckNs, now)) }
+            if disk.isOn, state.killed == nil { next = min(next, max(disk.nextCheckNs, now)) }
             if state.killed == nil {
                 for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
             }
@@ -469,7 +410,7 @@ public struct LaunchSupervisor: Sendable {
                     // All tasks ended: nothing the launch started may outlive it. (The runner
                     // killed them itself before it said so; this is the host making sure.)
                     // Below the app's process (not the namespace's init, whose death is the app's).
-                    if let app = app ?? ProcessTree.appProcess(of: pid) {
+                    if let app = memory.app ?? ProcessTree.appProcess(of: pid) {
                         for descendant in ProcessTree.descendants(of: app) { kill(descendant, SIGKILL) }
                     }
                 }
@@ -486,20 +427,6 @@ public struct LaunchSupervisor: Sendable {
             }
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
         }
-    }
-
-    /// Bytes the unprivileged may still write on the filesystem holding `path` (UInt64.max
-    /// when it cannot be asked: no reserve is enforced on what cannot be measured).
-    static func availableBytes(_ path: String) -> UInt64 {
-        var info = statvfs()
-        guard statvfs(path, &info) == 0 else { return .max }
-        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
-    }
-
-    /// What the directories hold on disk (allocated blocks), links not followed, other
-    /// filesystems not entered, at most a million entries each.
-    static func bytesHeld(_ directories: [String]) -> UInt64 {
-        directories.reduce(0) { $0 + UInt64(max(0, bgtask_directory_usage($1, 1_000_000))) }
     }
 
     /// How long a child that closed its channel has to exit before it counts as hung up.

@@ -1,0 +1,132 @@
+import BGTaskSystem
+import Foundation
+import _BGTaskSystemShims
+
+/// The disk reserve, watched for one launch (`LaunchLimits.diskReserveBytes`): the containers'
+/// filesystem looked at every `checkInterval`, every 5 ms once it is within four reserves of
+/// it; under it, what the launch's containers hold is measured, and a launch whose containers
+/// grew by more than a MiB since is to be killed.
+struct DiskReserveWatch {
+    let reserve: UInt64
+    let containers: [String]
+    let checkInterval: UInt64
+    private(set) var nextCheckNs: UInt64
+    /// What the containers held at the first look under the reserve.
+    private var heldWhenUnder: UInt64?
+
+    static let closeInterval: UInt64 = 5_000_000
+    static let growthAllowed: UInt64 = 1 << 20
+
+    init(reserve: UInt64, containers: [String], startNs: UInt64, checkInterval: UInt64) {
+        self.reserve = reserve
+        self.containers = containers
+        self.checkInterval = checkInterval
+        nextCheckNs = startNs + checkInterval
+    }
+
+    var isOn: Bool { reserve > 0 && !containers.isEmpty }
+
+    /// Looks when due. Returns why the launch must be killed, or nil.
+    mutating func check(at now: UInt64) -> String? {
+        guard isOn, now >= nextCheckNs else { return nil }
+        let free = Self.availableBytes(containers[0])
+        guard free < reserve else {
+            heldWhenUnder = nil
+            nextCheckNs = now + (free / 4 < reserve ? Self.closeInterval : checkInterval)
+            return nil
+        }
+        nextCheckNs = now + Self.closeInterval
+        let held = Self.bytesHeld(containers)
+        guard let before = heldWhenUnder else {
+            heldWhenUnder = held
+            return nil
+        }
+        guard held > before + Self.growthAllowed else { return nil }
+        return "wrote \(RunRecord.mib(held - before)) more into its containers while their filesystem had \(RunRecord.mib(free)) free, under the host's reserve of \(RunRecord.mib(reserve)) (--disk-reserve)"
+    }
+
+    /// Bytes the unprivileged may still write on the filesystem holding `path` (UInt64.max
+    /// when it cannot be asked: no reserve is enforced on what cannot be measured).
+    static func availableBytes(_ path: String) -> UInt64 {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return .max }
+        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
+    }
+
+    /// What the directories hold on disk (allocated blocks), links not followed, other
+    /// filesystems not entered, at most a million entries each.
+    static func bytesHeld(_ directories: [String]) -> UInt64 {
+        directories.reduce(0) { $0 + UInt64(max(0, bgtask_directory_usage($1, 1_000_000))) }
+    }
+}
+
+/// The memory sampler of one launch (without a cgroup): the resident memory of the app's process
+/// and its descendants, plus shared memory only open files show, sampled adaptively (the next
+/// sample comes before the launch, growing as fast as it last did, could cross half of its
+/// remaining headroom; never sooner than 0.5 ms). Descendants are looked for every
+/// `descendantInterval` when the runner says it has a child (or did not answer), and every
+/// `checkInterval` whatever it says.
+struct MemorySampler {
+    let limit: UInt64
+    let sampleInterval: UInt64
+    let descendantInterval: UInt64
+    let checkInterval: UInt64
+    private(set) var nextSampleNs: UInt64 = 0
+    private var lastSample: (at: UInt64, rss: UInt64)?
+    private var nextDescendantWalkNs: UInt64
+    private var nextUnconditionalWalkNs: UInt64
+    private var knownDescendants: [pid_t] = []
+    private var probeSent = false
+    private var heldSharedBytes: UInt64 = 0
+    /// The app's own process: the runner, or pid 2 of the launch's PID namespace (see
+    /// ProcessTree.appProcess). Found at the first sample; until the runner has reported its
+    /// confinement (after its namespace is made), "no namespace" is not taken as final.
+    private(set) var app: pid_t?
+
+    init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, descendantInterval: UInt64, checkInterval: UInt64) {
+        self.limit = limit
+        self.sampleInterval = sampleInterval
+        self.descendantInterval = descendantInterval
+        self.checkInterval = checkInterval
+        nextDescendantWalkNs = startNs + descendantInterval
+        nextUnconditionalWalkNs = startNs + checkInterval
+    }
+
+    /// Samples when due: the launch's resident bytes (its peak is kept in `state`), or nil when
+    /// no sample was due. `probe` asks the runner whether it has a child (true when sent).
+    mutating func sample(at now: UInt64, runner pid: pid_t, state: inout LaunchState, probe: () -> Bool) -> UInt64? {
+        guard now >= nextSampleNs else { return nil }
+        if app == nil, let found = ProcessTree.appProcess(of: pid), found != pid || state.sandbox != nil { app = found }
+        let counted = app ?? pid
+        if now >= nextDescendantWalkNs {
+            // Walk when the runner said it has a child, or when it did not answer, and every
+            // `checkInterval` whatever it said: its answer saves a short launch the walk, it
+            // cannot hide a child for longer than that.
+            if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
+                let periodic = now >= nextUnconditionalWalkNs
+                nextUnconditionalWalkNs = now + checkInterval
+                knownDescendants = ProcessTree.descendants(of: counted)
+                if !knownDescendants.isEmpty { state.hadDescendants = true }
+                // Memory no process's resident set shows (a memfd written but not mapped, POSIX
+                // shared memory): looked for at the periodic walk only.
+                if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants) }
+            } else {
+                knownDescendants = []
+            }
+            state.childrenAnswer = nil
+            probeSent = probe()
+            nextDescendantWalkNs = now + descendantInterval
+        }
+        let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: counted)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
+        state.peakRSS = max(state.peakRSS, rss)
+        var interval = sampleInterval
+        if let last = lastSample, rss > last.rss, now > last.at, rss < limit {
+            let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
+            let untilHalfHeadroom = Double(limit - rss) / 2 / bytesPerNs
+            interval = UInt64(min(Double(sampleInterval), max(500_000, untilHalfHeadroom)))
+        }
+        lastSample = (now, rss)
+        nextSampleNs = now + interval
+        return rss
+    }
+}
