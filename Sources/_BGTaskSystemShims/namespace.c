@@ -95,6 +95,7 @@ struct context {
     int outer_is_maker;        /* spawned runner: the maker itself is the outer process */
     volatile pid_t init_pid;   /* as the outer process sees it (written by the kernel) */
     int outer_pidfd;           /* the outer process, for the init to see it is still there */
+    int original_mounts;       /* the mount namespace the outer process goes back to */
     size_t size;               /* of the mapping this context begins */
     char *outer_stack_top;
     char *init_stack_top;
@@ -216,6 +217,20 @@ static _Noreturn void outer_mirror(struct context *context) {
     mirror(context->init_pid, 1000);
 }
 
+/* The outer process leaves the launch's mount namespace once the init is in it: the last
+ * process to leave a mount namespace tears it down (every mount it copied, and its /proc), and
+ * that must not be the outer process, whose reap is the launch's end (a watchdog kill is
+ * measured to it). The init's exit pays instead, after the outer process has read its report. */
+static void remember_mounts(struct context *context) {
+    context->original_mounts = (int)raw4(SYS_openat, AT_FDCWD, (long)"/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC, 0);
+}
+
+static void leave_mounts(struct context *context) {
+    if (context->original_mounts < 0) return;
+    raw2(SYS_setns, context->original_mounts, CLONE_NEWNS);
+    raw1(SYS_close, context->original_mounts);
+}
+
 /* The namespaces, then the init: by the outer process (a zygote's spare: a CLONE_VM child of
  * the zygote, on its own stack), or by a spawned runner itself. 0, or -errno and the step. */
 static long make_namespaces(int *step) {
@@ -233,6 +248,7 @@ static int outer_main(void *argument) {
     struct context *context = argument;
     block_signals();
     raw2(SYS_setpgid, 0, 0);
+    remember_mounts(context);
     int step = 0;
     long rc = make_namespaces(&step);
     if (rc < 0) {
@@ -240,6 +256,7 @@ static int outer_main(void *argument) {
         raw_exit(127);
     }
     start_init(context);
+    leave_mounts(context);
     outer_mirror(context);
 }
 
@@ -327,17 +344,21 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
         /* The app, in its own copy of the maker's memory: nothing of the machinery is its. */
         close_pipes((struct context *)region);
         if (((struct context *)region)->outer_pidfd >= 0) close(((struct context *)region)->outer_pidfd);
+        if (((struct context *)region)->original_mounts >= 0) close(((struct context *)region)->original_mounts);
         munmap(region, REGION_SIZE);
         return 0;
     }
     pid_t outer;
+    context->original_mounts = -1;
     if (outer_is_maker) {
+        remember_mounts(context);
         int step = 0;
         long rc = make_namespaces(&step);
         if (rc < 0 && step == STEP_UNSHARE) {
             snprintf(error, error_size, "%s: %s%s", step_name(step), strerror((int)-rc),
                      rc == -EPERM ? " (a host that is not root cannot make namespaces for its launches)" : "");
             close_pipes(context);
+            if (context->original_mounts >= 0) close(context->original_mounts);
             munmap(region, REGION_SIZE);
             return -1;
         }
@@ -389,7 +410,10 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
          * stay mapped: the init may still be running on its way out. */
         return -1;
     }
-    if (outer_is_maker) outer_mirror(context);
+    if (outer_is_maker) {
+        leave_mounts(context);
+        outer_mirror(context);
+    }
     close(context->status[0]);
     close(context->status[1]);
     if (region_count == region_capacity) {
