@@ -61,7 +61,7 @@ let package = Package(
         .target(name: "_BGTaskSystemShims"),
         .target(name: "BGTaskSystem", dependencies: ["_BGTaskSystemShims"]),
         .target(name: "BGTaskModel"),
-        .target(name: "BGTaskWire", dependencies: ["BGTaskModel", "BGTaskSystem"]),
+        .target(name: "BGTaskWire", dependencies: ["BGTaskModel", "BGTaskSystem", "CBGTaskPluginABI"]),
         .target(
             name: "BGTaskHost",
             dependencies: [
@@ -127,7 +127,7 @@ let package = Package(
         // Tests follow the modules: the system layer and the wire protocols stand alone; the
         // host's tests drive real hosts, runners and plugins.
         .testTarget(name: "BGTaskSystemTests", dependencies: ["BGTaskSystem", "_BGTaskSystemShims"]),
-        .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskModel", "BGTaskWire"]),
+        .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskModel", "BGTaskWire", "CBGTaskPluginABI"]),
         .testTarget(
             name: "BGTaskHostTests",
             dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
