@@ -92,11 +92,9 @@ struct context {
     sigjmp_buf resume;         /* the maker's frame, where the app resumes */
     int ready[2];              /* init (or outer) → maker: a struct message */
     int status[2];             /* init → outer: the app's wait status */
-    int outer_is_maker;        /* spawned runner: the maker itself is the outer process */
     volatile pid_t init_pid;   /* as the outer process sees it (written by the kernel) */
     int outer_pidfd;           /* the outer process, for the init to see it is still there */
     int original_mounts;       /* the mount namespace the outer process goes back to */
-    size_t size;               /* of the mapping this context begins */
     char *outer_stack_top;
     char *init_stack_top;
 };
@@ -197,15 +195,13 @@ static _Noreturn void mirror(pid_t init, int status_fd) {
 }
 
 /* glibc's clone: the init runs init_main on its own stack, touching no thread state; the
- * kernel writes its pid (as the outer process sees it) into the context before either runs. */
-static void start_init(struct context *context) {
+ * kernel writes its pid (as the outer process sees it) into the context before either runs.
+ * Called by the outer process. Returns the init's pid, or -errno. */
+static long start_init(struct context *context) {
     context->outer_pidfd = (int)raw2(SYS_pidfd_open, raw0(SYS_getpid), 0);
     int init = clone(init_main, context->init_stack_top, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, context,
                      (pid_t *)&context->init_pid);
-    if (init < 0) {
-        report(context, STEP_INIT, -ENOMEM);
-        raw_exit(127);
-    }
+    return init < 0 ? -ENOMEM : init;
 }
 
 /* The outer process once the app exists: keeps nothing but the status pipe's read end. */
@@ -255,7 +251,11 @@ static int outer_main(void *argument) {
         report(context, step, rc);
         raw_exit(127);
     }
-    start_init(context);
+    rc = start_init(context);
+    if (rc < 0) {
+        report(context, STEP_INIT, rc);
+        raw_exit(127);
+    }
     leave_mounts(context);
     outer_mirror(context);
 }
@@ -323,8 +323,6 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
     }
     struct context *context = (struct context *)region;
     memset(context, 0, sizeof *context);
-    context->outer_is_maker = outer_is_maker;
-    context->size = REGION_SIZE;
     uintptr_t stacks = ((uintptr_t)region + sizeof *context + 15) & ~(uintptr_t)15;
     context->outer_stack_top = (char *)(stacks + STACK_SIZE);
     context->init_stack_top = (char *)(stacks + 2 * STACK_SIZE);
@@ -368,10 +366,7 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
             _exit(127);
         }
         /* The init shares this process's memory and forks the app from it while this waits. */
-        context->outer_pidfd = (int)raw2(SYS_pidfd_open, raw0(SYS_getpid), 0);
-        int init = clone(init_main, context->init_stack_top, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, context,
-                         (pid_t *)&context->init_pid);
-        if (init < 0) {
+        if (start_init(context) < 0) {
             fprintf(stderr, "bgtask-runner: starting the launch's init: %s\n", strerror(errno));
             _exit(127);
         }

@@ -100,13 +100,19 @@ enum Sandbox {
     /// Why this zygote's launches get no PID namespace (nil: they do), decided once.
     nonisolated(unsafe) static var namespacesUnavailable: String?
 
+    /// The zygote, once: whether its spares may make namespaces (a throwaway child tries, since
+    /// a spare that failed half-way would already be the host's child).
     static func checkNamespaces() {
-        if let value = getenv(AppContainer.pidNamespaceSwitch), String(cString: value) == "off" {
-            namespacesUnavailable = "confinement is off for this launch (--no-sandbox)"
-            return
-        }
+        if switchedOff() { return }
         var error = [CChar](repeating: 0, count: 512)
         if bgtask_namespaces_available(&error, error.count) == 0 { namespacesUnavailable = text(error) }
+    }
+
+    /// True (and the reason noted) when the host turned confinement off (--no-sandbox).
+    private static func switchedOff() -> Bool {
+        guard let value = getenv(AppContainer.pidNamespaceSwitch), String(cString: value) == "off" else { return false }
+        namespacesUnavailable = "confinement is off for this launch (--no-sandbox)"
+        return true
     }
 
     /// In the app's process: records whether it is in a namespace of its own.
@@ -117,9 +123,10 @@ enum Sandbox {
     }
 
     /// A spawned runner, as it starts: becomes the outer process, and carries on as the app.
+    /// No probe first: `bgtask_enter_pid_namespace` fails cleanly, with its reason, when it
+    /// cannot unshare.
     static func enterPidNamespace() {
-        checkNamespaces()
-        guard namespacesUnavailable == nil else { return notePidNamespace(false) }
+        if switchedOff() { return notePidNamespace(false) }
         var error = [CChar](repeating: 0, count: 512)
         let entered = bgtask_enter_pid_namespace(&error, error.count) == 0
         notePidNamespace(entered, error: entered ? nil : text(error))

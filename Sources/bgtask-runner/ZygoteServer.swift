@@ -13,7 +13,8 @@ import _BGTaskSystemShims
 /// first spare). Each request is the launch's environment overrides with three descriptors
 /// (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The zygote makes
 /// the next spare and answers `launched` (the launch's process and that spare) or `failed`.
-/// The zygote hands a request's bytes to its spare as they came; the spare decodes them. End of stream: the host is gone, and so are the zygote and its spare.
+/// The zygote hands a request's bytes to its spare as they came; the spare decodes them. End
+/// of stream: the host is gone, and so are the zygote and its spare.
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
 /// pool): it has already reset its signals and made its process group, and waits on a socket of

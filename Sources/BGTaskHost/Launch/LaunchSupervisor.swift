@@ -619,7 +619,6 @@ public struct LaunchSupervisor: Sendable {
     static let spawnLock = NSLock()
 }
 
-
 extension Duration {
     var nanoseconds: Int64 {
         let (seconds, attoseconds) = components
