@@ -96,8 +96,18 @@ struct MemorySampler {
     /// no sample was due. `probe` asks the runner whether it has a child (true when sent).
     mutating func sample(at now: UInt64, runner pid: pid_t, state: inout LaunchState, probe: () -> Bool) -> UInt64? {
         guard now >= nextSampleNs else { return nil }
-        if app == nil, let found = ProcessTree.appProcess(of: pid), found != pid || state.sandbox != nil { app = found }
-        let counted = app ?? pid
+        let counted: pid_t
+        if let app {
+            counted = app
+        } else if let found = ProcessTree.appProcess(of: pid) {
+            counted = found
+            if found != pid || state.sandbox != nil { app = found }
+        } else {
+            // A namespace is being made and its app is not there yet: the outer process shares
+            // the zygote's memory, which is not the app's to count. Look again shortly.
+            nextSampleNs = now + sampleInterval
+            return nil
+        }
         if now >= nextDescendantWalkNs {
             // Walk when the runner said it has a child, or when it did not answer, and every
             // `checkInterval` whatever it said: its answer saves a short launch the walk, it
