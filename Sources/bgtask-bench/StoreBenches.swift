@@ -94,7 +94,7 @@ func storeSubmitRate(in directory: URL, threads: Int, duration: Double) throws -
             let app = SubmitWorkload.app(index)
             for (identifier, kind) in SubmitWorkload.identifiers(index) where monotonicNs() < deadline {
                 let request = TaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest)
-                if (try? store.submit(app: app, request: request, at: Date(), check: { _ in nil })) == .some(nil) { ok += 1 }
+                if (try? store.submit(app: app, request: request, at: Date(), rules: nil)) == .some(nil) { ok += 1 }
             }
             index += threads
         }

@@ -41,6 +41,13 @@ private func processing(_ identifier: String, earliest: Date? = nil) -> TaskRequ
         requiresNetworkConnectivity: true, requiresExternalPower: true)
 }
 
+/// An in-memory bundle of `identifier` that permits `identifier.tN` for N below `count`.
+private func bundle(_ identifier: String, permittingNumbered count: Int) -> PluginBundle {
+    var made = bundle(identifier)
+    made.permittedIdentifiers = (0..<count).map { "\(identifier).t\($0)" }
+    return made
+}
+
 /// A bundle built in memory: SubmissionRules only looks at its Info.plist values.
 private func bundle(_ identifier: String) -> PluginBundle {
     PluginBundle(
@@ -54,7 +61,7 @@ private func bundle(_ identifier: String) -> PluginBundle {
 extension PendingRequestStore {
     /// Submits with Apple's rules for an in-memory bundle of `app`; fails the test on rejection.
     fileprivate func submitChecked(_ request: TaskRequest, app: String, at date: Date = t0) throws -> SubmissionRules.Rejection? {
-        try submit(app: app, request: request, at: date) { SubmissionRules.check(request, app: bundle(app), pending: $0) }
+        try submit(app: app, request: request, at: date, rules: .init(app: bundle(app)))
     }
 
     fileprivate func accept(_ request: TaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
@@ -64,7 +71,7 @@ extension PendingRequestStore {
 
     /// Submits without Apple's rules (an identifier the in-memory bundle does not permit).
     fileprivate func put(_ request: TaskRequest, app: String, at date: Date = t0, sourceLocation: SourceLocation = #_sourceLocation) throws {
-        let rejection = try submit(app: app, request: request, at: date) { _ in nil }
+        let rejection = try submit(app: app, request: request, at: date, rules: nil)
         #expect(rejection == nil, sourceLocation: sourceLocation)
     }
 
@@ -232,7 +239,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
             title: "Exporting", subtitle: "12 photos", strategyFail: true, requiredResources: 1)
         try store.accept(refresh("\(feed).refresh", earliest: t0.addingTimeInterval(60)), app: feed, at: t0)
         try store.accept(processing("\(feed).clean"), app: feed, at: t0.addingTimeInterval(1))
-        #expect(try store.submit(app: feed, request: full, at: t0.addingTimeInterval(2.25)) { _ in nil } == nil)
+        #expect(try store.submit(app: feed, request: full, at: t0.addingTimeInterval(2.25), rules: nil) == nil)
 
         var pending = try store.pending(app: feed)
         #expect(pending.map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean", "\(feed).export.photos"])
@@ -270,23 +277,27 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         try store.accept(processing("\(feed).clean"), app: feed)
         try store.accept(refresh("\(mail).refresh"), app: mail)
 
-        var seen: [TaskRequest] = []
-        let rejection = SubmissionRules.Rejection(status: .notPermitted, message: "no")
-        #expect(try store.submit(app: feed, request: refresh("\(feed).x"), at: t0) { seen = $0; return rejection } == rejection)
-        // The app's own requests, in submission order; not another app's.
-        #expect(seen == [refresh("\(feed).refresh"), processing("\(feed).clean")])
+        // An identifier the app does not permit: rejected, nothing stored.
+        let rejection = try store.submitChecked(refresh("\(feed).x"), app: feed)
+        #expect(rejection?.status == .notPermitted)
         #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean"])
 
-        // Apple's rules through the store: a second refresh identifier is one too many, and the
-        // rejection leaves the existing one in place; resubmitting the same identifier is fine.
+        // Apple's rules through the store see the app's own requests (not another app's, which
+        // has a refresh too): a second refresh identifier is one too many, and the rejection
+        // leaves the existing one in place; resubmitting the same identifier is fine.
         let tooMany = try store.submitChecked(refresh("\(feed).other-refresh"), app: feed)
         #expect(tooMany?.status == .tooManyPendingTaskRequests)
         #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh", "\(feed).clean"])
         try store.accept(refresh("\(feed).refresh", earliest: t0.addingTimeInterval(5)), app: feed)
         #expect(try store.pending(app: feed).count == 2)
 
-        // A rejection that replaces nothing: the pending request with the same identifier stays.
-        #expect(try store.submit(app: feed, request: refresh("\(feed).refresh"), at: t0) { _ in rejection } == rejection)
+        // A rejection replaces nothing: with the app's Background App Refresh switched off (its
+        // state, read in the same transaction), the pending request with the same identifier stays.
+        var state = try store.appState(feed)
+        state.refreshEnabled = false
+        try store.saveAppState(state)
+        let switchedOff = try store.submitChecked(refresh("\(feed).refresh"), app: feed)
+        #expect(switchedOff?.status == .unavailable && switchedOff?.message.contains("Background App Refresh is off for \(feed)") == true)
         #expect(try store.pendingRequest(identifier: "\(feed).refresh")?.earliest == t0.addingTimeInterval(5))
     }
 
@@ -476,13 +487,10 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
 
         // During the launch the app submits its refresh again: check sees the running one too,
         // Apple's rules accept it (same identifier), and it is a new pending row beside it.
-        var seen: [TaskRequest] = []
         let again = refresh(r.identifier, earliest: t0.addingTimeInterval(900))
-        #expect(try store.submit(app: feed, request: again, at: t0.addingTimeInterval(1)) {
-            seen = $0
-            return SubmissionRules.check(again, app: bundle(feed), pending: $0)
-        } == nil)
-        #expect(seen.map(\.identifier) == [r.identifier, c.identifier, x.identifier])
+        #expect(try store.submitChecked(again, app: feed, at: t0.addingTimeInterval(1)) == nil)
+        // The running refresh counts: another refresh identifier is one too many.
+        #expect(try store.submitChecked(refresh("\(feed).other-refresh"), app: feed)?.status == .tooManyPendingTaskRequests)
         #expect(try store.pending(app: feed).map(\.request) == [x, again])
         #expect(try store.allRows().filter { $0.request.identifier == r.identifier }.map(\.runningLaunch) == ["L1", nil])
         // Cancelling during the launch cancels the pending one, not the running one.
@@ -714,7 +722,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(try store.setting("clock") == "virtual:1800000000")
         // Two instances at once (the daemon and a CLI command) see each other's writes.
         let other = try scratch.open()
-        try other.accept(refresh("\(feed).refresh"), app: feed)
+        try other.put(refresh("\(feed).refresh"), app: feed)
         #expect(try store.pending(app: feed).count == 2)
     }
 
@@ -750,7 +758,7 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
             do {
                 // Each identifier submitted twice from different threads: one row each in the end.
                 let request = processing("app\(index % 4).x.task\(index % 20)")
-                _ = try store.submit(app: "app\(index % 4).x", request: request, at: t0) { _ in nil }
+                _ = try store.submit(app: "app\(index % 4).x", request: request, at: t0, rules: nil)
             } catch {
                 failures.withLock { $0 += 1 }
             }
@@ -765,10 +773,11 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         let scratch = try StoreScratch()
         defer { scratch.remove() }
         let store = try scratch.open()
-        // 16 threads race 240 distinct submissions into one app whose check allows 100: however
-        // they are grouped, each check must see every submission committed or queued before it
-        // in its group, so exactly 100 are kept.
+        // 16 threads race 240 distinct processing submissions into one app, which Apple's rules
+        // allow 10 of: however they are grouped, each decision must see every submission
+        // committed or queued before it in its group, so exactly 10 are kept.
         let accepted = Mutex(0), rejected = Mutex(0)
+        let manyIdentifiers = bundle(feed, permittingNumbered: 240)
         // 16 real threads (concurrentPerform runs only as many as there are cores, and on a
         // loaded two-core machine those may never overlap a commit), started together.
         let start = DispatchSemaphore(value: 0), done = DispatchGroup()
@@ -778,19 +787,17 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
                 defer { done.leave() }
                 start.wait()
                 for index in 0..<15 {
-                    let request = processing("\(feed).t\(thread).\(index)")
-                    let rejection = try? store.submit(app: feed, request: request, at: t0) { current in
-                        current.count >= 100 ? .init(status: .tooManyPendingTaskRequests, message: "full") : nil
-                    }
+                    let request = processing("\(feed).t\(thread * 15 + index)")
+                    let rejection = try? store.submit(app: feed, request: request, at: t0, rules: .init(app: manyIdentifiers))
                     if rejection == .some(nil) { accepted.withLock { $0 += 1 } } else { rejected.withLock { $0 += 1 } }
                 }
             }.start()
         }
         for _ in 0..<16 { start.signal() }
         done.wait()
-        #expect(accepted.withLock { $0 } == 100)
-        #expect(rejected.withLock { $0 } == 140)
-        #expect(try store.pending(app: feed).count == 100)
+        #expect(accepted.withLock { $0 } == SubmissionRules.maximumPendingProcessing)
+        #expect(rejected.withLock { $0 } == 240 - SubmissionRules.maximumPendingProcessing)
+        #expect(try store.pending(app: feed).count == SubmissionRules.maximumPendingProcessing)
         let statistics = store.submissionStatistics
         #expect(statistics.writes == 240)
         // Group commit: submissions that arrive during a commit share the next one.
@@ -816,9 +823,9 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         DispatchQueue.concurrentPerform(iterations: 40) { index in
             let app = index % 4 == 0 ? "com.example.broken" : "com.example.app\(index % 4)"
             do {
+                // With rules, so that the app's state is read (and fails to decode).
                 let rejection = try store.submit(
-                    app: app, request: processing("\(app).t\(index)"), at: t0,
-                    admit: { _ in nil }, check: { _ in nil })
+                    app: app, request: processing("\(app).t\(index)"), at: t0, rules: .init(app: bundle(app, permittingNumbered: 40)))
                 if rejection == nil { kept.withLock { $0 += 1 } }
             } catch {
                 errors.withLock { $0.append("\(error)") }

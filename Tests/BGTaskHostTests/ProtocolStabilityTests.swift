@@ -24,7 +24,7 @@ import Testing
         ])
         // Apple's BGTaskScheduler.Error.Code names, as the SDK maps them back.
         for status in [SubmissionRules.Status.unavailable, .tooManyPendingTaskRequests, .notPermitted, .immediateRunIneligible] {
-            #expect(TaskHost.code(status).rawValue == "\(status)")
+            #expect(ControlVerbs.code(status).rawValue == "\(status)")
         }
     }
 

@@ -215,7 +215,7 @@ import _BGTaskSystemShims
                       bundlePath: "/p", log: nil, registered: [], refusedRegistrations: [], submitted: [])
         }
         let records = [record(0, errorBytes: 10), record(1, errorBytes: ControlFrame.maximumPayload)] + (2..<40).map { record($0, errorBytes: 50_000) }
-        let (kept, omitted) = TaskHost.fitting(records)
+        let (kept, omitted) = ControlVerbs.fitting(records)
         #expect(kept.first?.launchID == "launch-0")
         #expect(!kept.contains { $0.launchID == "launch-1" }, "a record over the frame by itself is left out")
         #expect(kept.map(\.launchID) == ["launch-0"] + (2..<(kept.count + 1)).map { "launch-\($0)" }, "the newest that fit, in order")

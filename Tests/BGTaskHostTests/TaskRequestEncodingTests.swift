@@ -47,7 +47,7 @@ import Testing
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("bgtask-encoding-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let store = try PendingRequestStore(directory: directory)
-        #expect(try store.submit(app: "com.example.study", request: Self.sample, at: Date(), check: { _ in nil }) == nil)
+        #expect(try store.submit(app: "com.example.study", request: Self.sample, at: Date(), rules: nil) == nil)
         #expect(try store.pending(app: "com.example.study").map(\.request) == [Self.sample])
         // And again from the file, as a restarted host reads it.
         let reopened = try PendingRequestStore(directory: directory)

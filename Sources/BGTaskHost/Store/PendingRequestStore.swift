@@ -107,44 +107,35 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     // MARK: Requests
 
-    /// Submits `request` for `app` in one transaction: `admit` sees the app's state and `check`
-    /// its current requests (pending and running), and either may reject; otherwise the request
-    /// replaces any *pending* request with the same identifier (a running one stays with its
-    /// launch). Returns the rejection, or nil once the request is durable.
+    /// Submits `request` for `app` in one transaction: with `rules`, Apple's rules
+    /// (`SubmissionRules.decide`) see the app's state and its current requests (pending and
+    /// running) and may reject it; otherwise (or without rules) the request replaces any
+    /// *pending* request with the same identifier (a running one stays with its launch). Returns
+    /// the rejection, or nil once the request is durable.
     ///
     /// Concurrent submissions share a transaction (group commit, `GroupCommit`): each runs in
     /// arrival order, so each sees the ones before it, and writes with one statement, so an error
-    /// in one fails only that one. All are acknowledged after the one commit (and sync) that makes them
-    /// durable together. `admit` and `check` run inside the write transaction, possibly on
-    /// another submitter's thread while this one waits: they must be quick and must not call
-    /// back into the store.
-    public func submit(
-        app: String, request: TaskRequest, at date: Date,
-        admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
-        check: ([TaskRequest]) -> SubmissionRules.Rejection?
-    ) throws(BGTaskError) -> SubmissionRules.Rejection? {
-        let outcomes = withoutActuallyEscaping(check) { check in
-            submitAll([Submission(app: app, request: request, at: date, admit: admit, check: check)])
-        }
-        return try outcomes[0].get()
+    /// in one fails only that one. All are acknowledged after the one commit (and sync) that makes
+    /// them durable together. The rules are a value and a pure function of it: nothing inside the
+    /// transaction calls back into the host.
+    public func submit(app: String, request: TaskRequest, at date: Date,
+                       rules: SubmissionRules.Context?) throws(BGTaskError) -> SubmissionRules.Rejection? {
+        try submitAll([Submission(app: app, request: request, at: date, rules: rules)])[0].get()
     }
 
     /// A submission for `submitAll`: what `submit` takes.
-    public struct Submission {
+    public struct Submission: Sendable {
         public var app: String
         public var request: TaskRequest
         public var date: Date
-        public var admit: ((AppState) -> SubmissionRules.Rejection?)?
-        public var check: ([TaskRequest]) -> SubmissionRules.Rejection?
+        /// Nil: stored without Apple's rules (a test's or benchmark's own requests).
+        public var rules: SubmissionRules.Context?
 
-        public init(app: String, request: TaskRequest, at date: Date,
-                    admit: ((AppState) -> SubmissionRules.Rejection?)? = nil,
-                    check: @escaping ([TaskRequest]) -> SubmissionRules.Rejection?) {
+        public init(app: String, request: TaskRequest, at date: Date, rules: SubmissionRules.Context?) {
             self.app = app
             self.request = request
             self.date = date
-            self.admit = admit
-            self.check = check
+            self.rules = rules
         }
     }
 
@@ -154,14 +145,13 @@ public final class PendingRequestStore: @unchecked Sendable {
         submissionGroups.perform(submissions.map { submission in
             PendingSubmission(app: submission.app, operation: "submit \(submission.request.identifier) for \(submission.app)") { db, cache in
                 let (app, request) = (submission.app, submission.request)
-                if let admit = submission.admit {
-                    let state = try cache.states[app] ?? Self.appState(db, app)
-                    cache.states[app] = state
-                    if let rejection = admit(state) { return rejection }
-                }
                 var current = try cache.requests[app] ?? Self.fetchRequests(db, where: "app = ?", [app])
                 cache.requests[app] = current
-                if let rejection = submission.check(current.map(\.request)) { return rejection }
+                if let rules = submission.rules {
+                    let state = try cache.states[app] ?? Self.appState(db, app)
+                    cache.states[app] = state
+                    if let rejection = SubmissionRules.decide(request, rules, state: state, current: current.map(\.request)) { return rejection }
+                }
                 // One statement: replacing the pending request with the same identifier is the
                 // unique index's REPLACE (a running one is outside that partial index and stays).
                 try Self.insert(db, app: app, request: request, submittedAt: submission.date)

@@ -21,6 +21,48 @@ public enum SubmissionRules {
         public var description: String { message }
     }
 
+    /// What Apple's rules need to decide on a request besides the app's stored state and
+    /// requests: the app's bundle, the machine's resources, the host's clock. A value, so the
+    /// store can apply the rules inside its write transaction without calling back into the host.
+    public struct Context: Sendable {
+        public var app: PluginBundle
+        public var supportedResources: UInt32
+        public var now: Date
+
+        public init(app: PluginBundle, supportedResources: UInt32 = 0, now: Date = Date()) {
+            self.app = app
+            self.supportedResources = supportedResources
+            self.now = now
+        }
+    }
+
+    /// The whole decision on a request, as the store makes it in its transaction: the app's own
+    /// Background App Refresh switch (`state`), then `check` against its `current` requests.
+    public static func decide(_ request: TaskRequest, _ context: Context, state: AppState, current: [TaskRequest]) -> Rejection? {
+        if let rejection = appSwitch(request, state: state) { return rejection }
+        return check(request, app: context.app, pending: current, supportedResources: context.supportedResources, now: context.now)
+    }
+
+    /// The app's part of admission: its own Background App Refresh switch (continued processing
+    /// is started by the user, and is not background refresh).
+    public static func appSwitch(_ request: TaskRequest, state: AppState) -> Rejection? {
+        if request.kind != .continuedProcessing && !state.refreshEnabled {
+            return Rejection(status: .unavailable, message: "Background App Refresh is off for \(state.app)")
+        }
+        return nil
+    }
+
+    /// The device's part of admission: its Background App Refresh switch and Low Power Mode.
+    public static func deviceSwitches(_ request: TaskRequest, _ conditions: DeviceConditions) -> Rejection? {
+        if request.kind != .continuedProcessing && !conditions.backgroundRefresh {
+            return Rejection(status: .unavailable, message: "Background App Refresh is off for the device")
+        }
+        if request.kind == .refresh && conditions.lowPowerMode {
+            return Rejection(status: .unavailable, message: "Low Power Mode is on: refresh requests are unavailable")
+        }
+        return nil
+    }
+
     /// Checks `request` from `app` against its Info.plist and the requests already pending
     /// for it. Returns nil when it may be accepted (replacing any pending request with the
     /// same identifier). `now` is the host's clock, which bounds `earliestBeginDate`.
@@ -87,43 +129,5 @@ public enum SubmissionRules {
             return "the request's \(name) is \(text.utf8.count) bytes, over the limit of \(InputLimits.bytes(limit))"
         }
         return nil
-    }
-}
-
-/// Answers the requests a launch makes of its host (submit, cancel, pending).
-public protocol LaunchRequestBroker: Sendable {
-    func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection?
-    func cancel(identifier: String?, app: PluginBundle)
-    func pending(app: PluginBundle) -> [TaskRequest]
-}
-
-/// The broker of a one-shot `bgtask run`: requests live as long as the process.
-public final class InMemoryRequestBroker: LaunchRequestBroker, @unchecked Sendable {
-    private let lock = NSLock()
-    private var requests: [String: [TaskRequest]] = [:]
-
-    public init() {}
-
-    public func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
-        lock.withLock {
-            let pending = requests[app.identifier] ?? []
-            if let rejection = SubmissionRules.check(request, app: app, pending: pending) { return rejection }
-            requests[app.identifier] = pending.filter { $0.identifier != request.identifier } + [request]
-            return nil
-        }
-    }
-
-    public func cancel(identifier: String?, app: PluginBundle) {
-        lock.withLock {
-            if let identifier {
-                requests[app.identifier]?.removeAll { $0.identifier == identifier }
-            } else {
-                requests[app.identifier] = []
-            }
-        }
-    }
-
-    public func pending(app: PluginBundle) -> [TaskRequest] {
-        lock.withLock { requests[app.identifier] ?? [] }
     }
 }

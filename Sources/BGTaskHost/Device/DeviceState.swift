@@ -1,0 +1,46 @@
+import BGTaskModel
+import Foundation
+import _BGTaskSystemShims
+
+/// The device as the host sees it: the machine's power, network and idleness with the
+/// operator's overrides (`bgtask device`, kept in the store's settings), and whether it has been
+/// unlocked since the host started. Thread-safe: submissions read it off the host queue.
+final class DeviceState: @unchecked Sendable {
+    private let store: PendingRequestStore
+    private let machine = MachineConditionsReader()
+    /// The last conditions read, and when (monotonic ns).
+    private let cache = LockedValue<(UInt64, DeviceConditions)?>(nil)
+    private let unlocked: LockedValue<Bool>
+
+    init(store: PendingRequestStore) {
+        self.store = store
+        unlocked = LockedValue((try? store.setting("device.locked")) != "on")
+    }
+
+    /// The device conditions, read at most every 100 ms (a burst of submissions must not
+    /// re-read /sys and the settings for each one); `invalidate` forgets them.
+    func conditions() -> DeviceConditions {
+        if let (at, cached) = cache.withLock({ $0 }), bgtask_monotonic_ns() < at + 100_000_000 { return cached }
+        var overrides: [String: String] = [:]
+        for key in DeviceOverrides.keys {
+            if let value = try? store.setting("device.\(key)") { overrides[key] = value }
+        }
+        let fresh = DeviceOverrides.resolve(overrides: overrides, machine: machine, unlockedSinceBoot: unlocked.withLock { $0 })
+        cache.withLock { $0 = (bgtask_monotonic_ns(), fresh) }
+        return fresh
+    }
+
+    func invalidate() { cache.withLock { $0 = nil } }
+
+    /// Notes that the device is unlocked when `conditions` say so (a device once unlocked stays
+    /// "unlocked since boot").
+    func note(_ conditions: DeviceConditions) {
+        if !conditions.locked { unlocked.withLock { $0 = true } }
+    }
+
+    /// Sets (or with nil clears) the override of one of `DeviceOverrides.keys`.
+    func setOverride(_ key: String, _ value: String?) throws(BGTaskError) {
+        try store.setSetting("device.\(key)", value)
+        invalidate()
+    }
+}

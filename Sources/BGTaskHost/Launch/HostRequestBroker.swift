@@ -1,0 +1,63 @@
+import BGTaskModel
+import Foundation
+import Logging
+
+/// Requests from inside a launch (submit, cancel, pending) go to the host's submissions and store.
+///
+/// A request from an extension is the containing app's: the host bound the extension's identity
+/// when it started the launch, so it can only ever act for that app.
+///
+/// Apps compute dates from the real clock (`Date()`). Under a virtual clock their dates are
+/// moved onto it: an `earliestBeginDate` 15 minutes after the app's now is 15 minutes after the
+/// host's now, and `pendingTaskRequests` moves them back.
+struct HostRequestBroker: LaunchRequestBroker {
+    let core: HostCore
+    let catalog: AppCatalog
+    let submissions: Submissions
+    /// The launch whose requests these are.
+    let launchID: String
+
+    private var offset: TimeInterval {
+        core.clock.mode == .virtual ? core.clock.now.timeIntervalSince(Date()) : 0
+    }
+
+    /// The app an extension belongs to (the app itself for an app).
+    private func owner(of bundle: PluginBundle) -> PluginBundle? {
+        guard bundle.kind == .extension else { return bundle }
+        return core.queue.sync { catalog.app(containingBundle: bundle.identifier) }
+    }
+
+    func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {
+        guard let owner = owner(of: app) else {
+            return .init(status: .unavailable, message: "the app containing \(app.identifier) is no longer in the plugin directory")
+        }
+        var shifted = request
+        shifted.earliestBeginDate = request.earliestBeginDate.map { $0 + offset }
+        return submissions.submit(shifted, app: owner, fromLaunch: launchID)
+    }
+
+    func cancel(identifier: String?, app: PluginBundle) {
+        guard let owner = owner(of: app) else { return }
+        do {
+            _ = try core.store.cancel(app: owner.identifier, identifier: identifier)
+        } catch {
+            core.logger.error("cannot cancel requests", metadata: ["bundle.id": "\(owner.identifier)", "error": "\(error)"])
+        }
+    }
+
+    /// The app's pending requests (none when the store cannot be read, which is logged).
+    func pending(app: PluginBundle) -> [TaskRequest] {
+        let offset = self.offset
+        guard let owner = owner(of: app) else { return [] }
+        do {
+            return try core.store.pending(app: owner.identifier).map {
+                var request = $0.request
+                request.earliestBeginDate = request.earliestBeginDate.map { $0 - offset }
+                return request
+            }
+        } catch {
+            core.logger.error("cannot read pending requests", metadata: ["bundle.id": "\(owner.identifier)", "error": "\(error)"])
+            return []
+        }
+    }
+}

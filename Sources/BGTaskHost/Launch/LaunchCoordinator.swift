@@ -1,0 +1,324 @@
+import BGTaskModel
+import BGTaskSystem
+import Dispatch
+import Foundation
+import Logging
+
+/// The running launches: starts each one on its own supervising thread, records it in the store
+/// before its process exists and after it ends, relays commands to it (expire, shut down, start a
+/// continued-processing task, close), follows its events, and hands its record to whoever waits
+/// for it. Confined to the host queue (every method is called there); launch threads hop onto it.
+///
+/// It decides nothing about *when* to launch (`SchedulingLoop` does) and answers no client
+/// (`ControlVerbs` does); it tells the host a launch ended through `onEnded`.
+final class LaunchCoordinator: HostPart, @unchecked Sendable {
+    struct RunningLaunch {
+        var id: String
+        var app: String
+        var reason: String
+        var tasks: [TaskAssignment]
+        var requests: [String: TaskRequest]
+        var control: LaunchControl
+        var expiredTasks: Set<UInt64> = []
+        var waiters: [DispatchSemaphore] = []
+        var role: LaunchRole = .background
+        /// The launch entry returned.
+        var launched = false
+        /// Foreground launches: told that no more tasks will come.
+        var closed = false
+        /// Foreground launches: in the foreground until then.
+        var staysUntil: Date?
+        var nextTaskID: UInt64 = 1
+    }
+
+    let core: HostCore
+    private let device: DeviceState
+    private let supervisor: LaunchSupervisor
+    private(set) var running: [String: RunningLaunch] = [:]
+    /// Records of ended launches a client waits for, until it takes them.
+    private var finishedRecords: [String: RunRecord] = [:]
+    /// Apps whose last launch could not be started, and when to try again (real time).
+    private var retryAfter: [String: Date] = [:]
+    static let startFailureBackoff: TimeInterval = 30
+    /// Continued-processing tasks: running, queued, their progress (see ContinuedLaunches.swift).
+    var continued: ContinuedProcessing
+    var stallTimer: DispatchSourceTimer?
+    /// Called on the queue after a launch ended and was recorded, and when a start failure's
+    /// backoff is over: time to look at the schedule again.
+    var onEnded: () -> Void = {}
+    /// The broker answering one launch's requests (submit, cancel, pending), by launch id.
+    var makeBroker: (String) -> LaunchRequestBroker = { _ in InMemoryRequestBroker() }
+
+    init(core: HostCore, device: DeviceState) {
+        self.core = core
+        self.device = device
+        let configuration = core.configuration
+        continued = ContinuedProcessing(slots: configuration.maximumContinuedTasks, stallInterval: configuration.progressStallInterval.timeInterval)
+        var supervisor = LaunchSupervisor(runnerPath: configuration.runnerPath, logger: core.logger)
+        supervisor.cgroupRoot = configuration.cgroupRoot
+        supervisor.processLimit = configuration.processLimit
+        if configuration.useZygote {
+            supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: core.logger, confine: configuration.confine)
+        }
+        supervisor.confine = configuration.confine
+        if configuration.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: configuration.stateDirectory) }
+        self.supervisor = supervisor
+    }
+
+    var partName: String { "launch coordinator" }
+
+    /// Launches the store says were running belong to a host that died: kill what is left of
+    /// them, record them as `host-lost`, and make their requests pending again.
+    func start() throws(BGTaskError) {
+        let state = core.configuration.stateDirectory
+        for launch in try core.store.interruptedLaunches() {
+            var detail = "the host stopped during the launch"
+            if let pid = launch.pid, ProcessTree.launchID(of: pid) == launch.launchID {
+                ProcessTree.killTree(pid)
+                detail += "; its runner (pid \(pid)) was still running and has been killed"
+            }
+            let logPath = state.appendingPathComponent("logs/\(launch.launchID).log").path
+            let log = access(logPath, F_OK) == 0 ? logPath : nil
+            let bundlePath = core.configuration.pluginsDirectory.appendingPathComponent("?").path
+            removeLogs(of: try core.store.recoverInterruptedLaunch(.hostLost(launch, bundlePath: bundlePath, log: log, detail: detail),
+                                                                   keepHistory: core.configuration.historyPerApp))
+            core.logger.warning("recovered a launch interrupted by a host crash", metadata: ["launch.id": "\(launch.launchID)", "bundle.id": "\(launch.app)"])
+        }
+    }
+
+    /// Stops the zygote. Launches are shut down before (`shutdownAll`), and this runs once none is left.
+    func stop() {
+        stallTimer?.cancel()
+        stallTimer = nil
+        supervisor.zygote?.stop()
+    }
+
+    // MARK: What is running
+
+    var isEmpty: Bool { running.isEmpty }
+    var count: Int { running.count }
+    var runningApps: Set<String> { Set(running.values.map(\.app)) }
+    /// Foreground and extension launches: the ones clients start by hand.
+    var clientStartedCount: Int { running.values.filter { $0.role == .foreground || $0.role == .extension }.count }
+    /// A processing task runs: device conditions must be watched while it does.
+    var runsProcessingTasks: Bool { running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } } }
+    func launch(of app: String) -> RunningLaunch? { running.values.first { $0.app == app } }
+    /// The launch running task `identifier` (of `app`, when given).
+    func launch(running identifier: String, app: String?) -> RunningLaunch? {
+        running.values.first { $0.tasks.contains { $0.identifier == identifier } && (app == nil || $0.app == app) }
+    }
+    func isBackingOff(_ app: String) -> Bool { retryAfter[app] != nil }
+
+    /// Forgets start failures whose backoff is over.
+    func pruneBackoffs(now: Date = Date()) { retryAfter = retryAfter.filter { $0.value > now } }
+
+    // MARK: Starting
+
+    /// Starts one launch of `bundle` running `requests` (or `forced` tasks); returns its id.
+    @discardableResult
+    func start(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: LaunchReason,
+               role: LaunchRole = .background, eventJSON: String? = nil) -> String {
+        let configuration = core.configuration
+        let tasks = forced.isEmpty
+            ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
+            : forced
+        var limits = LaunchLimits.defaults(for: role == .foreground ? [.continuedProcessing] : tasks.map(\.kind))
+        if let budget = configuration.budget { limits.budget = budget }
+        if let grace = configuration.grace { limits.grace = grace }
+        if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
+        limits.logLimitBytes = configuration.logLimitBytes
+        limits.diskReserveBytes = configuration.diskReserveBytes
+        let launchID = LaunchPlan.newLaunchID()
+        var plan = LaunchPlan(
+            bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
+            dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
+            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
+        plan.supportedResources = device.conditions().supportedResources
+        let control = LaunchControl()
+        let store = core.store
+        control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
+        do {
+            // Records carry real time (the virtual clock only steers scheduling decisions).
+            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
+        } catch {
+            core.logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
+            return launchID
+        }
+        let queue = core.queue
+        control.onEvent = { [weak self] event in
+            guard let self else { return }
+            queue.async { self.launchEvent(launchID, event) }
+        }
+        running[launchID] = RunningLaunch(
+            id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
+            requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
+            control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
+        core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
+                                               "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
+        let supervisor = self.supervisor
+        let broker = makeBroker(launchID)
+        let thread = Thread { [weak self, plan] in
+            let record: RunRecord
+            do {
+                record = try supervisor.run(plan, broker: broker, control: control)
+            } catch let error as BGTaskError {
+                record = .notStarted(plan, error: error)
+            } catch {
+                record = .notStarted(plan, error: BGTaskError(.launch, "\(error)"))
+            }
+            guard let self else { return }
+            queue.async { self.ended(record) }
+        }
+        thread.name = "bgtask.launch.\(launchID)"
+        thread.start()
+        return launchID
+    }
+
+    // MARK: Ending
+
+    /// The logs of launches pruned from the history go with them (`logs/LAUNCH_ID.log`).
+    private func removeLogs(of launchIDs: [String]) {
+        let logs = core.configuration.stateDirectory.appendingPathComponent("logs")
+        for id in launchIDs { unlink(logs.appendingPathComponent("\(id).log").path) }
+    }
+
+    private func ended(_ record: RunRecord) {
+        let (store, clock, configuration) = (core.store, core.clock, core.configuration)
+        if record.pid == 0 && record.termination == .launchFailed {
+            // The host could not start the child (runner missing, out of descriptors): not the
+            // app's fault. Its requests stay pending, and the app is retried after a pause.
+            do { removeLogs(of: try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp)) } catch {
+                core.logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+            }
+            retryAfter[record.app] = Date().addingTimeInterval(Self.startFailureBackoff)
+            core.queue.asyncAfter(deadline: .now() + Self.startFailureBackoff + 0.01) { [weak self] in self?.onEnded() }
+            core.logger.error("could not start a launch; retrying later", metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
+        } else {
+            do {
+                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp))
+                var state = try store.appState(record.app)
+                state.lastLaunchAt = clock.now
+                state.lastLaunchID = record.launchID
+                state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered : record.registered
+                if SchedulingPolicy.isBad(record) {
+                    state.penaltyLevel += 1
+                    state.penaltyUntil = clock.now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
+                } else if record.termination == .exited {
+                    state.penaltyLevel = 0
+                    state.penaltyUntil = nil
+                }
+                try store.saveAppState(state)
+            } catch {
+                core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+            }
+            core.logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
+        }
+        let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+        // Queued continued-processing requests die with the foreground launch that made them.
+        continued.launchEnded(record.launchID, at: Date())
+        startQueuedContinued()
+        if !waiters.isEmpty { finishedRecords[record.launchID] = record }
+        for waiter in waiters { waiter.signal() }
+        onEnded()
+    }
+
+    /// A semaphore signalled when launch `id` ends (at once if it has ended); then `record(of:)`.
+    func waiter(for id: String) -> DispatchSemaphore {
+        let semaphore = DispatchSemaphore(value: 0)
+        running[id]?.waiters.append(semaphore)
+        if running[id] == nil { semaphore.signal() }
+        return semaphore
+    }
+
+    /// The record of an ended launch someone waited for (once).
+    func takeRecord(of id: String) -> RunRecord? { finishedRecords.removeValue(forKey: id) }
+
+    // MARK: Commands
+
+    /// Expires the running task `identifier` in whichever launch runs it: the launch's id, or nil.
+    func expire(identifier: String, reason: String) -> String? {
+        for (id, launch) in running {
+            guard let task = launch.tasks.first(where: { $0.identifier == identifier }) else { continue }
+            running[id]?.expiredTasks.insert(task.task)
+            launch.control.expire(task: task.task, reason: reason)
+            return id
+        }
+        return nil
+    }
+
+    /// Expires running tasks whose conditions no longer hold: processing tasks that require
+    /// power when power goes away, and processing tasks when the device stops being idle.
+    func enforce(_ conditions: DeviceConditions) {
+        for (id, launch) in running {
+            for task in launch.tasks where !launch.expiredTasks.contains(task.task) {
+                guard let request = launch.requests[task.identifier] else { continue }
+                var reason: String?
+                if task.kind == .processing || task.kind == .healthResearch {
+                    if !conditions.idle { reason = "the device is no longer idle" }
+                    if request.requiresExternalPower && !conditions.externalPower { reason = "external power was lost" }
+                    if request.requiresNetworkConnectivity && !conditions.network { reason = "network connectivity was lost" }
+                }
+                if let reason {
+                    running[id]?.expiredTasks.insert(task.task)
+                    launch.control.expire(task: task.task, reason: reason)
+                    core.logger.info("expiring a task: \(reason)", metadata: ["launch.id": "\(id)", "task.id": "\(task.identifier)"])
+                }
+            }
+        }
+    }
+
+    /// The host is shutting down: no launch is started by hand any more (`shutdownAll`).
+    private(set) var isShuttingDown = false
+
+    /// Shuts every running launch down: expired now, killed after its grace.
+    func shutdownAll(reason: String) {
+        isShuttingDown = true
+        for launch in running.values { launch.control.shutdown(reason: reason) }
+    }
+
+    // MARK: Events
+
+    private func launchEvent(_ launchID: String, _ event: LaunchControl.Event) {
+        guard running[launchID] != nil else { return }
+        switch event {
+        case .launched:
+            running[launchID]?.launched = true
+            if running[launchID]?.role == .foreground {
+                let stay = core.configuration.foregroundStay.timeInterval
+                running[launchID]?.staysUntil = Date().addingTimeInterval(stay)
+                core.queue.asyncAfter(deadline: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
+            }
+        case .taskBegan:
+            break
+        case .taskEnded(let task):
+            if continued.ended(task, in: launchID, at: Date()) { startQueuedContinued() }
+        case let .progress(task, completed, total):
+            continued.progress(task, in: launchID, completed: completed, total: total, at: Date())
+        case let .title(task, title, subtitle):
+            continued.title(task, in: launchID, title: title, subtitle: subtitle)
+        }
+        closeIfIdle(launchID)
+    }
+
+    /// A foreground launch whose entry has returned and that has nothing running or queued is
+    /// told that no more tasks will come; it then ends.
+    func closeIfIdle(_ launchID: String) {
+        guard let launch = running[launchID], launch.role == .foreground, launch.launched, !launch.closed,
+              Date() >= launch.staysUntil ?? .distantFuture,
+              !continued.holds(launchID) else { return }
+        running[launchID]?.closed = true
+        launch.control.close()
+    }
+
+    /// Adds a task to a running launch (a continued-processing task in its foreground launch).
+    func addTask(_ request: TaskRequest, kind: TaskKind, to launchID: String) -> TaskAssignment? {
+        guard var launch = running[launchID] else { return nil }
+        let task = TaskAssignment(task: launch.nextTaskID, identifier: request.identifier, kind: kind)
+        launch.nextTaskID += 1
+        launch.tasks.append(task)
+        launch.requests[request.identifier] = request
+        running[launchID] = launch
+        launch.control.startTask(task)
+        return task
+    }
+}

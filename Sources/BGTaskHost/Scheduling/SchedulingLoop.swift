@@ -1,0 +1,118 @@
+import BGTaskModel
+import Dispatch
+import Foundation
+
+/// When to launch: runs the scheduling pass (`Scheduler`) whenever something may have changed
+/// (a submission, a launch ending, the catalog, the clock, the device), starts what it decides,
+/// and arms the timers for the next decision: the next due date (real clock) and the device
+/// conditions while something waits on them. Confined to the host queue, except
+/// `requestEvaluation`, which any thread may call.
+final class SchedulingLoop: HostPart, @unchecked Sendable {
+    private let core: HostCore
+    private let catalog: AppCatalog
+    private let launches: LaunchCoordinator
+    private let device: DeviceState
+    private var stopped = false
+    private var dueTimer: DispatchSourceTimer?
+    private var conditionsTimer: DispatchSourceTimer?
+    private var lastConditions: DeviceConditions?
+    private let evaluationQueued = LockedValue(false)
+
+    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState) {
+        self.core = core
+        self.catalog = catalog
+        self.launches = launches
+        self.device = device
+    }
+
+    var partName: String { "scheduling loop" }
+
+    func start() { core.queue.async { self.evaluate() } }
+
+    /// No more passes and no more timers (shutdown). On the queue.
+    func stop() {
+        stopped = true
+        dueTimer?.cancel()
+        conditionsTimer?.cancel()
+    }
+
+    /// The eligibility rules as they apply now.
+    func eligibility(_ conditions: DeviceConditions) -> Eligibility {
+        Eligibility(policy: core.configuration.policy, now: core.clock.now, conditions: conditions,
+                    runningLaunches: launches.count, maximumConcurrentLaunches: core.configuration.maximumConcurrentLaunches)
+    }
+
+    /// Queues one `evaluate()` unless one is queued already: a burst of submissions costs one
+    /// scheduling pass, not one each. Any thread.
+    func requestEvaluation() {
+        let first = evaluationQueued.withLock { queued in
+            defer { queued = true }
+            return !queued
+        }
+        guard first else { return }
+        core.queue.async {
+            // Cleared before the pass: a submission committed during it queues another.
+            self.evaluationQueued.withLock { $0 = false }
+            self.evaluate()
+        }
+    }
+
+    /// Starts every launch that may start now, then arms the timers for the next decision.
+    func evaluate() {
+        guard !stopped else { return }
+        let conditions = device.conditions()
+        device.note(conditions)
+        launches.enforce(conditions)
+        lastConditions = conditions
+        // A running processing task is expired when the device stops being idle or loses the
+        // power or network it requires: conditions are watched while one runs.
+        var watchConditions = launches.runsProcessingTasks
+        var wakeAt: Date?
+        launches.pruneBackoffs()
+        do {
+            let decision = try Scheduler(eligibility: eligibility(conditions)).decide(
+                from: core.store, catalog: catalog.apps, running: launches.runningApps,
+                runningCount: launches.count, maximumLaunches: core.configuration.maximumConcurrentLaunches,
+                backingOff: launches.isBackingOff)
+            for (bundle, requests) in decision.launches { launches.start(bundle, requests: requests, reason: .scheduled) }
+            wakeAt = decision.wakeAt
+            watchConditions = watchConditions || decision.watchConditions
+        } catch {
+            core.logger.error("scheduling failed", metadata: ["error": "\(error)"])
+        }
+        armDueTimer(wakeAt)
+        armConditionsTimer(watchConditions)
+    }
+
+    private func armDueTimer(_ date: Date?) {
+        dueTimer?.cancel()
+        dueTimer = nil
+        // The virtual clock moves only when told to; nothing to wait for in real time.
+        guard let date, core.clock.mode == .real else { return }
+        let timer = DispatchSource.makeTimerSource(queue: core.queue)
+        timer.schedule(wallDeadline: .now() + max(0, date.timeIntervalSinceNow) + 0.001)
+        timer.setEventHandler { [weak self] in self?.evaluate() }
+        timer.resume()
+        dueTimer = timer
+    }
+
+    /// Device conditions have no change notification we can rely on everywhere, so they are
+    /// re-read periodically, but only while something depends on them.
+    private func armConditionsTimer(_ needed: Bool) {
+        guard needed else {
+            conditionsTimer?.cancel()
+            conditionsTimer = nil
+            return
+        }
+        guard conditionsTimer == nil else { return }
+        let timer = DispatchSource.makeTimerSource(queue: core.queue)
+        let interval = core.configuration.conditionsInterval.timeInterval
+        timer.schedule(deadline: .now() + interval, repeating: interval)
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            if self.device.conditions() != self.lastConditions { self.evaluate() }
+        }
+        timer.resume()
+        conditionsTimer = timer
+    }
+}
