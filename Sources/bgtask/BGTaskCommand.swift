@@ -10,8 +10,11 @@ struct BGTaskCommand: ParsableCommand {
         abstract: "Apple's BackgroundTasks on Linux: run, inspect and drive background task plugins.",
         discussion: """
             Plugins are shared libraries in bundles (Name.app with an Info.plist). Every launch \
-            runs in its own supervised child process and ends in a run record.
+            runs in its own supervised child process and ends in a run record. Durations are \
+            written 90s, 250ms, 15m, 1h30m, 1d (units d, h, m, s, ms, largest first) or as plain \
+            seconds. Shell completions: bgtask --generate-completion-script bash|zsh|fish.
             """,
+        version: BGTaskVersion.current,
         subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
                       CancelAll.self, SimulateLaunch.self, SimulateExpire.self, History.self, Why.self, Device.self, Clock.self,
                       Extension.self, Open.self, Progress.self, CancelTask.self, Doctor.self]
@@ -23,7 +26,7 @@ struct StateOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(
         "The state directory (app containers, logs, the database).",
         discussion: "Default: $BGTASK_STATE, else $XDG_STATE_HOME/bgtask, else ~/.local/state/bgtask.",
-        valueName: "dir"))
+        valueName: "dir"), completion: .directory)
     var state: String?
 
     @Flag(name: .shortAndLong, help: "Log what the host does to stderr.")
@@ -59,10 +62,10 @@ struct LimitOptions: ParsableArguments {
     @Flag(name: .customLong("no-sandbox"), help: "Run launches without confinement (Landlock, the system-call filter, no_new_privs): for debugging a plugin the sandbox stops. Records say so.")
     var noSandbox = false
 
-    @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m). Default: 30 s for refresh, 10 min for processing.", valueName: "duration"))
+    @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m, 1h30m). Default: 30s for refresh, 10m for processing.", valueName: "duration"), transform: DurationArgument.parse)
     var budget: DurationArgument?
 
-    @Option(name: .long, help: ArgumentHelp("Time from expiration to the watchdog kill. Default: 5 s.", valueName: "duration"))
+    @Option(name: .long, help: ArgumentHelp("Time from expiration to the watchdog kill (e.g. 5s, 500ms). Default: 5s.", valueName: "duration"), transform: DurationArgument.parse)
     var grace: DurationArgument?
 
     @Option(name: .customLong("memory-limit"), help: ArgumentHelp("Kill a launch when its resident memory crosses this (e.g. 50MB). Default: 256 MiB for refresh, 1 GiB for processing.", valueName: "size"))
@@ -77,7 +80,7 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(
         "A delegated cgroup v2 directory, or auto: a child cgroup per launch with memory.max (instead of sampling), pids.max and cgroup.kill.",
         discussion: "auto uses the cgroup this process was started in when it is delegated to it (systemd's Delegate=yes), else says why and samples.",
-        valueName: "dir|auto"))
+        valueName: "dir|auto"), completion: .directory)
     var cgroup: String?
 
     @Option(name: .customLong("max-processes"), help: ArgumentHelp(

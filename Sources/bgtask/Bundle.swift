@@ -13,16 +13,16 @@ extension BGTaskCommand {
                 the file and key at fault (exit status 65).
                 """)
 
-        @Option(name: .long, help: ArgumentHelp("The plugin's shared library (e.g. .build/debug/libFeed.so).", valueName: "lib.so"))
+        @Option(name: .long, help: ArgumentHelp("The plugin's shared library (e.g. .build/debug/libFeed.so).", valueName: "lib.so"), completion: .file(extensions: ["so"]))
         var library: String
 
-        @Option(name: .long, help: ArgumentHelp("The bundle's Info.plist.", valueName: "Info.plist"))
+        @Option(name: .long, help: ArgumentHelp("The bundle's Info.plist.", valueName: "Info.plist"), completion: .file(extensions: ["plist"]))
         var info: String
 
-        @Option(name: .long, help: ArgumentHelp("The bundle to write (Name.app, or Name.appex for an extension).", valueName: "dir/Name.app"))
+        @Option(name: .long, help: ArgumentHelp("The bundle to write (Name.app, or Name.appex for an extension).", valueName: "dir/Name.app"), completion: .directory)
         var output: String
 
-        @Option(name: .customLong("extension"), help: ArgumentHelp("An extension bundle (.appex) to copy into PlugIns/. Repeatable.", valueName: "Name.appex"))
+        @Option(name: .customLong("extension"), help: ArgumentHelp("An extension bundle (.appex) to copy into PlugIns/. Repeatable.", valueName: "Name.appex"), completion: .directory)
         var extensions: [String] = []
 
         func run() throws {
@@ -71,7 +71,7 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             abstract: "Validate a bundle without loading it; print what it declares.")
 
-        @Argument(help: "The bundle (Name.app or Name.appex).")
+        @Argument(help: "The bundle (Name.app or Name.appex).", completion: .directory)
         var bundle: String
 
         @Flag(name: .long, help: "Print the result as JSON.")

@@ -22,12 +22,23 @@ extension BGTaskCommand {
                 encoder.outputFormatting = [.sortedKeys]
                 FileHandle.standardOutput.write(try encoder.encode(findings) + Data("\n".utf8))
             } else {
+                print(Self.header())
                 for finding in findings {
                     print("\(finding.available ? "yes" : "no ")  \(finding.layer): \(finding.detail)")
                     if let remedy = finding.remedy { print("     to get it: \(remedy)") }
                 }
             }
             if findings.contains(where: { !$0.available }) { throw ExitCode.failure }
+        }
+
+        /// `bgtask 0.1.0 on Linux 6.1.0-18-amd64 (x86_64), uid 1000`: what a bug report needs first.
+        static func header() -> String {
+            var names = utsname()
+            uname(&names)
+            func text<T>(_ field: T) -> String {
+                withUnsafeBytes(of: field) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            }
+            return "bgtask \(BGTaskVersion.current) on \(text(names.sysname)) \(text(names.release)) (\(text(names.machine))), uid \(geteuid())"
         }
     }
 }

@@ -16,7 +16,7 @@ extension BGTaskCommand {
                 after their grace if need be, and recorded.
                 """)
 
-        @Option(name: .long, help: ArgumentHelp("The plugin directory (Name.app bundles).", valueName: "dir"))
+        @Option(name: .long, help: ArgumentHelp("The plugin directory (Name.app bundles).", valueName: "dir"), completion: .directory)
         var plugins: String
 
         @Option(name: .long, help: "immediate (run as soon as eligible) or realistic (rate limits and penalties).")
@@ -31,25 +31,25 @@ extension BGTaskCommand {
         @Option(name: .customLong("max-continued"), help: "Continued-processing tasks running at once, over all apps.")
         var maxContinued = 2
 
-        @Option(name: .long, help: ArgumentHelp("Expire a continued-processing task whose progress has not changed for this long. Default: 60 s.", valueName: "duration"))
+        @Option(name: .long, help: ArgumentHelp("Expire a continued-processing task whose progress has not changed for this long. Default: 1m.", valueName: "duration"), transform: DurationArgument.parse)
         var stall: DurationArgument?
 
-        @Option(name: .customLong("foreground-stay"), help: ArgumentHelp("How long an opened app stays in the foreground after launching. Default: 1 s.", valueName: "duration"))
+        @Option(name: .customLong("foreground-stay"), help: ArgumentHelp("How long an opened app stays in the foreground after launching. Default: 1s.", valueName: "duration"), transform: DurationArgument.parse)
         var foregroundStay: DurationArgument?
 
         @Option(name: .customLong("history-per-app"), help: "Ended launches kept in each app's history (`bgtask history`); older ones and their records are deleted as launches end.")
         var historyPerApp = 1000
 
-        @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).")
+        @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).", completion: .list(["zygote", "spawn"]))
         var launcher: String = "zygote"
 
         @Option(name: .customLong("max-connections"), help: "Control connections served at once; the next one is refused with too-many-connections. Default: 64.")
         var maxConnections = 64
 
-        @Option(name: .customLong("request-timeout"), help: ArgumentHelp("A control request must arrive whole within this of its first byte (and an answer be read within it). Default: 5 s.", valueName: "duration"))
+        @Option(name: .customLong("request-timeout"), help: ArgumentHelp("A control request must arrive whole within this of its first byte (and an answer be read within it). Default: 5s.", valueName: "duration"), transform: DurationArgument.parse)
         var requestTimeout: DurationArgument?
 
-        @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30 s.", valueName: "duration"))
+        @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30s.", valueName: "duration"), transform: DurationArgument.parse)
         var idleTimeout: DurationArgument?
 
         @OptionGroup var limits: LimitOptions
@@ -89,6 +89,7 @@ extension BGTaskCommand {
             if let idleTimeout { configuration.controlLimits.idleTimeout = idleTimeout.duration }
             var logger = options.makeLogger()
             if !options.verbose && ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"] == nil { logger.logLevel = .info }
+            logger.info("bgtask \(BGTaskVersion.current) host: plugins \(configuration.pluginsDirectory.path), state \(configuration.stateDirectory.path)")
             // Before the host starts any process: `auto` moves this one into a leaf cgroup.
             configuration.cgroupRoot = try limits.cgroupRoot(logger: logger)
             configuration.processLimit = limits.processLimit

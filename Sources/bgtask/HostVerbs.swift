@@ -47,19 +47,31 @@ private func dateText(_ date: Date?) -> String {
     return ISO8601DateFormatter().string(from: date)
 }
 
-/// `+15m`, `+2h`, `30s` (relative to the host's clock), or an ISO 8601 date.
+/// `+15m`, `+1d`, `+1h30m`, `30s` (relative to the host's clock), or an ISO 8601 date.
 struct EarliestArgument: ExpressibleByArgument {
     enum Value { case relative(TimeInterval), absolute(Date) }
     var value: Value
 
     init?(argument: String) {
-        if let date = ISO8601DateFormatter().date(from: argument) {
-            value = .absolute(date)
-            return
+        guard let parsed = try? Self.parse(argument) else { return nil }
+        self = parsed
+    }
+
+    init(value: Value) { self.value = value }
+
+    /// The `transform:` of `--earliest`: a date, or a duration with or without its `+`.
+    @Sendable static func parse(_ text: String) throws -> EarliestArgument {
+        if let date = ISO8601DateFormatter().date(from: text) { return EarliestArgument(value: .absolute(date)) }
+        let duration = text.hasPrefix("+") ? String(text.dropFirst()) : text
+        do {
+            return EarliestArgument(value: .relative(try DurationText.parseSeconds(duration)))
+        } catch {
+            let looksLikeADate = text.count >= 10 && text.prefix(4).allSatisfy(\.isNumber) && text.dropFirst(4).first == "-"
+            if looksLikeADate {
+                throw ValidationError("not an ISO 8601 date with a time zone (e.g. 2026-11-22T04:53:21Z), nor +DURATION (e.g. +15m, +1d)")
+            }
+            throw ValidationError("neither +DURATION (e.g. +15m, +1h30m, +1d) nor an ISO 8601 date (e.g. 2026-11-22T04:53:21Z): \(error.reason)")
         }
-        let text = argument.hasPrefix("+") ? String(argument.dropFirst()) : argument
-        guard let duration = DurationArgument(argument: text) else { return nil }
-        value = .relative(duration.duration.timeInterval)
     }
 }
 
@@ -112,10 +124,12 @@ extension BGTaskCommand {
         @Argument(help: "The app's bundle identifier.") var app: String
         @Argument(help: "The task identifier.") var identifier: String
         @Option(name: .long, help: "refresh, processing, health-research or continued-processing.") var type: TaskKind = .refresh
-        @Option(name: .long, help: ArgumentHelp("earliestBeginDate: +15m (from the host's clock) or an ISO 8601 date.", valueName: "when"))
+        @Option(name: .long, help: ArgumentHelp("earliestBeginDate: +DURATION from the host's clock (+15m, +1h30m, +1d) or an ISO 8601 date (2026-11-22T04:53:21Z).", valueName: "when"), transform: EarliestArgument.parse)
         var earliest: EarliestArgument?
-        @Flag(name: .customLong("requires-power")) var requiresPower = false
-        @Flag(name: .customLong("requires-network")) var requiresNetwork = false
+        @Flag(name: .customLong("requires-power"), help: "requiresExternalPower: run only while the device is on external power (processing).")
+        var requiresPower = false
+        @Flag(name: .customLong("requires-network"), help: "requiresNetworkConnectivity: run only while the network is up (processing).")
+        var requiresNetwork = false
         @Option(name: .long, help: ArgumentHelp("health-research: protectionTypeOfRequiredData, one of none, complete, complete-unless-open, until-first-auth (the default).", valueName: "class"))
         var protection: String = "until-first-auth"
         @OptionGroup var host: HostOptions
@@ -166,8 +180,8 @@ extension BGTaskCommand {
 
     struct Cancel: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Cancel an app's pending request.")
-        @Argument var app: String
-        @Argument var identifier: String
+        @Argument(help: "The app's bundle identifier.") var app: String
+        @Argument(help: "The task identifier whose pending request to cancel.") var identifier: String
         @OptionGroup var host: HostOptions
 
         func run() throws {
@@ -179,7 +193,7 @@ extension BGTaskCommand {
 
     struct CancelAll: ParsableCommand {
         static let configuration = CommandConfiguration(commandName: "cancel-all", abstract: "Cancel every pending request of an app.")
-        @Argument var app: String
+        @Argument(help: "The app's bundle identifier.") var app: String
         @OptionGroup var host: HostOptions
 
         func run() throws {
@@ -194,7 +208,7 @@ extension BGTaskCommand {
             commandName: "simulate-launch",
             abstract: "Launch the app for a task now, as the debugger's _simulateLaunchForTaskWithIdentifier.",
             discussion: "Needs a pending request for the identifier, as on iOS, unless --force. Waits for the launch and prints its record (exit status 0 when every task succeeded).")
-        @Argument var identifier: String
+        @Argument(help: "The task identifier to launch the app for.") var identifier: String
         @Option(name: .long, help: "The app, when several could run the identifier.") var app: String?
         @Option(name: .long, help: "The task type with --force (default: from the bundle).") var type: TaskKind?
         @Flag(name: .long, help: "Launch even without a pending request.") var force = false
@@ -223,7 +237,7 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             commandName: "simulate-expire",
             abstract: "Expire a running task now, as the debugger's _simulateExpirationForTaskWithIdentifier.")
-        @Argument var identifier: String
+        @Argument(help: "The identifier of the running task to expire.") var identifier: String
         @OptionGroup var host: HostOptions
 
         func run() throws {
@@ -235,8 +249,8 @@ extension BGTaskCommand {
 
     struct History: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Show run records, newest first.")
-        @Argument var app: String?
-        @Option(name: .long) var limit = 20
+        @Argument(help: "An app's bundle identifier (default: every app).") var app: String?
+        @Option(name: .long, help: "The most records to show.") var limit = 20
         @OptionGroup var host: HostOptions
 
         func run() throws {
@@ -257,7 +271,7 @@ extension BGTaskCommand {
 
     struct Why: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Explain why a request has not run: every condition holding it back.")
-        @Argument var identifier: String
+        @Argument(help: "The task identifier of the request.") var identifier: String
         @Option(name: .long, help: "The app, when several submitted the identifier.") var app: String?
         @OptionGroup var host: HostOptions
 
@@ -272,13 +286,20 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show or override the device conditions scheduling depends on.",
             discussion: "Each of --power, --network, --idle, --low-power, --refresh, --locked, --gpu takes on, off or auto (back to the machine's value or the default). --app ID --refresh on|off sets an app's own Background App Refresh switch.")
-        @Option(name: .long) var power: String?
-        @Option(name: .long) var network: String?
-        @Option(name: .long) var idle: String?
-        @Option(name: .customLong("low-power")) var lowPower: String?
-        @Option(name: .long) var refresh: String?
-        @Option(name: .long) var locked: String?
-        @Option(name: .long) var gpu: String?
+        @Option(name: .long, help: ArgumentHelp("External power, for requests with requiresExternalPower. auto: the machine's (AC or USB supply online, or no battery).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var power: String?
+        @Option(name: .long, help: ArgumentHelp("A usable network, for requests with requiresNetworkConnectivity. auto: the machine's (a default route on an interface that is up).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var network: String?
+        @Option(name: .long, help: ArgumentHelp("The device is idle: processing tasks run only then. auto: on (Linux has no such signal).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var idle: String?
+        @Option(name: .customLong("low-power"), help: ArgumentHelp("Low Power Mode: refresh is unavailable while it is on. auto: off.", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var lowPower: String?
+        @Option(name: .long, help: ArgumentHelp("The Background App Refresh switch: off stops refresh launches. With --app, that app's own switch (on or off). auto: on.", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var refresh: String?
+        @Option(name: .long, help: ArgumentHelp("The device is locked, for health-research data protection (--protection of submit). auto: off (unlocked).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var locked: String?
+        @Option(name: .long, help: ArgumentHelp("A GPU, for continued-processing requests that require one. auto: the machine's (/dev/dri/renderD* or /dev/nvidia*).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var gpu: String?
         @Option(name: .long, help: "With --refresh: the app whose switch to set.") var app: String?
         @OptionGroup var host: HostOptions
 
@@ -291,6 +312,8 @@ extension BGTaskCommand {
             }
             if app != nil && (refresh == nil || refresh == "auto") { throw ValidationError("--app goes with --refresh on|off") }
         }
+
+        static let switchValues = ["on", "off", "auto"]
 
         func run() throws {
             var changes: [String: String] = [:]
@@ -318,8 +341,10 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show the host's clock, or advance a virtual one.",
             discussion: "bgtask clock advance 15m moves a host started with --clock virtual forward and runs whatever became due.")
-        @Argument(help: "advance") var action: String?
-        @Argument(help: "How far, e.g. 15m.") var amount: DurationArgument?
+        @Argument(help: ArgumentHelp("advance (with a duration), or nothing to show the clock.", valueName: "advance"), completion: .list(["advance"]))
+        var action: String?
+        @Argument(help: ArgumentHelp("With advance: how far, e.g. 15m, 1h30m, 1d.", valueName: "duration"), transform: DurationArgument.parse)
+        var amount: DurationArgument?
         @OptionGroup var host: HostOptions
 
         func validate() throws {
@@ -389,7 +414,7 @@ extension BGTaskCommand {
                 process. It leaves the foreground after the host's --foreground-stay, and its \
                 process ends when its continued tasks have.
                 """)
-        @Argument var app: String
+        @Argument(help: "The app's bundle identifier.") var app: String
         @Option(name: .long, help: ArgumentHelp("An event, as JSON, for the launch entry.", valueName: "json")) var event: String?
         @Flag(name: .long, help: "Wait for the launch to end and print its record.") var wait = false
         @OptionGroup var host: HostOptions
@@ -411,7 +436,8 @@ extension BGTaskCommand {
             abstract: "Watch running continued-processing tasks: a live progress bar each.",
             discussion: "On a terminal the bars redraw in place; otherwise (or with --json) one line per change. Returns when no task is running (with --wait, after waiting up to that long for one to start).")
         @Flag(name: .long, help: "Print the current state once and return.") var once = false
-        @Option(name: .long, help: ArgumentHelp("Wait this long for a first task to appear.", valueName: "duration")) var wait: DurationArgument?
+        @Option(name: .long, help: ArgumentHelp("Wait this long for a first task to appear (e.g. 10s).", valueName: "duration"), transform: DurationArgument.parse)
+        var wait: DurationArgument?
         @OptionGroup var host: HostOptions
 
         func run() throws {
@@ -468,7 +494,7 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             commandName: "cancel-task",
             abstract: "Cancel a running continued-processing task, as the user does: its expiration handler runs.")
-        @Argument var identifier: String
+        @Argument(help: "The identifier of the running continued-processing task.") var identifier: String
         @OptionGroup var host: HostOptions
 
         func run() throws {

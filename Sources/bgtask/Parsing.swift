@@ -2,24 +2,26 @@ import ArgumentParser
 import BGTaskModel
 import Foundation
 
-/// A duration on the command line: `30` or `30s`, `500ms`, `2m`, `1h`, `1.5s`.
+/// A duration on the command line, read by `DurationText` (BGTaskModel): `30` (seconds), `90s`,
+/// `250ms`, `15m`, `1h30m`, `1d`, `7d`, `1.5h`. Every option that takes one parses it with
+/// `DurationArgument.parse` (its `transform:`), so that a bad value is refused with the reason:
+/// the text, and the unit or part at fault.
 struct DurationArgument: ExpressibleByArgument {
     var duration: Duration
 
+    init(duration: Duration) { self.duration = duration }
+
     init?(argument: String) {
-        let text = argument.trimmingCharacters(in: .whitespaces).lowercased()
-        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)]
-        var number = text
-        var scale = 1.0
-        for (suffix, factor) in units where text.hasSuffix(suffix) {
-            number = String(text.dropLast(suffix.count))
-            scale = factor
-            break
+        guard let duration = try? DurationText.parse(argument) else { return nil }
+        self.duration = duration
+    }
+
+    /// The `transform:` of every duration option: the parser's reason becomes the message
+    /// after ArgumentParser's "The value 'X' is invalid for '--option <duration>': ".
+    @Sendable static func parse(_ text: String) throws -> DurationArgument {
+        do { return DurationArgument(duration: try DurationText.parse(text)) } catch {
+            throw ValidationError("\(error.reason)")
         }
-        // Bounded so that the milliseconds fit an Int64 (1e308 would trap); the host refuses
-        // what is further than its own bound (100 years) with an error that names it.
-        guard let value = Double(number), value >= 0, value.isFinite, value * scale < 1e15 else { return nil }
-        duration = .milliseconds(Int64((value * scale * 1000).rounded()))
     }
 
     static var defaultCompletionKind: CompletionKind { .default }

@@ -15,7 +15,7 @@ extension BGTaskCommand {
                 not, 65 for an invalid bundle, 69 when the launch cannot start.
                 """)
 
-        @Argument(help: "The app bundle (Name.app).")
+        @Argument(help: "The app bundle (Name.app).", completion: .directory)
         var bundle: String
 
         @Option(name: .long, help: ArgumentHelp(
@@ -23,13 +23,16 @@ extension BGTaskCommand {
             valueName: "identifier[:type]"))
         var task: [TaskArgument] = []
 
-        @Option(name: .long, help: "The task type for tasks given without one (refresh, processing, health-research, continued-processing). Default: from the bundle's UIBackgroundModes.")
+        @Option(name: .long, help: ArgumentHelp(
+            "The task type for tasks given without one (refresh, processing, health-research, continued-processing).",
+            discussion: "Default: from the bundle's UIBackgroundModes; with both fetch and processing, from the identifier's pending request, else its past launches, on the host at --state (or in its database there), when they give one type.",
+            valueName: "type"))
         var type: TaskKind?
 
-        @Option(name: .customLong("expire-after"), help: ArgumentHelp("Deliver expiration this long after launch (simulates the budget running out).", valueName: "duration"))
+        @Option(name: .customLong("expire-after"), help: ArgumentHelp("Deliver expiration this long after launch (simulates the budget running out), e.g. 1s, 250ms.", valueName: "duration"), transform: DurationArgument.parse)
         var expireAfter: DurationArgument?
 
-        @Option(name: .long, help: "The reason recorded for the launch.")
+        @Option(name: .long, help: "The reason recorded for the launch (simulated, scheduled, foreground, ...).")
         var reason = "simulated"
 
         @Flag(name: .long, help: "Print the run record as one JSON object.")
@@ -50,6 +53,7 @@ extension BGTaskCommand {
                 throw Status.invalidBundle
             }
             var assignments: [TaskAssignment] = []
+            var history: TaskHistory?
             for (index, requested) in task.enumerated() {
                 guard app.permits(requested.identifier) else {
                     printError("\(app.infoPlistURL.path): key BGTaskSchedulerPermittedIdentifiers: '\(requested.identifier)' is not permitted (permitted: \(app.permittedIdentifiers.joined(separator: ", ")))")
@@ -58,6 +62,21 @@ extension BGTaskCommand {
                 let kind: TaskKind
                 if let explicit = requested.kind ?? type {
                     kind = explicit
+                } else if app.backgroundModes.isSuperset(of: ["fetch", "processing"]) && !app.isContinuedProcessingIdentifier(requested.identifier) {
+                    // Both modes: the bundle alone does not say. The identifier's history may.
+                    if history == nil { history = TaskHistory.read(app: app.identifier, state: options.stateDirectory) }
+                    switch history!.kind(of: requested.identifier) {
+                    case .resolved(let found, let source):
+                        kind = found
+                        printError("--task \(requested.identifier): \(found.rawValue), from \(source) (pass --task \(requested.identifier):TYPE to choose)")
+                    case .unresolved(let why):
+                        printError("""
+                            --task \(requested.identifier): the type is ambiguous: \(app.infoPlistURL.path) has both fetch and \
+                            processing in UIBackgroundModes, and \(why). Pass it: --task \(requested.identifier):refresh \
+                            (or :processing, :health-research), or --type TYPE for every task given without one
+                            """)
+                        throw ExitCode.validationFailure
+                    }
                 } else {
                     do { kind = try app.inferredKind(of: requested.identifier) } catch {
                         printError(error.description)
@@ -108,6 +127,75 @@ extension BGTaskCommand {
                 print(record)
             }
             if !record.succeeded { throw ExitCode.failure }
+        }
+    }
+}
+
+/// What the state directory knows of an app's task identifiers: its pending requests and the
+/// tasks of its past launches, from the host that answers on STATE/control.sock, else from the
+/// host's database (STATE/bgtask.sqlite) when there is one. `run` asks it for the type of an
+/// identifier its bundle leaves open (both `fetch` and `processing`).
+struct TaskHistory {
+    /// Where it came from, for messages: "the host at STATE", "STATE/bgtask.sqlite".
+    var source: String
+    /// The pending (or running) requests of the app: identifier → type.
+    var pending: [String: TaskKind] = [:]
+    /// The types each identifier ran as in the app's past launches (newest first).
+    var launched: [String: Set<TaskKind>] = [:]
+    /// Why there is nothing to go by, when there is not.
+    var unavailable: String?
+
+    /// Records read at most: the newest launches say what the app does now.
+    static let recordLimit = 200
+
+    enum Resolution {
+        case resolved(TaskKind, String)
+        case unresolved(String)
+    }
+
+    /// The type of `identifier`: that of its pending request if it has one, else the one type
+    /// its past launches ran it as.
+    func kind(of identifier: String) -> Resolution {
+        if let unavailable { return .unresolved(unavailable) }
+        if let kind = pending[identifier] { return .resolved(kind, "its pending request (\(source))") }
+        let kinds = launched[identifier] ?? []
+        if kinds.count == 1, let kind = kinds.first { return .resolved(kind, "its past launches (\(source))") }
+        if kinds.isEmpty { return .unresolved("\(source) has no pending request or past launch of it to tell") }
+        return .unresolved("its past launches (\(source)) ran it as \(kinds.map(\.rawValue).sorted().joined(separator: " and "))")
+    }
+
+    static func read(app: String, state: URL) -> TaskHistory {
+        let client = ControlClient(stateDirectory: state)
+        do {
+            let answers = try client.send([ControlRequest(.pending, app: app), ControlRequest(.history, app: app, limit: recordLimit)])
+            var history = TaskHistory(source: "the host at \(state.path)")
+            if let refused = answers.first(where: { !$0.ok }) {
+                history.unavailable = "the host at \(state.path) did not say (\(refused.error?.message ?? "refused"))"
+                return history
+            }
+            history.add(pending: answers[0].pending ?? [], records: answers[1].records ?? [])
+            return history
+        } catch {
+            // No host: its database, if one ran here.
+            let database = state.appendingPathComponent("bgtask.sqlite")
+            guard FileManager.default.fileExists(atPath: database.path) else {
+                return TaskHistory(source: state.path, unavailable: "no host answers on \(state.path) and no host has kept requests there (no \(database.lastPathComponent))")
+            }
+            var history = TaskHistory(source: database.path)
+            do {
+                let store = try PendingRequestStore(directory: state)
+                history.add(pending: try store.pending(app: app), records: try store.history(app: app, limit: recordLimit))
+            } catch {
+                history.unavailable = "\(database.path) could not be read (\(error.description))"
+            }
+            return history
+        }
+    }
+
+    mutating func add(pending requests: [StoredRequest], records: [RunRecord]) {
+        for stored in requests { pending[stored.request.identifier] = stored.request.kind }
+        for record in records {
+            for task in record.tasks { launched[task.identifier, default: []].insert(task.type) }
         }
     }
 }

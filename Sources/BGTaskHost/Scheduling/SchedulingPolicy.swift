@@ -159,9 +159,9 @@ public struct Eligibility: Sendable {
     }
 
     static func format(_ interval: TimeInterval) -> String {
-        let seconds = Int(exactly: interval.rounded()) ?? (interval > 0 ? Int.max : 0)
-        if seconds >= 3600 { return "\(seconds / 3600)h\(seconds % 3600 / 60)m" }
-        if seconds >= 60 { return "\(seconds / 60)m\(seconds % 60)s" }
-        return "\(seconds)s"
+        // As the CLI reads durations (`bgtask clock advance 1h30m`), to the second, rounded up
+        // (past a millisecond of floating-point noise in date arithmetic): advancing a virtual
+        // clock by what is printed makes the request due.
+        DurationText.format(seconds: interval.isFinite && interval > 0 ? (interval - 0.001).rounded(.up) : interval)
     }
 }
