@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Builds bgtask (release) and installs it as a systemd service: the `bgtask` CLI and its
-# `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), the
-# README (the unit's documentation), BENCHMARKS.md and the pages of docs/ it links to, the unit
-# file with its paths rewritten to PREFIX, and the state and plugin directories. See
-# docs/host.md, "Running as a service".
+# `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), shell
+# completions for bash, zsh and fish and the man page bgtask(1) (both generated from the
+# commands by swift-argument-parser: the completions by `bgtask --generate-completion-script`,
+# the page by its generate-manual tool), the README (the unit's documentation), BENCHMARKS.md
+# and the pages of docs/ it links to, the unit file with its paths rewritten to PREFIX, and the
+# state and plugin directories. `--uninstall` removes what it installs, except the state
+# directory. See docs/install.md; the unit: docs/host.md, "Running as a service". The Makefile's
+# install and uninstall targets call this script.
 #
 # The binaries load the Swift runtime from where the toolchain that built them keeps it (their
 # RUNPATH); plugins need that runtime too, so install on a machine with the same toolchain.
@@ -11,7 +15,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR]
+usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR] [--uninstall]
 
   --prefix DIR     where the binaries go (DIR/bin) and the docs (DIR/share/doc/bgtask);
                    default /usr/local, or ~/.local with --user
@@ -23,9 +27,15 @@ usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [-
   --print          print the commands instead of running them (a dry run: nothing is built,
                    written or reloaded)
   --no-build       install what is already built instead of running swift build
-  --build-dir DIR  where the built bgtask and bgtask-runner are; default .build/release
+  --build-dir DIR  where the built bgtask, bgtask-runner and generate-manual are;
+                   default .build/release
+  --uninstall      remove what an install with the same --prefix/--user/--destdir put in
+                   place (after systemctl disable --now bgtask, without --destdir), keeping
+                   the state directory: its requests, records, containers and plugins
 
 Then: systemctl enable --now bgtask (with --user: systemctl --user enable --now bgtask).
+Completions go in PREFIX/share/{bash-completion/completions,zsh/site-functions,
+fish/vendor_completions.d}, the man page in PREFIX/share/man/man1.
 EOF
 }
 
@@ -41,6 +51,7 @@ print=0
 build=1
 build_dir=""
 destdir="${DESTDIR:-}"
+uninstall=0
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,6 +64,7 @@ while [ $# -gt 0 ]; do
         --no-build) build=0; shift ;;
         --build-dir) [ $# -ge 2 ] || { usage >&2; exit 64; }; build_dir=$2; shift 2 ;;
         --build-dir=*) build_dir=${1#*=}; shift ;;
+        --uninstall) uninstall=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 64 ;;
     esac
@@ -98,6 +110,13 @@ fi
 build_dir=${build_dir:-$repo/.build/release}
 bin_dir=$prefix/bin
 doc_dir=$prefix/share/doc/bgtask
+# Where bash-completion, zsh and fish look for completions under a prefix (for ~/.local:
+# ${XDG_DATA_HOME:-~/.local/share}, which bash-completion and fish search; zsh needs the
+# directory in its fpath), and man-db for pages (PREFIX/share/man for PREFIX/bin in PATH).
+bash_completion=$prefix/share/bash-completion/completions/bgtask
+zsh_completion=$prefix/share/zsh/site-functions/_bgtask
+fish_completion=$prefix/share/fish/vendor_completions.d/bgtask.fish
+man_dir=$prefix/share/man/man1
 
 # Prints its arguments as one shell command line: plain words as they are, others in single
 # quotes (what --print shows can be pasted into a shell).
@@ -132,9 +151,38 @@ run_into() {
     fi
 }
 
+# systemd is there to be told (not for a staged install).
+live_systemd() {
+    [ -z "$destdir" ] && { [ "$print" = 1 ] || { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; }; }
+}
+
+if [ "$uninstall" = 1 ]; then
+    if live_systemd; then
+        # Stopped like a `systemctl stop` (launches expired, recorded); not an error when the
+        # unit was never enabled or is already gone.
+        if [ "$print" = 1 ]; then
+            quote "${systemctl[@]}" disable --now bgtask; printf ' || true\n'
+        else
+            "${systemctl[@]}" disable --now bgtask || true
+        fi
+    fi
+    run rm -f "$destdir$bin_dir/bgtask" "$destdir$bin_dir/bgtask-runner" \
+        "$destdir$bash_completion" "$destdir$zsh_completion" "$destdir$fish_completion" \
+        "$destdir$man_dir/bgtask.1" "$destdir$unit_dir/bgtask.service"
+    run rm -rf "$destdir$doc_dir"
+    if live_systemd; then run "${systemctl[@]}" daemon-reload; fi
+    if [ "$print" = 0 ]; then
+        echo "removed bgtask from $destdir$prefix and $destdir$unit_dir/bgtask.service; kept $destdir$state_dir (requests, records, app containers, plugins): remove it yourself to have them gone" >&2
+    fi
+    exit 0
+fi
+
 if [ "$build" = 1 ]; then
     run swift build -c release --package-path "$repo" --product bgtask
     run swift build -c release --package-path "$repo" --product bgtask-runner
+    # swift-argument-parser's man page generator (a tool of the package, built from the local
+    # checkout: no network).
+    run swift build -c release --package-path "$repo" --product generate-manual
 fi
 if [ "$print" = 0 ]; then
     for binary in bgtask bgtask-runner; do
@@ -145,6 +193,23 @@ fi
 run install -d -m 0755 "$destdir$bin_dir"
 run install -m 0755 "$build_dir/bgtask" "$destdir$bin_dir/bgtask"
 run install -m 0755 "$build_dir/bgtask-runner" "$destdir$bin_dir/bgtask-runner"
+# Completions and the man page, generated from the commands by the binary just installed.
+for file in "$bash_completion" "$zsh_completion" "$fish_completion"; do
+    run install -d -m 0755 "$destdir${file%/*}"
+done
+run_into "$destdir$bash_completion" "$build_dir/bgtask" --generate-completion-script bash
+run_into "$destdir$zsh_completion" "$build_dir/bgtask" --generate-completion-script zsh
+run_into "$destdir$fish_completion" "$build_dir/bgtask" --generate-completion-script fish
+run chmod 0644 "$destdir$bash_completion" "$destdir$zsh_completion" "$destdir$fish_completion"
+if [ "$print" = 1 ] || [ -x "$build_dir/generate-manual" ]; then
+    run install -d -m 0755 "$destdir$man_dir"
+    # Writes bgtask.1: every command, option and argument with its help, in mdoc.
+    run "$build_dir/generate-manual" "$build_dir/bgtask" --output-directory "$destdir$man_dir"
+    run chmod 0644 "$destdir$man_dir/bgtask.1"
+else
+    echo "install.sh: no man page: $build_dir/generate-manual is not built (swift build -c release --product generate-manual, or install without --no-build)" >&2
+fi
+
 run install -d -m 0755 "$destdir$doc_dir"
 run install -m 0644 "$repo/README.md" "$destdir$doc_dir/README.md"
 run install -m 0644 "$repo/BENCHMARKS.md" "$destdir$doc_dir/BENCHMARKS.md"
@@ -172,7 +237,7 @@ run install -d -m "$state_mode" "$destdir$state_dir"
 run install -d -m 0755 "$destdir$state_dir/plugins"
 
 if [ -z "$destdir" ]; then
-    if [ "$print" = 1 ] || { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; }; then
+    if live_systemd; then
         run "${systemctl[@]}" daemon-reload
     else
         echo "install.sh: systemd is not running here: run '${systemctl[*]} daemon-reload' where it is" >&2
