@@ -77,19 +77,7 @@ public struct LaunchSupervisor: Sendable {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
-        // The app's container laid out as on iOS (its HOME), its app groups' containers and the
-        // log directory. Paths as strings once (URL operations are a measurable part of a short
-        // launch).
-        let dataPath = plan.dataDirectory.path
-        let logPath = plan.logFile.path
-        try prepareContainer(dataPath, subdirectories: AppContainer.directories)
-        let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
-            let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
-            try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
-            return AppGroup(identifier: identifier, directory: directory)
-        }
-        try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
-        let identity = try identity(for: plan, container: dataPath, groups: groups)
+        let (groups, identity) = try prepareContainers(plan)
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -99,17 +87,9 @@ public struct LaunchSupervisor: Sendable {
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
-        let log = try LaunchLog(path: logPath, limit: plan.limits.logLimitBytes)
+        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes)
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
-
-        // What a launch's environment changes over the host's own.
-        var overrides = AppContainer.environment(container: dataPath)
-        overrides["BGTASK_LAUNCH_ID"] = plan.launchID
-        overrides["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
-        if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
-        for (key, value) in plan.environment { overrides[key] = value }
-        if !confine { overrides[AppContainer.pidNamespaceSwitch] = "off" }
 
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
         // process instead of init, so they can be found and killed.
@@ -124,58 +104,16 @@ public struct LaunchSupervisor: Sendable {
             return nil
         }
         var startError = startFirst ? sendStart(nil) : nil
-        Self.spawnLock.lock()
-        var pid: pid_t = 0
-        var spawnError: Int32 = 0
-        var forked = false
-        if let zygote {
-            do {
-                pid = try zygote.launch(channel: channels.child.fd, stdin: nullFD, log: log.childEnd, environment: overrides)
-                forked = true
-            } catch {
-                logger.warning("zygote unavailable; spawning the runner instead", metadata: launchMetadata.merging(["error": "\(error)"]) { $1 })
-            }
-        }
-        if !forked {
-            var environment = ProcessInfo.processInfo.environment
-            for (key, value) in overrides { environment[key] = value }
-            do {
-                pid = try Subprocess.spawn([runnerPath, plan.bundle.identifier], environment: environment,
-                                           stdin: nullFD, stdout: log.childEnd, stderr: log.childEnd, descriptor3: channels.child.fd)
-            } catch {
-                spawnError = error.errno
-            }
-        }
-        if spawnError == 0 { _ = Self.activeRunners.withLock { $0.insert(pid) } }
-        Self.spawnLock.unlock()
+        let started = startRunner(plan, channel: channels.child.fd, stdin: nullFD, log: log.childEnd, metadata: launchMetadata)
         channels.child.close()
         childEndOpen = false
         log.closeChildEnd()
-        guard spawnError == 0 else {
-            throw BGTaskError(.launch, file: runnerPath, errno: spawnError, "cannot spawn the runner")
-        }
+        let (pid, forked) = try started.get()
         launchMetadata["child.pid"] = "\(pid)"
         logger.handler.metadata.merge(launchMetadata) { $1 }
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
-        var cgroup: CgroupV2.LaunchGroup?
-        if let root = cgroupRoot {
-            do {
-                let group = try CgroupV2.LaunchGroup.create(
-                    under: root, launchID: plan.launchID,
-                    memoryMax: plan.limits.memoryLimitBytes > 0 ? plan.limits.memoryLimitBytes : nil, processMax: processLimit)
-                Self.reportOnce(group.fallbacks, logger: logger)
-                do {
-                    try group.add(pid)
-                    cgroup = group
-                } catch {
-                    group.remove()
-                    throw error
-                }
-            } catch {
-                logger.warning("launch cgroup unavailable: memory is sampled, no process limit", metadata: ["error": "\(error)"])
-            }
-        }
+        let cgroup = cgroupRoot.flatMap { launchGroup(under: $0, for: pid, plan: plan) }
         defer { cgroup?.remove() }
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
@@ -192,36 +130,122 @@ public struct LaunchSupervisor: Sendable {
         }
 
         control?.onStart?(pid)
-        supervise(pid: pid, channel: channels.parent, plan: plan, broker: broker, control: control, state: &state, logger: logger)
+        var loop = LaunchLoop(pid: pid, channel: channels.parent, plan: plan, broker: broker, control: control,
+                              logger: logger, supervisor: self, state: state)
+        loop.run(&state)
 
         var status: Int32 = 0
         var usage = rusage()
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
         // The launch ends when its child is reaped; cleaning up after it is the host's time.
         let endNs = bgtask_monotonic_ns()
-        _ = Self.activeRunners.withLock { $0.remove(pid) }
-        if let cgroup {
-            if cgroup.oomKills > 0, state.killed == nil { state.killed = .jetsam }
-            state.peakRSS = max(state.peakRSS, cgroup.peakBytes ?? 0)
-            cgroup.killAll()
-        }
-        // Whatever the plugin left behind dies with the launch: its process group, and every
-        // orphan re-parented to this process (setsid cannot escape a subreaper).
-        kill(-pid, SIGKILL)
-        // A runner that ended its launch itself and never had a child left nothing to find
-        // (its orphans would have been its children: it is their subreaper).
-        if !state.finished || state.hadDescendants || state.killed != nil {
-            Self.reapOrphans(sparing: zygote?.processes ?? [], launchGroup: pid)
-        }
+        cleanUp(after: pid, cgroup: cgroup, &state)
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain(budget: LaunchLog.finalDrainBytes)
-        drain(channel: channels.parent, plan: plan, broker: broker, control: control, state: &state)
+        loop.drain(&state)
 
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         record.processLimit = cgroup?.processLimit
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
+    }
+
+    /// The app's container laid out as on iOS (its HOME), its app groups' containers and the
+    /// log directory; the identity the launch runs as. Paths as strings once (URL operations are
+    /// a measurable part of a short launch).
+    private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], identity: LaunchIdentity?) {
+        let dataPath = plan.dataDirectory.path
+        let logPath = plan.logFile.path
+        try prepareContainer(dataPath, subdirectories: AppContainer.directories)
+        let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
+            let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
+            try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
+            return AppGroup(identifier: identifier, directory: directory)
+        }
+        try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
+        return (groups, try identity(for: plan, container: dataPath, groups: groups))
+    }
+
+    /// What a launch's environment changes over the host's own.
+    private func environment(_ plan: LaunchPlan) -> [String: String] {
+        var overrides = AppContainer.environment(container: plan.dataDirectory.path)
+        overrides["BGTASK_LAUNCH_ID"] = plan.launchID
+        overrides["BGTASK_BUNDLE_ID"] = plan.bundle.identifier
+        if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
+        for (key, value) in plan.environment { overrides[key] = value }
+        if !confine { overrides[AppContainer.pidNamespaceSwitch] = "off" }
+        return overrides
+    }
+
+    /// Starts the launch's runner: forked from the zygote (the fast path), or spawned when the
+    /// zygote cannot serve. Its pid, and whether it was forked; it is in `activeRunners` before
+    /// anyone may look for orphans.
+    private func startRunner(_ plan: LaunchPlan, channel: Int32, stdin: Int32, log: Int32,
+                             metadata: Logger.Metadata) -> Result<(pid: pid_t, forked: Bool), BGTaskError> {
+        let overrides = environment(plan)
+        return Self.spawnLock.withLock {
+            if let zygote {
+                do {
+                    let pid = try zygote.launch(channel: channel, stdin: stdin, log: log, environment: overrides)
+                    _ = Self.activeRunners.withLock { $0.insert(pid) }
+                    return .success((pid, true))
+                } catch {
+                    logger.warning("zygote unavailable; spawning the runner instead", metadata: metadata.merging(["error": "\(error)"]) { $1 })
+                }
+            }
+            var environment = ProcessInfo.processInfo.environment
+            for (key, value) in overrides { environment[key] = value }
+            do {
+                let pid = try Subprocess.spawn([runnerPath, plan.bundle.identifier], environment: environment,
+                                               stdin: stdin, stdout: log, stderr: log, descriptor3: channel)
+                _ = Self.activeRunners.withLock { $0.insert(pid) }
+                return .success((pid, false))
+            } catch let error as SystemError {
+                return .failure(BGTaskError(.launch, file: runnerPath, errno: error.errno, "cannot spawn the runner"))
+            } catch {
+                return .failure(BGTaskError(.launch, file: runnerPath, "cannot spawn the runner: \(error)"))
+            }
+        }
+    }
+
+    /// The launch's cgroup under `root` with `pid` in it, or nil (logged) when it cannot be had:
+    /// memory is then sampled, and there is no process limit.
+    private func launchGroup(under root: URL, for pid: pid_t, plan: LaunchPlan) -> CgroupV2.LaunchGroup? {
+        do {
+            let group = try CgroupV2.LaunchGroup.create(
+                under: root, launchID: plan.launchID,
+                memoryMax: plan.limits.memoryLimitBytes > 0 ? plan.limits.memoryLimitBytes : nil, processMax: processLimit)
+            Self.reportOnce(group.fallbacks, logger: logger)
+            do {
+                try group.add(pid)
+                return group
+            } catch {
+                group.remove()
+                throw error
+            }
+        } catch {
+            logger.warning("launch cgroup unavailable: memory is sampled, no process limit", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    /// After the runner `pid` was reaped: what its cgroup saw, and whatever the plugin left
+    /// behind dies with the launch: its process group, and every orphan re-parented to this
+    /// process (setsid cannot escape a subreaper).
+    private func cleanUp(after pid: pid_t, cgroup: CgroupV2.LaunchGroup?, _ state: inout LaunchState) {
+        _ = Self.activeRunners.withLock { $0.remove(pid) }
+        if let cgroup {
+            if cgroup.oomKills > 0, state.killed == nil { state.killed = .jetsam }
+            state.peakRSS = max(state.peakRSS, cgroup.peakBytes ?? 0)
+            cgroup.killAll()
+        }
+        kill(-pid, SIGKILL)
+        // A runner that ended its launch itself and never had a child left nothing to find
+        // (its orphans would have been its children: it is their subreaper).
+        if !state.finished || state.hadDescendants || state.killed != nil {
+            Self.reapOrphans(sparing: zygote?.processes ?? [], launchGroup: pid)
+        }
     }
 
     /// What the runner is told about its launch. Without a cgroup, an `RLIMIT_DATA` backstop
@@ -289,146 +313,6 @@ public struct LaunchSupervisor: Sendable {
         }
     }
 
-    // MARK: The loop
-
-    private func supervise(
-        pid: pid_t, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
-        control: LaunchControl?, state: inout LaunchState, logger: Logger
-    ) {
-        let pidfd = bgtask_pidfd_open(pid)
-        defer { if pidfd >= 0 { close(pidfd) } }
-        let expireAt = state.startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
-        var killAt: UInt64?
-        var channelOpen = true
-        var channelClosedAt: UInt64?
-        var memory = MemorySampler(
-            limit: plan.limits.memoryLimitBytes, startNs: state.startNs, sampleInterval: UInt64(memorySampleInterval.nanoseconds),
-            descendantInterval: UInt64(descendantSampleInterval.nanoseconds), checkInterval: UInt64(descendantCheckInterval.nanoseconds))
-        let sampling = plan.limits.memoryLimitBytes > 0 && state.cgroup == nil
-        var disk = DiskReserveWatch(
-            reserve: plan.limits.diskReserveBytes,
-            containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
-            startNs: state.startNs, checkInterval: UInt64(descendantCheckInterval.nanoseconds))
-
-        while true {
-            let now = bgtask_monotonic_ns()
-            if state.expiredAtNs == nil, now >= expireAt {
-                state.expiredAtNs = now
-                try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
-                killAt = now + UInt64(plan.limits.grace.nanoseconds)
-                logger.debug("expiration sent")
-            }
-            // The child's word never disarms the watchdog: a launch is over when its process is
-            // gone (reaped), not when it says so. One that said its tasks had ended has
-            // `exitAfterFinished` to be gone.
-            if let deadline = killAt, now >= deadline, state.killed == nil {
-                state.killed = .watchdog
-                Self.terminate(pid, cgroup: state.cgroup)
-                logger.info("watchdog kill: grace period over")
-            }
-            if let finishedNs = state.finishedNs, now >= finishedNs + Self.exitAfterFinished, state.killed == nil {
-                state.killed = .watchdog
-                state.lingering = "the launch said its tasks had ended but its process was still running \(Self.exitAfterFinished / 1_000_000) ms later"
-                Self.terminate(pid, cgroup: state.cgroup)
-                logger.info("watchdog kill: still running after it said it had finished")
-            }
-            // A task expired on its own (stalled, cancelled, conditions lost) that is still open
-            // when its grace ends takes the launch down with it, as on iOS.
-            if state.killed == nil,
-               let (task, _) = state.taskKillAt.first(where: { now >= $0.value && state.tasks[$0.key]?.completedNs == nil }) {
-                state.killed = .watchdog
-                Self.terminate(pid, cgroup: state.cgroup)
-                logger.info("watchdog kill: an expired task did not complete within the grace", metadata: ["task": "\(task)"])
-            }
-            if state.killed == nil, let exhaustion = disk.check(at: now) {
-                state.killed = .disk
-                state.diskExhaustion = exhaustion
-                Self.terminate(pid, cgroup: state.cgroup)
-                logger.info("disk kill", metadata: ["reserve": "\(disk.reserve)"])
-            }
-            if sampling, state.killed == nil,
-               let rss = memory.sample(at: now, runner: pid, state: &state, probe: { (try? channel.send(ParentMessage.probeChildren)) != nil }),
-               rss > plan.limits.memoryLimitBytes {
-                state.killed = .jetsam
-                Self.terminate(pid, cgroup: nil)
-                logger.info("jetsam kill", metadata: ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"])
-            }
-
-            var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
-            if state.killed != nil { next = UInt64.max }
-            if sampling && state.killed == nil { next = min(next, max(memory.nextSampleNs, now)) }
-            if let closedAt = channelClosedAt, state.killed == nil { next = min(next, closedAt + Self.exitAfterHangUp) }
-            if let finishedNs = state.finishedNs, state.killed == nil { next = min(next, finishedNs + Self.exitAfterFinished) }
-            if disk.isOn, state.killed == nil { next = min(next, max(disk.nextCheckNs, now)) }
-            if state.killed == nil {
-                for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
-            }
-            let timeoutNs: Int64 = next == UInt64.max ? -1 : Int64(clamping: next > now ? next - now : 0)
-
-            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
-                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0),
-                       pollfd(fd: state.log.readEnd, events: Int16(POLLIN), revents: 0)]
-            if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
-            // Without a pidfd the child's exit cannot wake the loop: look every 10 ms.
-            let ready = bgtask_poll_ns(&fds, UInt(fds.count), pidfd >= 0 ? timeoutNs : (timeoutNs < 0 ? 10_000_000 : min(timeoutNs, 10_000_000)))
-            if ready < 0 && errno != EINTR { break }
-
-            if let control, fds[1].revents != 0 {
-                for command in control.take() {
-                    switch command {
-                    case let .expire(task, reason):
-                        if state.expiredAtNs == nil && task == nil {
-                            // Expiring the whole launch early starts its grace, as the budget would.
-                            let now = bgtask_monotonic_ns()
-                            state.expiredAtNs = now
-                            killAt = min(killAt ?? UInt64.max, now + UInt64(plan.limits.grace.nanoseconds))
-                        }
-                        if let task, state.taskKillAt[task] == nil {
-                            state.taskKillAt[task] = bgtask_monotonic_ns() + UInt64(plan.limits.grace.nanoseconds)
-                        }
-                        try? channel.send(ParentMessage.expire(task: task, reason: reason))
-                        logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
-                    case let .startTask(task):
-                        state.addTask(task)
-                        try? channel.send(ParentMessage.startTask(task))
-                    case .close:
-                        try? channel.send(ParentMessage.close)
-                    case let .shutdown(reason):
-                        let now = bgtask_monotonic_ns()
-                        if state.expiredAtNs == nil { state.expiredAtNs = now }
-                        try? channel.send(ParentMessage.expire(task: nil, reason: reason))
-                        killAt = min(killAt ?? UInt64.max, now + UInt64(plan.limits.grace.nanoseconds))
-                    }
-                }
-            }
-            // The launch's output before its messages: what it printed before it sent them.
-            if fds[2].revents != 0 { state.log.drain() }
-            if channelOpen, fds.count > 3, fds[3].revents != 0 {
-                let wasFinished = state.finished
-                channelOpen = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state)
-                if state.finished && !wasFinished && state.hadDescendants {
-                    // All tasks ended: nothing the launch started may outlive it. (The runner
-                    // killed them itself before it said so; this is the host making sure.)
-                    // Below the app's process (not the namespace's init, whose death is the app's).
-                    if let app = memory.app ?? ProcessTree.appProcess(of: pid) {
-                        for descendant in ProcessTree.descendants(of: app) { kill(descendant, SIGKILL) }
-                    }
-                }
-                if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
-            }
-            if let closedAt = channelClosedAt, state.killed == nil, !state.finished, state.forcedTermination != nil
-                || bgtask_monotonic_ns() >= closedAt + Self.exitAfterHangUp {
-                // Garbage on the channel, or a child that hung up on its supervisor and did not
-                // exit (a dying process closes its channel a moment before it can be reaped):
-                // it can no longer be trusted.
-                state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
-                state.killed = .crashed
-                Self.terminate(pid, cgroup: state.cgroup)
-            }
-            if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
-        }
-    }
-
     /// How long a child that closed its channel has to exit before it counts as hung up.
     static let exitAfterHangUp: UInt64 = 250_000_000
     /// How long a child that said its tasks had ended has to be gone before it is killed.
@@ -449,174 +333,6 @@ public struct LaunchSupervisor: Sendable {
         kill(pid, SIGKILL)
     }
 
-    /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
-    /// the loop from its deadlines). Returns false once the channel is closed or unusable.
-    private func receive(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
-                         state: inout LaunchState, limit: Int = 64) -> Bool {
-        for _ in 0..<limit {
-            let packet: [UInt8]?
-            do {
-                packet = try channel.receivePacket(nonBlocking: true)
-            } catch let error as ChannelError where error.code == .wouldBlock {
-                return true
-            } catch {
-                state.end(.crashed, error: "launch channel: \(error)")
-                return false
-            }
-            guard let packet else { return false }
-            let message: ChildMessage
-            do {
-                message = try LaunchChannel.decode(ChildMessage.self, from: packet)
-            } catch {
-                state.end(.crashed, error: "the launch wrote garbage to its channel: \(error)")
-                return false
-            }
-            handle(message, channel: channel, plan: plan, broker: broker, control: control, state: &state)
-        }
-        return true
-    }
-
-    private func drain(channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?, state: inout LaunchState) {
-        _ = receive(channel: channel, plan: plan, broker: broker, control: control, state: &state, limit: 100_000)
-    }
-
-    private func handle(_ message: ChildMessage, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker,
-                        control: LaunchControl?, state: inout LaunchState) {
-        switch message {
-        case .submit(let seq, let request):
-            let rejection = broker.submit(request, app: plan.bundle)
-            if rejection == nil { state.submitted.append(request) }
-            try? channel.send(ParentMessage.reply(seq: seq, status: rejection?.status.rawValue ?? 0, message: rejection?.message, requests: nil))
-        case .cancel(let seq, let identifier):
-            broker.cancel(identifier: identifier, app: plan.bundle)
-            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: nil))
-        case .pending(let seq):
-            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
-        case .log(let level, let text):
-            state.log.append(level: level, text)
-        default:
-            state.apply(message)
-        }
-        guard let onEvent = control?.onEvent else { return }
-        switch message {
-        case .launched: onEvent(.launched)
-        case .taskBegan(let task, _): onEvent(.taskBegan(task: task))
-        case .taskCompleted(let task, _, _):
-            if let (completed, total) = state.pendingProgress.removeValue(forKey: task) {
-                onEvent(.progress(task: task, completed: completed, total: total))
-            }
-            onEvent(.taskEnded(task: task))
-        case .taskNotRegistered(let task): onEvent(.taskEnded(task: task))
-        case .progress(let task, let completed, let total):
-            // At most 20 updates a second per task reach the host: a plugin reporting in a
-            // tight loop must not flood it. The last one before completion always does.
-            let now = bgtask_monotonic_ns()
-            state.pendingProgress[task] = (completed, total)
-            if now >= (state.lastProgressForward[task] ?? 0) + 50_000_000 {
-                state.lastProgressForward[task] = now
-                state.pendingProgress[task] = nil
-                onEvent(.progress(task: task, completed: completed, total: total))
-            }
-        case .title(let task, let title, let subtitle): onEvent(.title(task: task, title: title, subtitle: subtitle))
-        default: break
-        }
-    }
-
-    // MARK: Processes
-
-    /// Runner pids of launches this process is supervising, so that orphan reaping never
-    /// touches another launch's runner.
-    private static let activeRunners = LockedValue(Set<pid_t>())
-
-    /// The process this host started that `pid` is, or descends from (a launch's runner, the
-    /// zygote or a spare), or nil. Every launch is the host's child (spawned, or forked by the
-    /// zygote with CLONE_PARENT), and a launch's processes cannot leave its runner's tree (the
-    /// system-call filter refuses CLONE_PARENT and giving up the subreaper; orphans come back
-    /// to the runner, or to the host, a subreaper too), so the parent chain finds it, even for a
-    /// launch the host has not finished recording yet: how the control socket recognises a
-    /// launch whatever its uid.
-    public static func launchRunner(containing pid: pid_t) -> pid_t? {
-        let host = getpid()
-        guard pid != host else { return nil }
-        var current = pid
-        for _ in 0..<256 {
-            guard current > 1, let parent = ProcessTree.parent(of: current), parent != current else { return nil }
-            if parent == host { return current }
-            current = parent
-        }
-        return nil
-    }
-
-    /// Whether every child of this process that is not a running launch's runner, the zygote or
-    /// a spare is a launch's leftover, as in the host daemon and `bgtask run`, which start
-    /// nothing else: then every zombie child is reaped, whatever it was. An embedding process
-    /// (the tests) leaves it false: its own children are not this code's to reap, so a zombie
-    /// is reaped only when its process group was the launch's.
-    public static var adoptsEveryChild: Bool {
-        get { adoptsEveryChildValue.withLock { $0 } }
-        set { adoptsEveryChildValue.withLock { $0 = newValue } }
-    }
-    private static let adoptsEveryChildValue = LockedValue(false)
-
-    /// Kills and reaps processes re-parented to this process (it is a child subreaper) that
-    /// are descendants of launches whose runner died: children that are not the runner of a
-    /// running launch and carry a launch's `BGTASK_LAUNCH_ID` in their environment or are in
-    /// the process group of the launch that ended (`launchGroup`: its runner's pid), with
-    /// everything below them; and zombies: a killed launch's processes die as zombies of their
-    /// parents, which die too, and come here already dead, with no environment left to
-    /// recognise (hundreds of them after a fork-happy launch was killed, until no pid was left).
-    /// A zombie is reaped when its group was the launch's (or an orphan's killed here), or
-    /// whatever it was with `adoptsEveryChild`. Other children of an embedding process are left
-    /// alone.
-    ///
-    /// `sparing`: the zygote and its spares, which are this process's children too. They are
-    /// not even looked at: reading a spare's /proc entries would make its reaping slower once
-    /// it has become a launch.
-    static func reapOrphans(sparing: Set<pid_t> = [], launchGroup: pid_t? = nil) {
-        let everyChild = adoptsEveryChild
-        // Under the lock that spawning holds, so a runner spawned a moment ago (not yet in
-        // activeRunners) is never taken for an orphan.
-        spawnLock.withLock {
-            var groups = Set(launchGroup.map { [$0] } ?? [])
-            var zombies: [(pid: pid_t, group: pid_t)] = []
-            for child in ProcessTree.children(of: getpid())
-            where !sparing.contains(child) && !activeRunners.withLock({ $0.contains(child) }) {
-                guard let (state, group) = ProcessTree.status(of: child) else { continue }
-                if state == UInt8(ascii: "Z") {
-                    zombies.append((child, group))
-                    continue
-                }
-                // Still alive, or dying: a process of the launch's group may be past the point
-                // where its environment can be read, and is the launch's all the same.
-                guard groups.contains(group) || ProcessTree.isLaunchProcess(child) else { continue }
-                groups.insert(group)
-                reapKilled(child, ProcessTree.killTree(child))
-            }
-            var status: Int32 = 0
-            for (zombie, group) in zombies where everyChild || groups.contains(group) {
-                _ = bgtask_wait4(zombie, &status, WNOHANG, nil)
-            }
-        }
-    }
-
-    /// Reaps `orphan`, killed, then its `descendants` (killed with it): each comes to this
-    /// process (the nearest subreaper) when its parent dies, so they are waited for in passes,
-    /// each pass reaping those that are this process's children by then, until a pass finds
-    /// none (the rest were reaped by parents of their own before those died).
-    private static func reapKilled(_ orphan: pid_t, _ descendants: Set<pid_t>) {
-        var status: Int32 = 0
-        _ = bgtask_wait4(orphan, &status, 0, nil)
-        // Never a running launch's runner, should a pid have been reused since.
-        var left = descendants.subtracting(activeRunners.withLock { $0 })
-        while !left.isEmpty {
-            let reaped = left.filter { bgtask_wait4($0, &status, 0, nil) == $0 }
-            if reaped.isEmpty { break }
-            left.subtract(reaped)
-        }
-    }
-
-    /// Held from starting a runner until it is in `activeRunners`, and while reaping orphans.
-    static let spawnLock = NSLock()
 }
 
 extension Duration {

@@ -1,0 +1,271 @@
+import BGTaskModel
+import BGTaskSystem
+import BGTaskWire
+import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
+
+/// The supervision of one running launch: a single `poll(2)` loop over the launch's pidfd, its
+/// channel, its log pipe and its control's wake pipe, with the next deadline as the timeout (no
+/// sleeps). Each turn enforces what is due (expiry, the watchdogs, the disk reserve, the memory
+/// limit), waits, then carries out the host's commands, reads the log and answers the channel.
+/// It ends when the launch's process has exited; `drain` then reads what it said last.
+struct LaunchLoop {
+    let pid: pid_t
+    let channel: LaunchChannel
+    let plan: LaunchPlan
+    let broker: LaunchRequestBroker
+    let control: LaunchControl?
+    let logger: Logger
+
+    /// Deadlines and moments, in monotonic nanoseconds: the budget's end (expiration), the
+    /// watchdog's kill (the grace's end after expiration), the channel's hang-up.
+    private let expireAt: UInt64
+    private let grace: UInt64
+    private var killAt: UInt64?
+    private var channelOpen = true
+    private var channelClosedAt: UInt64?
+    /// Resident memory, sampled when there is a limit and no cgroup enforces it.
+    private var memory: MemorySampler
+    private let sampling: Bool
+    private var disk: DiskReserveWatch
+
+    /// How long a child that closed its channel has to exit before it counts as hung up.
+    static let exitAfterHangUp: UInt64 = 250_000_000
+    /// How long a child that said its tasks had ended has to be gone before it is killed.
+    static let exitAfterFinished: UInt64 = 250_000_000
+
+    init(pid: pid_t, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
+         logger: Logger, supervisor: LaunchSupervisor, state: LaunchState) {
+        self.pid = pid
+        self.channel = channel
+        self.plan = plan
+        self.broker = broker
+        self.control = control
+        self.logger = logger
+        expireAt = state.startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
+        grace = UInt64(plan.limits.grace.nanoseconds)
+        memory = MemorySampler(
+            limit: plan.limits.memoryLimitBytes, startNs: state.startNs, sampleInterval: UInt64(supervisor.memorySampleInterval.nanoseconds),
+            descendantInterval: UInt64(supervisor.descendantSampleInterval.nanoseconds), checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
+        sampling = plan.limits.memoryLimitBytes > 0 && state.cgroup == nil
+        disk = DiskReserveWatch(
+            reserve: plan.limits.diskReserveBytes,
+            containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
+            startNs: state.startNs, checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
+    }
+
+    mutating func run(_ state: inout LaunchState) {
+        let pidfd = bgtask_pidfd_open(pid)
+        defer { if pidfd >= 0 { close(pidfd) } }
+        while true {
+            let now = bgtask_monotonic_ns()
+            enforce(at: now, &state)
+            let timeoutNs = nextWake(after: now, state)
+            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: state.log.readEnd, events: Int16(POLLIN), revents: 0)]
+            if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
+            // Without a pidfd the child's exit cannot wake the loop: look every 10 ms.
+            let ready = bgtask_poll_ns(&fds, UInt(fds.count), pidfd >= 0 ? timeoutNs : (timeoutNs < 0 ? 10_000_000 : min(timeoutNs, 10_000_000)))
+            if ready < 0 && errno != EINTR { break }
+
+            if let control, fds[1].revents != 0 { apply(control.take(), &state) }
+            // The launch's output before its messages: what it printed before it sent them.
+            if fds[2].revents != 0 { state.log.drain() }
+            if channelOpen, fds.count > 3, fds[3].revents != 0 { readChannel(&state) }
+            checkHangUp(&state)
+            if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
+        }
+    }
+
+    /// What the launch said after the loop ended (its last messages, up to 100,000).
+    mutating func drain(_ state: inout LaunchState) {
+        _ = receive(&state, limit: 100_000)
+    }
+
+    // MARK: Deadlines
+
+    /// Expiration at the budget's end; the kills that are due: the watchdog (grace over, a
+    /// finished launch still there, an expired task still open), the disk reserve, jetsam.
+    private mutating func enforce(at now: UInt64, _ state: inout LaunchState) {
+        if state.expiredAtNs == nil, now >= expireAt {
+            state.expiredAtNs = now
+            try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
+            killAt = now + grace
+            logger.debug("expiration sent")
+        }
+        guard state.killed == nil else { return }
+        // The child's word never disarms the watchdog: a launch is over when its process is
+        // gone (reaped), not when it says so. One that said its tasks had ended has
+        // `exitAfterFinished` to be gone.
+        if let deadline = killAt, now >= deadline {
+            kill(.watchdog, &state, "watchdog kill: grace period over")
+        } else if let finishedNs = state.finishedNs, now >= finishedNs + Self.exitAfterFinished {
+            state.lingering = "the launch said its tasks had ended but its process was still running \(Self.exitAfterFinished / 1_000_000) ms later"
+            kill(.watchdog, &state, "watchdog kill: still running after it said it had finished")
+        } else if let (task, _) = state.taskKillAt.first(where: { now >= $0.value && state.tasks[$0.key]?.completedNs == nil }) {
+            // A task expired on its own (stalled, cancelled, conditions lost) that is still open
+            // when its grace ends takes the launch down with it, as on iOS.
+            kill(.watchdog, &state, "watchdog kill: an expired task did not complete within the grace", ["task": "\(task)"])
+        } else if let exhaustion = disk.check(at: now) {
+            state.diskExhaustion = exhaustion
+            kill(.disk, &state, "disk kill", ["reserve": "\(disk.reserve)"])
+        } else if sampling,
+                  let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in (try? channel.send(ParentMessage.probeChildren)) != nil }),
+                  rss > plan.limits.memoryLimitBytes {
+            kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
+        }
+    }
+
+    private func kill(_ termination: RunRecord.Termination, _ state: inout LaunchState, _ message: Logger.Message,
+                      _ metadata: Logger.Metadata = [:], cgroup: Bool = true) {
+        state.killed = termination
+        LaunchSupervisor.terminate(pid, cgroup: cgroup ? state.cgroup : nil)
+        logger.info(message, metadata: metadata)
+    }
+
+    /// Nanoseconds until the next deadline (-1: none; the pidfd, the channel or a command wakes
+    /// the loop).
+    private func nextWake(after now: UInt64, _ state: LaunchState) -> Int64 {
+        var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
+        if state.killed == nil {
+            if sampling { next = min(next, max(memory.nextSampleNs, now)) }
+            if let closedAt = channelClosedAt { next = min(next, closedAt + Self.exitAfterHangUp) }
+            if let finishedNs = state.finishedNs { next = min(next, finishedNs + Self.exitAfterFinished) }
+            if disk.isOn { next = min(next, max(disk.nextCheckNs, now)) }
+            for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
+        } else {
+            next = UInt64.max
+        }
+        return next == UInt64.max ? -1 : Int64(clamping: next > now ? next - now : 0)
+    }
+
+    // MARK: The host's commands
+
+    private mutating func apply(_ commands: [LaunchControl.Command], _ state: inout LaunchState) {
+        for command in commands {
+            switch command {
+            case let .expire(task, reason):
+                if state.expiredAtNs == nil && task == nil {
+                    // Expiring the whole launch early starts its grace, as the budget would.
+                    let now = bgtask_monotonic_ns()
+                    state.expiredAtNs = now
+                    killAt = min(killAt ?? UInt64.max, now + grace)
+                }
+                if let task, state.taskKillAt[task] == nil {
+                    state.taskKillAt[task] = bgtask_monotonic_ns() + grace
+                }
+                try? channel.send(ParentMessage.expire(task: task, reason: reason))
+                logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
+            case let .startTask(task):
+                state.addTask(task)
+                try? channel.send(ParentMessage.startTask(task))
+            case .close:
+                try? channel.send(ParentMessage.close)
+            case let .shutdown(reason):
+                let now = bgtask_monotonic_ns()
+                if state.expiredAtNs == nil { state.expiredAtNs = now }
+                try? channel.send(ParentMessage.expire(task: nil, reason: reason))
+                killAt = min(killAt ?? UInt64.max, now + grace)
+            }
+        }
+    }
+
+    // MARK: The channel
+
+    private mutating func readChannel(_ state: inout LaunchState) {
+        let wasFinished = state.finished
+        channelOpen = receive(&state)
+        if state.finished && !wasFinished && state.hadDescendants {
+            // All tasks ended: nothing the launch started may outlive it. (The runner
+            // killed them itself before it said so; this is the host making sure.)
+            // Below the app's process (not the namespace's init, whose death is the app's).
+            if let app = memory.app ?? ProcessTree.appProcess(of: pid) {
+                for descendant in ProcessTree.descendants(of: app) { Glibc.kill(descendant, SIGKILL) }
+            }
+        }
+        if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
+    }
+
+    /// Garbage on the channel, or a child that hung up on its supervisor and did not exit (a
+    /// dying process closes its channel a moment before it can be reaped): it can no longer be
+    /// trusted.
+    private func checkHangUp(_ state: inout LaunchState) {
+        guard let closedAt = channelClosedAt, state.killed == nil, !state.finished,
+              state.forcedTermination != nil || bgtask_monotonic_ns() >= closedAt + Self.exitAfterHangUp else { return }
+        state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
+        state.killed = .crashed
+        LaunchSupervisor.terminate(pid, cgroup: state.cgroup)
+    }
+
+    /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
+    /// the loop from its deadlines). Returns false once the channel is closed or unusable.
+    private func receive(_ state: inout LaunchState, limit: Int = 64) -> Bool {
+        for _ in 0..<limit {
+            let packet: [UInt8]?
+            do {
+                packet = try channel.receivePacket(nonBlocking: true)
+            } catch let error as ChannelError where error.code == .wouldBlock {
+                return true
+            } catch {
+                state.end(.crashed, error: "launch channel: \(error)")
+                return false
+            }
+            guard let packet else { return false }
+            let message: ChildMessage
+            do {
+                message = try LaunchChannel.decode(ChildMessage.self, from: packet)
+            } catch {
+                state.end(.crashed, error: "the launch wrote garbage to its channel: \(error)")
+                return false
+            }
+            handle(message, &state)
+        }
+        return true
+    }
+
+    /// Answers a request (submit, cancel, pending) through the broker, keeps what the launch
+    /// reports in its state, and passes events on to the host.
+    private func handle(_ message: ChildMessage, _ state: inout LaunchState) {
+        switch message {
+        case .submit(let seq, let request):
+            let rejection = broker.submit(request, app: plan.bundle)
+            if rejection == nil { state.submitted.append(request) }
+            try? channel.send(ParentMessage.reply(seq: seq, status: rejection?.status.rawValue ?? 0, message: rejection?.message, requests: nil))
+        case .cancel(let seq, let identifier):
+            broker.cancel(identifier: identifier, app: plan.bundle)
+            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: nil))
+        case .pending(let seq):
+            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
+        case .log(let level, let text):
+            state.log.append(level: level, text)
+        default:
+            state.apply(message)
+        }
+        guard let onEvent = control?.onEvent else { return }
+        switch message {
+        case .launched: onEvent(.launched)
+        case .taskBegan(let task, _): onEvent(.taskBegan(task: task))
+        case .taskCompleted(let task, _, _):
+            if let (completed, total) = state.pendingProgress.removeValue(forKey: task) {
+                onEvent(.progress(task: task, completed: completed, total: total))
+            }
+            onEvent(.taskEnded(task: task))
+        case .taskNotRegistered(let task): onEvent(.taskEnded(task: task))
+        case .progress(let task, let completed, let total):
+            // At most 20 updates a second per task reach the host: a plugin reporting in a
+            // tight loop must not flood it. The last one before completion always does.
+            let now = bgtask_monotonic_ns()
+            state.pendingProgress[task] = (completed, total)
+            if now >= (state.lastProgressForward[task] ?? 0) + 50_000_000 {
+                state.lastProgressForward[task] = now
+                state.pendingProgress[task] = nil
+                onEvent(.progress(task: task, completed: completed, total: total))
+            }
+        case .title(let task, let title, let subtitle): onEvent(.title(task: task, title: title, subtitle: subtitle))
+        default: break
+        }
+    }
+}
