@@ -3,6 +3,7 @@
 // Targets are split by who uses them:
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
+//   - `BGTaskABI`         the ABI's growth rules in Swift (one reader of every struct), for the SDK and the runner
 //   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
 //   - `BGTaskModel`       the domain model: task kinds, task requests, assignments, containers, shared rules
 //   - `BGTaskWire`        the launch channel's and the zygote's protocols, shared by the host and the runner
@@ -50,9 +51,11 @@ let package = Package(
     targets: [
         // MARK: The ABI and the SDK
         .target(name: "CBGTaskPluginABI"),
+        // The ABI's growth rules in Swift (one struct reader), for both sides: the SDK and the runner.
+        .target(name: "BGTaskABI", dependencies: ["CBGTaskPluginABI"]),
         .target(
             name: "BackgroundTasks",
-            dependencies: ["CBGTaskPluginABI"],
+            dependencies: ["BGTaskABI", "CBGTaskPluginABI"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
 
@@ -72,7 +75,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "bgtask-runner",
-            dependencies: ["BGTaskModel", "BGTaskWire", "BGTaskSystem", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
+            dependencies: ["BGTaskABI", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "CBGTaskPluginABI", "CFFI", "_BGTaskSystemShims"],
             // C interop all the way down (libffi's global type descriptors, stdio): Swift 5 mode
             // keeps it readable; the runner's state is guarded by one lock regardless.
             swiftSettings: [.swiftLanguageMode(.v5)]

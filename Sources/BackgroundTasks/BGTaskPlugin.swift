@@ -1,3 +1,4 @@
+import BGTaskABI
 import CBGTaskPluginABI
 import Foundation
 

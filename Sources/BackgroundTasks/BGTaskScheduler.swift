@@ -1,3 +1,4 @@
+import BGTaskABI
 import CBGTaskPluginABI
 import Foundation
 
@@ -141,7 +142,7 @@ open class BGTaskScheduler: NSObject, @unchecked Sendable {
             guard let context, let request else { return }
             let collector = Unmanaged<PendingCollector>.fromOpaque(context).takeUnretainedValue()
             do {
-                collector.requests.append(BGTaskRequest.make(from: try bgtask_request.read(from: request)))
+                collector.requests.append(BGTaskRequest.make(from: try bgtask_request.read(from: request, writtenBy: .host)))
             } catch {
                 BGTaskPlugin.log("BackgroundTasks: a pending request is left out: \(error)")
             }

@@ -1,3 +1,4 @@
+import BGTaskABI
 import BGTaskModel
 import BGTaskWire
 import CBGTaskPluginABI
@@ -95,58 +96,6 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)
     return table
-}
-
-/// A struct of the ABI that a plugin hands the runner, read as bgtask/plugin.h's growth rules say
-/// (`bgtask_read_struct`): min(the runner's size, the plugin's `size`) bytes, the rest zero.
-protocol PluginWrittenStruct {
-    init()
-    /// Its C name, for errors.
-    static var cName: String { get }
-    /// Its size in ABI 1 (BGTASK_*_MIN_SIZE): a plugin that declares less is refused.
-    static var minimumSize: Int { get }
-    /// Where its `size` field is.
-    static var sizeOffset: Int { get }
-}
-
-/// A struct a plugin wrote that declares fewer bytes than the struct had in ABI 1: it was not
-/// built with bgtask/plugin.h, or did not set `size`.
-struct UndersizedStruct: Error, CustomStringConvertible {
-    var name: String
-    var declaredSize: UInt32
-    var minimumSize: Int
-
-    var description: String {
-        "\(name).size is \(declaredSize) bytes, below the \(minimumSize) bytes of \(name) in bgtask ABI \(BGTASK_ABI_VERSION) (set it to sizeof(\(name)) with bgtask/plugin.h)"
-    }
-}
-
-extension PluginWrittenStruct {
-    /// The struct at `pointer`, or `UndersizedStruct`. Reads no byte past what the plugin
-    /// declared, nor past the runner's own struct.
-    static func read(from pointer: UnsafeRawPointer) throws(UndersizedStruct) -> Self {
-        let declared = bgtask_struct_size(pointer, sizeOffset)
-        var own = Self()
-        let read = withUnsafeMutableBytes(of: &own) {
-            bgtask_read_struct($0.baseAddress, $0.count, pointer, Int(declared), minimumSize)
-        }
-        guard read else {
-            throw UndersizedStruct(name: cName, declaredSize: declared, minimumSize: minimumSize)
-        }
-        return own
-    }
-}
-
-extension bgtask_plugin: PluginWrittenStruct {
-    static var cName: String { "bgtask_plugin" }
-    static var minimumSize: Int { BGTASK_PLUGIN_MIN_SIZE }
-    static var sizeOffset: Int { MemoryLayout<Self>.offset(of: \.size)! }
-}
-
-extension bgtask_request: PluginWrittenStruct {
-    static var cName: String { "bgtask_request" }
-    static var minimumSize: Int { BGTASK_REQUEST_MIN_SIZE }
-    static var sizeOffset: Int { MemoryLayout<Self>.offset(of: \.size)! }
 }
 
 /// Why the C string at `text` is refused (`what` is N bytes, over the limit), or nil when it has
