@@ -35,6 +35,12 @@ final class LaunchLog {
     private(set) var keptBytes: UInt64 = 0
     /// Bytes read past `limit` and discarded.
     private(set) var droppedBytes: UInt64 = 0
+    /// The child's output kept so far ends inside a line (a partial write, or stdio's buffer
+    /// flushed mid-line).
+    private var midLine = false
+    /// The supervisor's lines that came while the child was inside a line: they go in after the
+    /// line ends, so that no line of the child's is cut in two.
+    private var heldLines: [UInt8] = []
 
     /// What one `drain()` reads at most: a few reads' worth (well under a millisecond).
     static let drainBudget = 256 * 1024
@@ -54,6 +60,7 @@ final class LaunchLog {
     }
 
     deinit {
+        finish()
         closeChildEnd()
         if readEnd >= 0 { close(readEnd) }
         if file >= 0 { close(file) }
@@ -83,23 +90,64 @@ final class LaunchLog {
             let n = retryingEINTR { buffer.withUnsafeMutableBytes { read(readEnd, $0.baseAddress, min($0.count, left)) } }
             if n > 0 {
                 left -= n
-                buffer.withUnsafeBytes { keep(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                buffer.withUnsafeBytes { keepChild(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
                 continue
             }
             if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return true }
             close(readEnd)
             readEnd = -1
+            finish()
             return false
         }
         return true
     }
 
-    /// A line of the supervisor's, tagged with its level (`[bgtask error] ...`).
+    /// A line of the supervisor's, tagged with its level (`[bgtask error] ...`): after the
+    /// child's output that came before it, and never inside one of the child's lines (held until
+    /// the line ends when the child was in the middle of one).
     func append(level: Int32, _ text: String) {
         // The child's output before it, first: it was written first.
         drain()
         let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
-        Array("[bgtask \(tag)] \(text)\n".utf8).withUnsafeBytes { keep($0) }
+        let line = Array("[bgtask \(tag)] \(text)\n".utf8)
+        if midLine && readEnd >= 0 {
+            heldLines += line
+        } else {
+            line.withUnsafeBytes { keep($0) }
+        }
+    }
+
+    /// The child's output, with held lines let in at the end of the line they waited for.
+    private func keepChild(_ bytes: UnsafeRawBufferPointer) {
+        guard !bytes.isEmpty else { return }
+        var rest = bytes
+        if !heldLines.isEmpty, let newline = bytes.firstIndex(of: UInt8(ascii: "\n")) {
+            keep(UnsafeRawBufferPointer(rebasing: bytes[...newline]))
+            midLine = false
+            flushHeld()
+            rest = UnsafeRawBufferPointer(rebasing: bytes[(newline + 1)...])
+            if rest.isEmpty { return }
+        }
+        keep(rest)
+        midLine = rest.last != UInt8(ascii: "\n")
+    }
+
+    private func flushHeld() {
+        guard !heldLines.isEmpty else { return }
+        let held = heldLines
+        heldLines = []
+        held.withUnsafeBytes { keep($0) }
+    }
+
+    /// Lets in the held lines once the child's output has ended (its last line unfinished: they
+    /// start a line of their own). Call before the record is made.
+    func finish() {
+        guard !heldLines.isEmpty else { return }
+        if midLine {
+            Array("\n".utf8).withUnsafeBytes { keep($0) }
+            midLine = false
+        }
+        flushHeld()
     }
 
     /// Writes what fits under `limit` and counts the rest; the first time output is cut, a line

@@ -143,6 +143,7 @@ public struct LaunchSupervisor: Sendable {
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain(budget: LaunchLog.finalDrainBytes)
         loop.drain(&state)
+        log.finish()
 
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
