@@ -169,7 +169,7 @@ extension RunRecord: CustomStringConvertible {
             lines.append("  \(task.identifier) [\(task.type.rawValue)] \(task.outcome.rawValue)\(times.isEmpty ? "" : ": " + times.joined(separator: ", "))")
         }
         let limit = memoryLimitBytes > 0 ? " of \(Self.mib(memoryLimitBytes)) (\(memoryMechanism))" : ""
-        lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(Self.ms(budgetMs)) + grace \(Self.ms(graceMs)), pid \(pid)")
+        lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(DurationText.format(seconds: budgetMs / 1000)) + grace \(DurationText.format(seconds: graceMs / 1000)), pid \(pid)")
         if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }

@@ -1,3 +1,4 @@
+import BGTaskModel
 import Foundation
 
 /// The host's notion of now. `real` is the wall clock; `virtual` is a clock that moves only when
@@ -63,7 +64,7 @@ public final class HostClock: @unchecked Sendable {
             throw BGTaskError(.invalidRequest, "the host runs on the real clock; start it with --clock virtual to advance time")
         }
         guard seconds.isFinite, seconds >= 0 else {
-            throw BGTaskError(.invalidRequest, "clock advance \(seconds) s: the clock only moves forward, by a finite amount")
+            throw BGTaskError(.invalidRequest, "clock advance \(seconds.isFinite && seconds >= 0 ? DurationText.format(seconds: seconds) : "\(seconds) s"): the clock only moves forward, by a finite amount")
         }
         // Checked and moved under the lock, persisted before anyone else may move it again: a
         // refused advance leaves the clock, and the store, as they were.
@@ -71,7 +72,7 @@ public final class HostClock: @unchecked Sendable {
         defer { lock.unlock() }
         let next = virtualNow.addingTimeInterval(seconds)
         if let problem = Self.checkDate(next.timeIntervalSince1970, now: Date()) {
-            throw BGTaskError(.outOfRange, "clock advance \(seconds) s: the virtual clock would be at a date that \(problem.replacingOccurrences(of: "the host's clock", with: "real time")) (it runs at most \(Self.maximumOffsetText) ahead of real time)")
+            throw BGTaskError(.outOfRange, "clock advance \(DurationText.format(seconds: seconds)): the virtual clock would be at a date that \(problem.replacingOccurrences(of: "the host's clock", with: "real time")) (it runs at most \(Self.maximumOffsetText) ahead of real time)")
         }
         try store.setSetting(Self.settingKey, "\(next.timeIntervalSince1970)")
         virtualNow = next
