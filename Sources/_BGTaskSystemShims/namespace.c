@@ -23,6 +23,14 @@
 // A mount namespace comes with it, private (nothing propagates back to the host's), with a /proc
 // of the new PID namespace: libdispatch opens /proc/TID/stat with the thread ids of the
 // namespace, which the host's /proc would resolve to other processes, or none (and trap).
+//
+// After the clone (docs/isolation.md, "After fork"): each function says whether it is
+// async-signal-safe. The outer process and the init need more than that: they share the maker's
+// memory *and its thread-local storage* (no CLONE_SETTLS), so they touch no errno, no heap, no
+// lock, no stdio: raw system calls, and glibc's clone() stub, only. The app is a fork of the
+// maker, which is single-threaded (checked: `maker_is_single_threaded`) and waits in `read`, so
+// no lock is held in its copy; it runs only close and munmap before `enter` returns 0, and is an
+// ordinary process from there.
 #define _GNU_SOURCE
 #undef _FORTIFY_SOURCE /* siglongjmp from the init's stack to the maker's */
 #include "bgtask_system_shims.h"
@@ -38,6 +46,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#if __has_include(<sys/single_threaded.h>)
+#include <sys/single_threaded.h>
+#endif
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -47,6 +58,7 @@
 
 // MARK: Raw system calls (no errno: -error on failure)
 
+/* Async-signal-safe: yes (one system call instruction: no errno, no thread-local storage) */
 static inline long raw6(long n, long a, long b, long c, long d, long e, long f) {
 #if defined(__x86_64__)
     long ret;
@@ -69,12 +81,18 @@ static inline long raw6(long n, long a, long b, long c, long d, long e, long f) 
 #error "namespace.c: raw system calls are written for x86_64 and aarch64"
 #endif
 }
+/* Async-signal-safe: yes */
 static inline long raw0(long n) { return raw6(n, 0, 0, 0, 0, 0, 0); }
+/* Async-signal-safe: yes */
 static inline long raw1(long n, long a) { return raw6(n, a, 0, 0, 0, 0, 0); }
+/* Async-signal-safe: yes */
 static inline long raw2(long n, long a, long b) { return raw6(n, a, b, 0, 0, 0, 0); }
+/* Async-signal-safe: yes */
 static inline long raw3(long n, long a, long b, long c) { return raw6(n, a, b, c, 0, 0, 0); }
+/* Async-signal-safe: yes */
 static inline long raw4(long n, long a, long b, long c, long d) { return raw6(n, a, b, c, d, 0, 0); }
 
+/* Async-signal-safe: yes */
 static _Noreturn void raw_exit(int code) {
     for (;;) raw1(SYS_exit, code);
 }
@@ -102,11 +120,13 @@ struct context {
 #define STACK_SIZE (32 * 1024)
 #define REGION_SIZE (sizeof(struct context) + 2 * STACK_SIZE + 4096)
 
+/* Async-signal-safe: yes */
 static void report(struct context *context, int step, long error) {
     struct message message = {step, (int32_t)-error};
     raw3(SYS_write, context->ready[1], (long)&message, sizeof message);
 }
 
+/* Async-signal-safe: yes */
 static void block_signals(void) {
     uint64_t all = ~(uint64_t)0;
     raw4(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, 0, 8);
@@ -115,7 +135,8 @@ static void block_signals(void) {
 // MARK: init (pid 1)
 
 /* Reaps every process of the namespace; once the app is gone, kills the rest (nothing outlives
- * the launch), reaps them, and tells the outer process how the app ended. */
+ * the launch), reaps them, and tells the outer process how the app ended.
+ * Async-signal-safe: yes (raw system calls only: it runs in the maker's memory) */
 static _Noreturn void serve_as_init(pid_t app, int status_fd) {
     int app_status = 0;
     int app_ended = 0;
@@ -137,6 +158,10 @@ static _Noreturn void serve_as_init(pid_t app, int status_fd) {
     raw_exit(0);
 }
 
+/* The init (pid 1), on its own stack in the maker's memory: /proc, then the app.
+ * Async-signal-safe: yes (raw system calls only; the app, a private copy of that memory,
+ * leaves through siglongjmp, async-signal-safe since POSIX.1-2016, built without
+ * _FORTIFY_SOURCE's stack check, which would refuse the jump to another stack) */
 static int init_main(void *argument) {
     struct context *context = argument;
     block_signals();
@@ -168,7 +193,8 @@ static int init_main(void *argument) {
 
 // MARK: outer
 
-/* Waits for the namespace to end and ends as the app did. */
+/* Waits for the namespace to end and ends as the app did.
+ * Async-signal-safe: yes (raw system calls only) */
 static _Noreturn void mirror(pid_t init, int status_fd) {
     int message[2] = {0, 0};
     size_t used = 0;
@@ -196,7 +222,10 @@ static _Noreturn void mirror(pid_t init, int status_fd) {
 
 /* glibc's clone: the init runs init_main on its own stack, touching no thread state; the
  * kernel writes its pid (as the outer process sees it) into the context before either runs.
- * Called by the outer process. Returns the init's pid, or -errno. */
+ * Called by the outer process. Returns the init's pid, or -errno.
+ * Async-signal-safe: yes (a raw pidfd_open and glibc's clone(), a system-call stub whose child
+ * side touches no thread state; only on failure does it write errno, which in the outer process
+ * is the maker's, and which nothing reads then: the failure goes through the ready pipe) */
 static long start_init(struct context *context) {
     context->outer_pidfd = (int)raw2(SYS_pidfd_open, raw0(SYS_getpid), 0);
     int init = clone(init_main, context->init_stack_top, CLONE_VM | CLONE_PARENT_SETTID | SIGCHLD, context,
@@ -204,7 +233,8 @@ static long start_init(struct context *context) {
     return init < 0 ? -ENOMEM : init;
 }
 
-/* The outer process once the app exists: keeps nothing but the status pipe's read end. */
+/* The outer process once the app exists: keeps nothing but the status pipe's read end.
+ * Async-signal-safe: yes (raw system calls only) */
 static _Noreturn void outer_mirror(struct context *context) {
     block_signals();
     raw3(SYS_dup3, context->status[0], 1000, 0);
@@ -217,10 +247,12 @@ static _Noreturn void outer_mirror(struct context *context) {
  * process to leave a mount namespace tears it down (every mount it copied, and its /proc), and
  * that must not be the outer process, whose reap is the launch's end (a watchdog kill is
  * measured to it). The init's exit pays instead, after the outer process has read its report. */
+/* Async-signal-safe: yes (raw system calls only) */
 static void remember_mounts(struct context *context) {
     context->original_mounts = (int)raw4(SYS_openat, AT_FDCWD, (long)"/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC, 0);
 }
 
+/* Async-signal-safe: yes (raw system calls only) */
 static void leave_mounts(struct context *context) {
     if (context->original_mounts < 0) return;
     raw2(SYS_setns, context->original_mounts, CLONE_NEWNS);
@@ -228,7 +260,8 @@ static void leave_mounts(struct context *context) {
 }
 
 /* The namespaces, then the init: by the outer process (a zygote's spare: a CLONE_VM child of
- * the zygote, on its own stack), or by a spawned runner itself. 0, or -errno and the step. */
+ * the zygote, on its own stack), or by a spawned runner itself. 0, or -errno and the step.
+ * Async-signal-safe: yes (raw system calls only) */
 static long make_namespaces(int *step) {
     long rc = raw1(SYS_unshare, CLONE_NEWPID | CLONE_NEWNS);
     if (rc < 0) {
@@ -240,6 +273,8 @@ static long make_namespaces(int *step) {
     return rc;
 }
 
+/* The outer process of a zygote's launch, on its own stack in the zygote's memory.
+ * Async-signal-safe: yes (raw system calls and start_init only) */
 static int outer_main(void *argument) {
     struct context *context = argument;
     block_signals();
@@ -262,6 +297,7 @@ static int outer_main(void *argument) {
 
 // MARK: The maker
 
+/* Async-signal-safe: yes (the maker's, for its error) */
 static const char *step_name(int step) {
     switch (step) {
     case STEP_UNSHARE: return "unshare(CLONE_NEWPID | CLONE_NEWNS)";
@@ -283,13 +319,16 @@ static struct region *regions;
 static int region_count, region_capacity;
 
 /* 1 once the process behind `pidfd` has exited; never for a missing pidfd (its stack may be
- * in use: better kept mapped than freed under a running process). */
+ * in use: better kept mapped than freed under a running process).
+ * Async-signal-safe: yes */
 static int has_exited(int pidfd) {
     if (pidfd < 0) return 0;
     struct pollfd poller = {.fd = pidfd, .events = POLLIN};
     return poll(&poller, 1, 0) == 1;
 }
 
+/* Async-signal-safe: no — edits `regions`, which `enter` grows with realloc; the zygote calls
+ * it between forks, never in a child. */
 void bgtask_release_namespace_stacks(void) {
     for (int i = 0; i < region_count;) {
         if (has_exited(regions[i].outer_fd) && has_exited(regions[i].init_fd)) {
@@ -303,6 +342,7 @@ void bgtask_release_namespace_stacks(void) {
     }
 }
 
+/* Async-signal-safe: yes (the app runs it as it resumes) */
 static void close_pipes(struct context *context) {
     close(context->ready[0]);
     close(context->ready[1]);
@@ -310,10 +350,32 @@ static void close_pipes(struct context *context) {
     close(context->status[1]);
 }
 
+/* 1 unless glibc says this process has ever had a second thread (it clears the flag at the
+ * first pthread_create and does not set it again when threads exit): a byte read, no /proc. The
+ * app is the maker's memory copied by a raw clone, without fork's handlers (glibc's own, and
+ * every library's pthread_atfork), and the outer and init processes run in that memory: a lock
+ * another thread held there would be held for good.
+ * Async-signal-safe: yes */
+static int maker_is_single_threaded(void) {
+#if __has_include(<sys/single_threaded.h>)
+    return __libc_single_threaded != 0;
+#else
+    return 1; /* glibc before 2.32: the host's thread count at the zygote's start is the check */
+#endif
+}
+
 /* Makes the three processes; returns in the maker (the outer pid, or -1 and `error`) and, as
  * 0, in the app. `outer_is_maker` (a spawned runner): the maker makes the namespaces itself and
- * becomes the outer process (it never returns, but with -1 when it could not unshare). */
+ * becomes the outer process (it never returns, but with -1 when it could not unshare).
+ * Async-signal-safe: no — the maker's side fflushes stdio, formats errors (snprintf, strerror,
+ * fprintf) and grows `regions` (realloc): it runs in a single-threaded maker (checked first).
+ * The app's side, from sigsetjmp's second return, is close and munmap only. */
 static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
+    if (!maker_is_single_threaded()) {
+        snprintf(error, error_size, "this process has had a second thread: its memory cannot be copied into a "
+                                    "launch's namespace without fork's handlers");
+        return -1;
+    }
     if (!outer_is_maker) bgtask_release_namespace_stacks();
     fflush(NULL);
     char *region = mmap(NULL, REGION_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -428,14 +490,19 @@ static pid_t enter(int outer_is_maker, char *error, size_t error_size) {
     return outer;
 }
 
+/* Async-signal-safe: no — see `enter`: called first thing by a spawned runner, single-threaded. */
 int bgtask_enter_pid_namespace(char *error, size_t error_size) {
     return enter(1, error, error_size) == 0 ? 0 : -1;
 }
 
+/* Async-signal-safe: no — see `enter`: called by the single-threaded zygote. */
 pid_t bgtask_clone_parent_namespaced(char *error, size_t error_size) {
     return enter(0, error, error_size);
 }
 
+/* Async-signal-safe: no — snprintf and strerror in the caller (the zygote, or the host's
+ * threads: `bgtask doctor`); the throwaway child runs raw system calls only, so a multi-threaded
+ * caller is fine. */
 int bgtask_namespaces_available(char *error, size_t error_size) {
     /* A throwaway child tries; the caller's own namespaces stay as they are. */
     pid_t child = (pid_t)syscall(SYS_clone, SIGCHLD, 0, NULL, NULL, 0);

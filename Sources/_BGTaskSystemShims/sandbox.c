@@ -3,6 +3,9 @@
 // seccomp-bpf filter (system calls no app needs, that would let it reach past its launch).
 // Called by the runner on its main thread while it is the process's only thread, after
 // no_new_privs. Linux only; constants are spelled out so that older kernel headers build it.
+// A zygote's spare makes the ruleset's system part; the spare, like the launch, is an ordinary
+// process by then (docs/isolation.md, "After fork"), so nothing here has to be
+// async-signal-safe; the marker above each function says which are.
 #define _GNU_SOURCE
 #include "bgtask_system_shims.h"
 
@@ -66,6 +69,7 @@ struct ll_path_beneath_attr {
     int32_t parent_fd;
 } __attribute__((packed));
 
+/* Async-signal-safe: yes */
 int bgtask_landlock_abi(void) {
     /* The kernel's answer cannot change while it runs: asked once (by the zygote, for all its
      * children), not at every rule a launch adds. */
@@ -90,6 +94,7 @@ static uint64_t handled_fs(int abi) {
 /* The rights a rule may grant on a file that is not a directory. */
 #define LL_FILE_RIGHTS (LL_FS_EXECUTE | LL_FS_WRITE_FILE | LL_FS_READ_FILE | LL_FS_TRUNCATE | LL_FS_IOCTL_DEV)
 
+/* Async-signal-safe: no — snprintf and strerror for its error; the spare and the launch. */
 static int add_rule(int ruleset, const char *path, uint64_t access, uint64_t handled, int optional,
                     char *error, size_t error_size) {
     int fd = open(path, O_PATH | O_CLOEXEC);
@@ -111,6 +116,7 @@ static int add_rule(int ruleset, const char *path, uint64_t access, uint64_t han
     return 0;
 }
 
+/* Async-signal-safe: yes */
 int bgtask_landlock_create(int *abi_out) {
     int abi = bgtask_landlock_abi();
     if (abi_out) *abi_out = abi;
@@ -124,6 +130,7 @@ int bgtask_landlock_create(int *abi_out) {
     return (int)syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0);
 }
 
+/* Async-signal-safe: no — add_rule's error; the spare and the launch, ordinary processes. */
 int bgtask_landlock_allow(int ruleset, const char *const *paths, int count, int kind, char *error, size_t error_size) {
     int abi = bgtask_landlock_abi();
     uint64_t handled = handled_fs(abi);
@@ -268,6 +275,7 @@ static int add_library_directory(struct dl_phdr_info *info, size_t info_size, vo
     return 0;
 }
 
+/* Async-signal-safe: no — dl_iterate_phdr takes the loader's lock; the zygote, before it forks. */
 size_t bgtask_loaded_library_directories(char *buffer, size_t size) {
     struct library_directories directories = {.buffer = buffer, .size = size, .used = 0};
     dl_iterate_phdr(add_library_directory, &directories);

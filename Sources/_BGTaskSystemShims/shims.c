@@ -17,6 +17,9 @@
 #include <spawn.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#if __has_include(<sys/single_threaded.h>)
+#include <sys/single_threaded.h>
+#endif
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -55,6 +58,7 @@ int bgtask_spawn(const char *path, char *const argv[], char *const envp[],
     return rc;
 }
 
+/* Async-signal-safe: yes */
 int bgtask_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
 pid_t bgtask_wait4(pid_t pid, int *status, int options, struct rusage *usage) {
@@ -69,6 +73,7 @@ int bgtask_wtermsig(int status) { return WTERMSIG(status); }
 int bgtask_set_child_subreaper(void) { return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 int bgtask_set_parent_death_signal(int sig) { return prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0); }
 
+/* Async-signal-safe: yes */
 uint64_t bgtask_monotonic_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -98,7 +103,19 @@ int bgtask_accept_cloexec(int fd) { return accept4(fd, NULL, NULL, SOCK_CLOEXEC)
 
 /* ---- The zygote (a pre-warmed, single-threaded launcher; see Zygote.swift) ---- */
 
+/* Async-signal-safe: no — fflush(NULL) before the clone, in the caller: the zygote, whose
+ * single thread is checked here (__libc_single_threaded: a byte read, nothing measurable; glibc
+ * clears it at the first pthread_create and never sets it again). The child runs nothing of
+ * this but the return from syscall(). */
 pid_t bgtask_clone_parent(void) {
+#if __has_include(<sys/single_threaded.h>)
+    if (!__libc_single_threaded) {
+        /* A second thread could hold a lock (malloc's, stdio's, the runtime's) that the child,
+         * made without fork's handlers, would find held for good. */
+        errno = EDEADLK;
+        return -1;
+    }
+#endif
     fflush(NULL);
     /* CLONE_PARENT: the child is the caller's *parent's* child, so the host can wait4 it, get
      * its rusage and watch it with a pidfd as if it had spawned it. Raw clone: the caller is
@@ -106,6 +123,7 @@ pid_t bgtask_clone_parent(void) {
     return (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, NULL, NULL, 0);
 }
 
+/* Async-signal-safe: no — opendir allocates; the zygote, once, before its first fork. */
 int bgtask_thread_count(void) {
     DIR *dir = opendir("/proc/self/task");
     if (!dir) return -1;
@@ -123,6 +141,7 @@ int bgtask_thread_count(void) {
 static uint64_t noted_signals;
 static bool signals_noted;
 
+/* Async-signal-safe: yes */
 void bgtask_note_signal_actions(void) {
     noted_signals = 0;
     for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
@@ -135,6 +154,7 @@ void bgtask_note_signal_actions(void) {
     signals_noted = true;
 }
 
+/* Async-signal-safe: yes (sigaction and sigprocmask: a zygote's child calls it at once) */
 void bgtask_reset_signals(void) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
@@ -149,11 +169,13 @@ void bgtask_reset_signals(void) {
     sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
+/* Async-signal-safe: yes */
 void bgtask_close_from(int lowest) {
     if (syscall(SYS_close_range, (unsigned)lowest, ~0u, 0) == 0) return;
     for (int fd = lowest; fd < 65536; fd++) close(fd);
 }
 
+/* Async-signal-safe: yes */
 void bgtask_close_from_except(int lowest, const int *keep, int count) {
     int next = lowest;
     for (int i = 0; i < count; i++) {
@@ -166,6 +188,7 @@ void bgtask_close_from_except(int lowest, const int *keep, int count) {
     bgtask_close_from(next);
 }
 
+/* Async-signal-safe: yes */
 int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity) {
     int count = 0;
     for (int fd = lowest; fd < highest; fd++) {
@@ -176,6 +199,7 @@ int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity) {
     return count;
 }
 
+/* Async-signal-safe: yes */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length) {
     struct iovec io = {.iov_base = (void *)payload, .iov_len = length};
     char control[CMSG_SPACE(sizeof(int) * 8)];
@@ -196,6 +220,7 @@ int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, 
     return sent < 0 ? -1 : 0;
 }
 
+/* Async-signal-safe: yes */
 ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t length) {
     struct iovec io = {.iov_base = buffer, .iov_len = length};
     char control[CMSG_SPACE(sizeof(int) * 8)];
@@ -218,6 +243,7 @@ ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t l
     return received;
 }
 
+/* Async-signal-safe: yes */
 int bgtask_set_process_title(char *const *argv, int argc, const char *title) {
     /* setproctitle, as PostgreSQL does: /proc/PID/cmdline shows the process's argument area,
      * so rewriting that memory in place renames the process for ps and for the host. The
@@ -257,6 +283,7 @@ int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns) 
 static const char **(*get_process_path)(void);
 static void (*flush_preferences)(void);
 
+/* Async-signal-safe: no — dlsym (the loader's lock); the zygote calls it before it forks. */
 void bgtask_resolve_foundation_hooks(void) {
     /* Looked up, not linked: the shims do not link Foundation, and a Foundation without these
      * should cost the app its Bundle.main or its unsynchronized defaults, not its launch. */
@@ -264,6 +291,7 @@ void bgtask_resolve_foundation_hooks(void) {
     if (flush_preferences == NULL) flush_preferences = (void (*)(void))dlsym(RTLD_DEFAULT, "CFPreferencesFlushCaches");
 }
 
+/* Async-signal-safe: no — strdup; a launch's main thread, in an ordinary process. */
 int bgtask_set_main_executable(const char *path) {
     bgtask_resolve_foundation_hooks();
     if (get_process_path == NULL) return -1;

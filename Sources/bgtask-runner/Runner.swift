@@ -34,6 +34,8 @@ final class Runner: @unchecked Sendable {
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
     /// which must start no thread and leave the main queue untouched for its children.
     var scheduleHandler: (@escaping () -> Void) -> Void = { _ in }
+    /// Made in the zygote's rehearsal too, which must stay single-threaded: making a queue starts
+    /// no thread, only its first `async` does.
     let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
     /// Ends the launch once every task has ended; called once, on the thread that ended the
     /// last one (no hand-off to another thread: the launch's end is on its critical path).

@@ -42,6 +42,8 @@ enum Sandbox {
 
     /// Makes the ruleset and grants what every launch may read and execute and the devices.
     /// Library directories beneath a system directory need no rule of their own.
+    /// Async-signal-safe: no — allocates, and Landlock's errors are formatted; the spare (or the
+    /// launch), an ordinary process.
     static func prepareRuleset() {
         if libraryDirectories.isEmpty { findLibraryDirectories() }
         var abi: Int32 = 0
@@ -68,6 +70,8 @@ enum Sandbox {
     /// anywhere): found once in the zygote, inherited by its children.
     nonisolated(unsafe) static var libraryDirectories: [String] = []
 
+    /// Async-signal-safe: no — dl_iterate_phdr (the loader's lock) and allocation; the zygote,
+    /// before it forks (a spare only if the zygote found none).
     static func findLibraryDirectories() {
         var buffer = [CChar](repeating: 0, count: 16 * 1024)
         let used = bgtask_loaded_library_directories(&buffer, buffer.count)
@@ -102,6 +106,8 @@ enum Sandbox {
 
     /// The zygote, once: whether its spares may make namespaces (a throwaway child tries, since
     /// a spare that failed half-way would already be the host's child).
+    /// Async-signal-safe: no — allocates; the zygote, before it forks (the throwaway child of
+    /// `bgtask_namespaces_available` runs raw system calls only).
     static func checkNamespaces() {
         if switchedOff() { return }
         var error = [CChar](repeating: 0, count: 512)
@@ -116,6 +122,8 @@ enum Sandbox {
     }
 
     /// In the app's process: records whether it is in a namespace of its own.
+    /// Async-signal-safe: no — builds strings; the app's first Swift after the clone, in a copy of
+    /// a single-threaded maker (the zygote, or a spawned runner), so an ordinary process.
     static func notePidNamespace(_ entered: Bool, error: String? = nil) {
         pidNamespace = entered
             ? SandboxLayer(applied: true, detail: "pid \(getpid()) of its own namespace, with its own /proc; what it starts ends with it")
@@ -125,6 +133,9 @@ enum Sandbox {
     /// A spawned runner, as it starts: becomes the outer process, and carries on as the app.
     /// No probe first: `bgtask_enter_pid_namespace` fails cleanly, with its reason, when it
     /// cannot unshare.
+    /// Async-signal-safe: no — allocates before and after `bgtask_enter_pid_namespace`: first
+    /// thing in main.swift, while the runner is single-threaded (which that call checks); the app
+    /// returns through it as an ordinary process.
     static func enterPidNamespace() {
         if switchedOff() { return notePidNamespace(false) }
         var error = [CChar](repeating: 0, count: 512)

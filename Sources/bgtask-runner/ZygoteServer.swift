@@ -28,6 +28,13 @@ import _BGTaskSystemShims
 /// becomes an ordinary runner. Where it may (root), each child is a launch's PID namespace
 /// (namespace.c): the host's child is its outer process, which ends as the launch ends, and
 /// what returns from `serve()` is pid 2 of the namespace.
+///
+/// After fork (docs/isolation.md, "After fork"): the zygote is single-threaded when it forks (the
+/// host refuses a zygote whose `ready` reports more than one thread; `bgtask_clone_parent` and
+/// `bgtask_clone_parent_namespaced` refuse a process glibc says has had a second thread), so its
+/// child is an ordinary process from the moment the clone returns 0: the Swift below may
+/// allocate, lock and start threads there. Only namespace.c's outer and init processes, which
+/// share the zygote's memory, are held to raw system calls. Each function a child runs says so.
 enum ZygoteServer {
     static let control: Int32 = 3
 
@@ -37,6 +44,8 @@ enum ZygoteServer {
         var fds: [Int32]
     }
 
+    /// Async-signal-safe: no — allocates and talks to the host; runs in the single-threaded
+    /// zygote, and its children (ordinary processes) return through it to main.swift.
     static func serve() {
         unsetenv("LD_BIND_NOW") // set by the host for the zygote alone (see Zygote)
         warmUp()
@@ -111,6 +120,8 @@ enum ZygoteServer {
     }
 
     /// Forks a spare that prepares itself and waits for a request on its own socket.
+    /// Async-signal-safe: no — the spare's side rehearses (allocation, a thread, Dispatch); it is
+    /// a fork of the single-threaded zygote, an ordinary process once `cloneLaunch` returns 0.
     private static func forkSpare() -> Forked {
         var pair: [Int32] = [-1, -1]
         let kind = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
@@ -142,6 +153,7 @@ enum ZygoteServer {
 
     /// One request from `socket` (its payload and the descriptors that came with it, at most
     /// three); nil at end of stream or on an error.
+    /// Async-signal-safe: no — allocates the request's arrays; the zygote and its spares.
     private static func receiveRequest(on socket: Int32) -> Request? {
         var fds: [Int32] = [-1, -1, -1]
         var count: Int32 = 3
@@ -167,6 +179,8 @@ enum ZygoteServer {
     /// start, decoding the child's messages) would fault pages no launch touches, and spares
     /// cost CPU that concurrent launches need. No Dispatch queue: a launch uses one only for
     /// expiration, and its worker thread would be one more thread for every launch to end.
+    /// Async-signal-safe: no — starts a thread and uses Dispatch; the spare is an ordinary process
+    /// and forks nothing afterwards (its thread makes it unforkable by `bgtask_clone_parent`).
     private static func rehearse() {
         exerciseChildSide(startPacket, send: nil)
         let done = DispatchSemaphore(value: 0)
@@ -185,6 +199,7 @@ enum ZygoteServer {
     /// run loop, libdispatch's main queue) on the way to the handler. Their descriptors (an
     /// epoll set, eventfds, a timerfd) are the spare's own and survive `becomeLaunch`. Nothing
     /// else is touched: not Bundle.main, not a global queue (no thread is started).
+    /// Async-signal-safe: no — the main queue and run loop; the spare, an ordinary process.
     private static func rehearseMainThread() {
         var before = [Int32](repeating: -1, count: 64)
         let openBefore = Int(bgtask_open_descriptors(4, 256, &before, Int32(before.count)))
@@ -206,6 +221,8 @@ enum ZygoteServer {
     /// walk all of it; the others are what every SwiftPM-built plugin and most C ones import).
     /// A fresh fork maps none of the libraries' read-only pages it reads: each first read is a
     /// page fault, 43 of them in a no-op launch's dlopen before this rehearsal.
+    /// Async-signal-safe: no — dlopen and dlsym take the loader's lock; the spare, an ordinary
+    /// process.
     private static func rehearseSymbolLookups() {
         if let libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD) { dlclose(libc) }
         for name in rehearsedSymbols { _ = dlsym(UnsafeMutableRawPointer(bitPattern: 0), name) }
@@ -225,6 +242,7 @@ enum ZygoteServer {
 
     /// The launch's side of its channel: decodes `packet` (a start), encodes every message a
     /// no-op launch sends, and sends them on `channel` if there is one. Starts no thread.
+    /// Async-signal-safe: no — allocates; the zygote (before it forks) and the spare.
     private static func exerciseChildSide(_ packet: [UInt8], send channel: LaunchChannel?) {
         guard case let .start(assignment)? = try? LaunchChannel.decode(ParentMessage.self, from: packet) else { return }
         let messages: [ChildMessage] = [
@@ -248,6 +266,9 @@ enum ZygoteServer {
     /// returned is the outer process's, which ends as the launch does; see namespace.c), or
     /// a plain fork where namespaces are unavailable. Returns 0 in the launch's process, which
     /// has its own process group and default signals. Nothing may start a thread before.
+    /// Async-signal-safe: no — the child's side allocates (`notePidNamespace`'s strings) before
+    /// it resets its signals: it is a fork of the single-threaded zygote, no lock held in its
+    /// copy, an ordinary process from the clone's return (see `ZygoteServer`).
     private static func cloneLaunch() -> pid_t {
         var pid: pid_t
         var failure: String?
@@ -273,6 +294,8 @@ enum ZygoteServer {
 
     /// Descriptors 0-3 as a spawned runner has them, and nothing else but the main run loop's
     /// own (see `rehearseMainThread`) and the prepared Landlock ruleset; the launch's environment.
+    /// Async-signal-safe: no — decodes and allocates; the spare or the zygote's direct child, an
+    /// ordinary process.
     private static func becomeLaunch(_ request: Request) {
         let (channel, stdin, log) = (request.fds[0], request.fds[1], request.fds[2])
         dup2(stdin, 0)

@@ -15,9 +15,13 @@ nonisolated(unsafe) var hostTable: UnsafeMutablePointer<bgtask_host_api>!
 if CommandLine.arguments.dropFirst().first == "--zygote" {
     ZygoteServer.serve()
 } else {
-    // A spawned runner: its PID namespace first, while it is the only thread.
+    // A spawned runner: its PID namespace first, while it is the only thread (no thread may
+    // start before this line: bgtask_enter_pid_namespace refuses a process that has had one).
     Sandbox.enterPidNamespace()
 }
+// From here on every launch is an ordinary process (docs/isolation.md, "After fork"): a fork of
+// the single-threaded zygote, or the spawned runner itself, pid 2 of its namespace or not.
+// Nothing below has to be async-signal-safe.
 
 // Named for ps and for the host, which finds a launch's processes by it (a runner forked by the
 // zygote has the zygote's original environment in /proc/PID/environ, not its own).

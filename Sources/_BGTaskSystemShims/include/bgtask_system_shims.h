@@ -1,5 +1,10 @@
 /* Linux calls Swift's Glibc module does not expose (they need _GNU_SOURCE or have no libc
- * wrapper on glibc 2.36). Not API: used by BGTaskHost and the runner only. */
+ * wrapper on glibc 2.36). Not API: used by BGTaskHost and the runner only.
+ *
+ * Every function here says whether it is async-signal-safe (`Async-signal-safe: yes`, or
+ * `Async-signal-safe: no — why, and why that is fine where it is called`): what may run in a
+ * child between fork and the point where it is an ordinary process, see docs/isolation.md,
+ * "After fork". AsyncSignalSafetyTests fails when a declaration here has no such line. */
 #ifndef BGTASK_SYSTEM_SHIMS_H
 #define BGTASK_SYSTEM_SHIMS_H
 
@@ -11,75 +16,101 @@
 /* Spawns `path` as the leader of a new process group with `channel_fd` as fd 3 (none when
  * negative), `stdin_fd`, `out_fd` and `err_fd` as 0/1/2 and every other descriptor closed;
  * signal mask cleared and all signals at their default. Returns 0 and sets *pid, or an errno
- * value. */
+ * value.
+ * Async-signal-safe: no — posix_spawn's file actions allocate; the host calls it from its
+ * threads (glibc's posix_spawn does the child's side itself, with nothing of ours after the
+ * clone). */
 int bgtask_spawn(const char *path, char *const argv[], char *const envp[],
                  int channel_fd, int stdin_fd, int out_fd, int err_fd, pid_t *pid);
 
-/* pidfd_open(2); -1 and errno on failure. */
+/* pidfd_open(2); -1 and errno on failure.
+ * Async-signal-safe: yes */
 int bgtask_pidfd_open(pid_t pid);
 
-/* waitid(P_PIDFD) is not needed: wait4 gives rusage. Returns wait4's result. */
+/* waitid(P_PIDFD) is not needed: wait4 gives rusage. Returns wait4's result.
+ * Async-signal-safe: yes */
 pid_t bgtask_wait4(pid_t pid, int *status, int options, struct rusage *usage);
 
 /* True once `pid` (a child) has exited and can be reaped; does not reap it. For kernels
- * without pidfd. */
+ * without pidfd.
+ * Async-signal-safe: yes */
 int bgtask_has_exited(pid_t pid);
 
 /* WIFEXITED & co. are macros Swift cannot call. */
+/* Async-signal-safe: yes */
 int bgtask_wifexited(int status);
+/* Async-signal-safe: yes */
 int bgtask_wexitstatus(int status);
+/* Async-signal-safe: yes */
 int bgtask_wifsignaled(int status);
+/* Async-signal-safe: yes */
 int bgtask_wtermsig(int status);
 
-/* Makes the caller a child subreaper (prctl PR_SET_CHILD_SUBREAPER). */
+/* Makes the caller a child subreaper (prctl PR_SET_CHILD_SUBREAPER).
+ * Async-signal-safe: yes */
 int bgtask_set_child_subreaper(void);
-/* Asks for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). */
+/* Asks for SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG).
+ * Async-signal-safe: yes */
 int bgtask_set_parent_death_signal(int sig);
 
-/* SO_PEERCRED of a connected Unix socket. 0, or -1 and errno. */
+/* SO_PEERCRED of a connected Unix socket. 0, or -1 and errno.
+ * Async-signal-safe: yes */
 int bgtask_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
-/* accept4(fd, NULL, NULL, SOCK_CLOEXEC). */
+/* accept4(fd, NULL, NULL, SOCK_CLOEXEC).
+ * Async-signal-safe: yes */
 int bgtask_accept_cloexec(int fd);
 
-/* pipe2(fds, O_CLOEXEC). */
+/* pipe2(fds, O_CLOEXEC).
+ * Async-signal-safe: yes */
 int bgtask_pipe_cloexec(int fds[2]);
 
-/* ppoll with a timeout in nanoseconds (negative: none). */
+/* ppoll with a timeout in nanoseconds (negative: none).
+ * Async-signal-safe: yes */
 int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns);
 
-/* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine. */
+/* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
+ * Async-signal-safe: yes */
 uint64_t bgtask_monotonic_ns(void);
 
 /* Rewrites this process's argument area (argv[0] through the end of argv[argc - 1], as the
  * kernel laid it out), so /proc/PID/cmdline (and ps) shows `title`, truncated to the area's
  * size. 0, or -1. Reads nothing from /proc: every /proc/PID entry a process's life creates
- * makes its reaping slower (see docs/benchmark-history.md, "What a launch costs"). */
+ * makes its reaping slower (see docs/benchmark-history.md, "What a launch costs").
+ * Async-signal-safe: yes */
 int bgtask_set_process_title(char *const *argv, int argc, const char *title);
 
 /* 1 when this process has a child (running, stopped or a zombie, of any of its threads), 0
  * when it has none: waitid(P_ALL, WNOHANG | WNOWAIT), which reaps nothing and reads no /proc
- * entry. A child subreaper with no child has no descendant. */
+ * entry. A child subreaper with no child has no descendant.
+ * Async-signal-safe: yes */
 int bgtask_has_children(void);
 
 /* Makes `path` this process's executable as CoreFoundation sees it, so that the main bundle
  * (`Bundle.main`, CFBundleGetMainBundle) is the bundle holding `path`: CoreFoundation takes the
  * process path from /proc/self/exe once and keeps it behind the pointer _CFGetProcessPath()
  * returns, which this overwrites. Call it before anything asks for the main bundle (it is built
- * once, on first use). 0, or -1 when this Foundation does not export _CFGetProcessPath. */
+ * once, on first use). 0, or -1 when this Foundation does not export _CFGetProcessPath.
+ * Async-signal-safe: no — strdup, and dlsym (the loader's lock) unless the zygote resolved it;
+ * called by a launch on its main thread, an ordinary process by then. */
 int bgtask_set_main_executable(const char *path);
 
 /* Writes every UserDefaults change this process made that CoreFoundation has not written yet
  * (CFPreferencesFlushCaches): Linux's Foundation writes preferences only on synchronize(),
  * while iOS code expects them kept without it. Cheap when preferences were never used. 0, or -1
- * when this Foundation does not export the function. */
+ * when this Foundation does not export the function.
+ * Async-signal-safe: no — CoreFoundation's preferences (locks, allocation, file writes); called
+ * as a launch ends, by an ordinary process. */
 int bgtask_flush_preferences(void);
 /* Finds the two functions above in the loaded Foundation (dlsym), once; the zygote calls it so
- * that no launch pays for the lookups. */
+ * that no launch pays for the lookups.
+ * Async-signal-safe: no — dlsym takes the loader's lock; the zygote calls it before it forks. */
 void bgtask_resolve_foundation_hooks(void);
 
 /* The launch's confinement (sandbox.c), applied by the runner to itself on its main thread while
- * it is the process's only thread, before the plugin is loaded.
+ * it is the process's only thread, before the plugin is loaded: in an ordinary process (a fork
+ * of the single-threaded zygote, or a spawned runner), so none of them needs to be
+ * async-signal-safe; those that are say so.
  * bgtask_landlock_abi: the kernel's Landlock ABI version, 0 without Landlock.
  * bgtask_landlock_create: a ruleset handling every file access right of this ABI and, from ABI
  * 6, scoping signals and abstract sockets to the domain; its descriptor (-1 without Landlock),
@@ -94,18 +125,30 @@ void bgtask_resolve_foundation_hooks(void);
  * perf, userfaultfd, file handles, clock setting and raw I/O ports fail with EPERM; clone3 with
  * ENOSYS (libc falls back to clone, whose flags the filter can read). 0, or -1 with `error`.
  * bgtask_set_no_new_privs: prctl(PR_SET_NO_NEW_PRIVS) (required for both as non-root). */
+/* Async-signal-safe: yes */
 int bgtask_landlock_abi(void);
 enum { BGTASK_LANDLOCK_READ_EXECUTE = 0, BGTASK_LANDLOCK_DEVICE = 1, BGTASK_LANDLOCK_READ_WRITE = 2 };
+/* Async-signal-safe: yes */
 int bgtask_landlock_create(int *abi);
+/* Async-signal-safe: no — snprintf and strerror (locale) for its error; called by the spare
+ * and the launch, ordinary processes. */
 int bgtask_landlock_allow(int ruleset, const char *const *paths, int count, int kind, char *error, size_t error_size);
+/* Async-signal-safe: no — snprintf and strerror for its error; called by the launch, an
+ * ordinary process. */
 int bgtask_landlock_restrict(int ruleset, char *error, size_t error_size);
+/* Async-signal-safe: no — snprintf and strerror for its error; called by the launch, an
+ * ordinary process. */
 int bgtask_apply_syscall_filter(char *error, size_t error_size);
+/* Async-signal-safe: yes */
 int bgtask_set_no_new_privs(void);
 /* Becomes `uid`:`gid` with exactly `groups` as supplementary groups (at most 64), for good
  * (setres*id), with RLIMIT_NPROC `process_limit` first (0: unchanged) and umask 007. 0, or -1
- * and errno; checks that every id took. */
+ * and errno; checks that every id took.
+ * Async-signal-safe: no — glibc's setgroups and setres*id take its thread list's lock to apply
+ * the change to every thread; called by the launch on its main thread, an ordinary process. */
 int bgtask_become_user(uint32_t uid, uint32_t gid, const uint32_t *groups, int group_count, uint32_t process_limit);
-/* prctl(PR_GET_SECCOMP): 0 (none yet), 2 (filtered), or -1 without seccomp. */
+/* prctl(PR_GET_SECCOMP): 0 (none yet), 2 (filtered), or -1 without seccomp.
+ * Async-signal-safe: yes */
 int bgtask_seccomp_mode(void);
 /* The launch's own PID namespace, with a private mount namespace and a /proc of its own
  * (namespace.c): three processes, an outer one (what the host waits for: it ends as the app
@@ -118,39 +161,68 @@ int bgtask_seccomp_mode(void);
  * the caller carries on without). bgtask_namespaces_available: 1 when this process may make
  * them (a throwaway child tries), else 0 and `error`. bgtask_release_namespace_stacks: frees
  * the stacks of outer and init processes that have exited (bgtask_clone_parent_namespaced
- * calls it; their stacks are in the zygote's memory, which they share). */
+ * calls it; their stacks are in the zygote's memory, which they share).
+ * The first two refuse (-1 and `error`) a caller that glibc says has ever had a second thread
+ * (__libc_single_threaded): the app is a copy of the caller's memory, made without fork's
+ * handlers, and the outer and init processes run in that memory. */
+/* Async-signal-safe: no — the zygote's side fflushes stdio, grows its list of stacks (realloc)
+ * and formats errors (snprintf, strerror); it runs in the single-threaded zygote. The outer and
+ * init processes run only raw system calls and glibc's clone stub, the app only close and
+ * munmap before it returns 0 (namespace.c). */
 pid_t bgtask_clone_parent_namespaced(char *error, size_t error_size);
+/* Async-signal-safe: no — stdio (fflush, and fprintf on a failure it cannot return from) and
+ * snprintf/strerror; the spawned runner calls it first thing, while it is single-threaded. The
+ * init and the app's side are as in bgtask_clone_parent_namespaced. */
 int bgtask_enter_pid_namespace(char *error, size_t error_size);
+/* Async-signal-safe: no — snprintf and strerror for its error, in the caller (the zygote, or the
+ * host's threads). Its throwaway child runs raw system calls only, so the host may call it. */
 int bgtask_namespaces_available(char *error, size_t error_size);
+/* Async-signal-safe: no — edits the zygote's list of stacks, which bgtask_clone_parent_namespaced
+ * grows with realloc; the zygote calls it between forks. */
 void bgtask_release_namespace_stacks(void);
 /* The directories of every shared object loaded in this process (dl_iterate_phdr), each once,
- * NUL-separated into `buffer`; returns the bytes written. */
+ * NUL-separated into `buffer`; returns the bytes written.
+ * Async-signal-safe: no — dl_iterate_phdr takes the loader's lock; the zygote calls it before it
+ * forks (a spare, after, in an ordinary process). */
 size_t bgtask_loaded_library_directories(char *buffer, size_t size);
 
 /* The zygote. bgtask_clone_parent: fork whose child is the caller's parent's child (returns 0 in
- * the child); only for a single-threaded caller. */
+ * the child); only for a single-threaded caller: -1 and EDEADLK for one that glibc says has ever
+ * had a second thread (__libc_single_threaded).
+ * Async-signal-safe: no — fflush(NULL) before the clone, in the single-threaded zygote; the
+ * child runs nothing of it but the return. */
 pid_t bgtask_clone_parent(void);
-/* Threads of this process (from /proc/self/task), or -1. */
+/* Threads of this process (from /proc/self/task), or -1.
+ * Async-signal-safe: no — opendir allocates; the zygote calls it once, before its first fork
+ * (never on a launch's path: /proc entries slow a process's reaping). */
 int bgtask_thread_count(void);
 /* Every signal to its default action, none blocked. After bgtask_note_signal_actions, only
  * the signals that were not at their default then are reset (one syscall each instead of 64):
- * for a process that changes no disposition afterwards (the zygote) and its forks. */
+ * for a process that changes no disposition afterwards (the zygote) and its forks.
+ * Async-signal-safe: yes */
 void bgtask_reset_signals(void);
+/* Async-signal-safe: yes */
 void bgtask_note_signal_actions(void);
-/* Closes every descriptor >= lowest. */
+/* Closes every descriptor >= lowest.
+ * Async-signal-safe: yes */
 void bgtask_close_from(int lowest);
-/* Closes every descriptor >= lowest except the `count` in `keep` (ascending). */
+/* Closes every descriptor >= lowest except the `count` in `keep` (ascending).
+ * Async-signal-safe: yes */
 void bgtask_close_from_except(int lowest, const int *keep, int count);
 /* Writes the open descriptors in [lowest, highest) to `out` (at most `capacity`, ascending;
- * fcntl, no /proc) and returns how many there are. */
+ * fcntl, no /proc) and returns how many there are.
+ * Async-signal-safe: yes */
 int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity);
 /* Bytes allocated to everything beneath `path` (st_blocks), symbolic links not followed and
- * other filesystems not entered, stopping after `max_entries`; -1 when `path` cannot be read. */
+ * other filesystems not entered, stopping after `max_entries`; -1 when `path` cannot be read.
+ * Async-signal-safe: no — nftw allocates and opens directories; the host's threads only. */
 int64_t bgtask_directory_usage(const char *path, int64_t max_entries);
-/* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno. */
+/* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno.
+ * Async-signal-safe: yes */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);
 /* recvmsg; *count in: capacity of fds, out: descriptors received (close-on-exec). Returns the
- * payload length, 0 at end of stream, -1 and errno. */
+ * payload length, 0 at end of stream, -1 and errno.
+ * Async-signal-safe: yes */
 ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t length);
 
 #endif
