@@ -20,6 +20,7 @@ let package = Package(
     name: "bgtask",
     products: [
         .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
+        .library(name: "UIKit", targets: ["UIKit"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
@@ -40,6 +41,7 @@ let package = Package(
         .library(name: "CrashInConstructor", type: .dynamic, targets: ["CrashInConstructor"]),
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
+        .library(name: "BackgroundTime", type: .dynamic, targets: ["BackgroundTime"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
     ],
@@ -56,6 +58,13 @@ let package = Package(
         .target(
             name: "BackgroundTasks",
             dependencies: ["BGTaskABI", "CBGTaskPluginABI"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // Apple's module name for the UIKit API that background execution uses (the application
+        // object, its delegate, background time): app code importing it compiles unchanged.
+        .target(
+            name: "UIKit",
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
 
@@ -119,6 +128,10 @@ let package = Package(
         .target(name: "EntryFails", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/EntryFails"),
         .target(name: "CrashInConstructor", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/CrashInConstructor"),
         .target(name: "BenchPlugin", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/BenchPlugin"),
+        .target(
+            name: "BackgroundTime", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/BackgroundTime",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
         .target(
             name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",
             exclude: ["Info.plist", "Share-Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]

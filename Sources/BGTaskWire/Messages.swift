@@ -26,6 +26,11 @@ public struct LaunchAssignment: Codable, Sendable {
     public var memoryBackstopBytes: UInt64?
     /// The app groups the bundle is entitled to (`com.apple.security.application-groups`).
     public var appGroups: [AppGroup]
+    /// When the launch's time runs out (expiration), in CLOCK_MONOTONIC nanoseconds: what
+    /// `backgroundTimeRemaining` counts down to. 0: unknown (no background time is given).
+    public var expiresAtNs: UInt64 = 0
+    /// `UIApplication.backgroundRefreshStatus` when the launch started (BGTASK_REFRESH_STATUS_*).
+    public var backgroundRefreshStatus: UInt32 = 2
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
@@ -82,6 +87,11 @@ public enum ChildMessage: Sendable, Equatable {
     /// The confinement the runner applied to itself, sent before it loads any plugin code (so
     /// nothing the plugin does can have written it).
     case sandbox([String: SandboxLayer])
+    /// Background time (`beginBackgroundTask`): an assertion taken, ended, and told that the
+    /// launch's time is running out (`toApp`: it had an expiration handler).
+    case backgroundTimeBegan(id: UInt64, name: String?, at: UInt64)
+    case backgroundTimeEnded(id: UInt64, at: UInt64)
+    case backgroundTimeExpired(id: UInt64, at: UInt64, toApp: Bool)
 }
 
 /// Messages the parent sends to its child.
@@ -98,6 +108,9 @@ public enum ParentMessage: Sendable, Equatable {
     /// Does the runner have a child process? Answered with `children` by the runner's reader
     /// thread (waitid, no /proc): the host walks a launch's process tree only when it has one.
     case probeChildren
+    /// The launch's time now runs out at `expiresAtNs` (a foreground launch left the foreground:
+    /// it has the background time iOS gives an app that enters the background).
+    case deadline(expiresAtNs: UInt64)
 }
 
 extension LaunchAssignment: Equatable {}

@@ -192,6 +192,8 @@ extension LaunchAssignment {
             $0.array($1.groups) { $0.u32($1) }
         }
         writer.optional(processLimit) { $0.u32($1) }
+        writer.u64(expiresAtNs)
+        writer.u32(backgroundRefreshStatus)
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -214,6 +216,8 @@ extension LaunchAssignment {
                            groups: try r.array("identity.groups") { (g: inout WireReader) throws(ChannelError) in try g.u32("identity.group") })
         }
         processLimit = try reader.optional("processLimit") { (r: inout WireReader) throws(ChannelError) in try r.u32("processLimit") }
+        expiresAtNs = try reader.u64("expiresAtNs")
+        backgroundRefreshStatus = try reader.u32("backgroundRefreshStatus")
     }
 }
 
@@ -274,6 +278,9 @@ extension ChildMessage: WireMessage {
                 $0.bool($1.value.applied)
                 $0.string($1.value.detail)
             }
+        case let .backgroundTimeBegan(id, name, at): writer.u8(20); writer.u64(id); writer.optional(name) { $0.string($1) }; writer.u64(at)
+        case let .backgroundTimeEnded(id, at): writer.u8(21); writer.u64(id); writer.u64(at)
+        case let .backgroundTimeExpired(id, at, toApp): writer.u8(22); writer.u64(id); writer.u64(at); writer.bool(toApp)
         }
     }
 
@@ -303,6 +310,10 @@ extension ChildMessage: WireMessage {
                 (try r.string("layer"), SandboxLayer(applied: try r.bool("applied"), detail: try r.string("detail")))
             }
             self = .sandbox(Dictionary(layers) { _, last in last })
+        case 20: self = .backgroundTimeBegan(id: try reader.u64("id"), name: try reader.optional("name") { (r: inout WireReader) throws(ChannelError) in try r.string("name") },
+                                             at: try reader.u64("at"))
+        case 21: self = .backgroundTimeEnded(id: try reader.u64("id"), at: try reader.u64("at"))
+        case 22: self = .backgroundTimeExpired(id: try reader.u64("id"), at: try reader.u64("at"), toApp: try reader.bool("toApp"))
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }
@@ -322,6 +333,7 @@ extension ParentMessage: WireMessage {
         case let .startTask(task): writer.u8(3); task.write(to: &writer)
         case .close: writer.u8(4)
         case .probeChildren: writer.u8(5)
+        case let .deadline(expiresAtNs): writer.u8(6); writer.u64(expiresAtNs)
         }
     }
 
@@ -340,6 +352,7 @@ extension ParentMessage: WireMessage {
         case 3: self = .startTask(try TaskAssignment(from: &reader))
         case 4: self = .close
         case 5: self = .probeChildren
+        case 6: self = .deadline(expiresAtNs: try reader.u64("expiresAtNs"))
         case let tag: throw ChannelError(.malformed, "no parent message has tag \(tag)")
         }
     }

@@ -7,8 +7,8 @@ import Foundation
 /// All scheduling state lives behind the table, in the runner; the SDK keeps only what maps C
 /// callbacks back to Swift objects (registrations and the task objects of running tasks). Each
 /// plugin links its own copy of the SDK, so this is per plugin, and one plugin runs per process.
-final class HostConnection: @unchecked Sendable {
-    static let current = HostConnection()
+package final class HostConnection: @unchecked Sendable {
+    package static let current = HostConnection()
 
     private let lock = NSLock()
     /// The SDK's own copy of the runner's table (`ABIStruct.read`): as large as the SDK's
@@ -33,7 +33,7 @@ final class HostConnection: @unchecked Sendable {
     }
 
     /// The table and handle, or nil when this code is not running inside a bgtask launch.
-    var connection: (api: bgtask_host_api, host: OpaquePointer?)? {
+    package var connection: (api: bgtask_host_api, host: OpaquePointer?)? {
         lock.withLock { api.map { ($0.pointee, host) } }
     }
 

@@ -92,6 +92,14 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         guard let identifier, strnlen(identifier, InputLimits.identifierBytes + 1) <= InputLimits.identifierBytes else { return nil }
         return appGroupDirectories[String(cString: identifier)].map { UnsafePointer($0) }
     }
+    api.begin_background_time = { _, name, expiration, context in
+        let text = name.map { bounded($0, limit: InputLimits.titleBytes, what: "background task name") }
+        return runner.beginBackgroundTime(name: text, expiration: expiration.map { ($0, context) })
+    }
+    api.end_background_time = { _, id in runner.endBackgroundTime(id) }
+    api.background_time_remaining = { _ in runner.backgroundTimeRemaining }
+    api.application_state = { _ in runner.applicationState }
+    api.background_refresh_status = { _ in runner.assignment.backgroundRefreshStatus }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

@@ -29,6 +29,14 @@ final class Runner: @unchecked Sendable {
         var expirationDelivered = false
     }
 
+    /// A background-time assertion (`UIApplication.beginBackgroundTask`): held, the launch goes
+    /// on after its last task.
+    struct Assertion {
+        var name: String?
+        var expiration: (bgtask_expiration_handler, UnsafeMutableRawPointer?)?
+        var expirationDelivered = false
+    }
+
     let assignment: LaunchAssignment
     let channel: LaunchChannel
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
@@ -56,6 +64,11 @@ final class Runner: @unchecked Sendable {
     /// Tasks the parent expired before they began (the host may expire a task as soon as the
     /// launch exists): each is expired as soon as it begins.
     private var expiredBeforeBegin = Set<UInt64>()
+    private var assertions: [UInt64: Assertion] = [:]
+    private var nextAssertion: UInt64 = 1
+    /// When the launch's time runs out (CLOCK_MONOTONIC ns; 0: unknown); moved earlier when a
+    /// foreground launch leaves the foreground (`deadline`).
+    private var expiresAtNs: UInt64
     private var nextSeq: UInt64 = 1
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
@@ -63,6 +76,7 @@ final class Runner: @unchecked Sendable {
         self.assignment = assignment
         self.channel = channel
         closed = assignment.role != .foreground
+        expiresAtNs = assignment.expiresAtNs
     }
 
     // MARK: Reporting
@@ -224,7 +238,7 @@ final class Runner: @unchecked Sendable {
 
     private func signalEndIfDone() {
         let done: Bool = lock.withLock {
-            guard tasksStarted, closed, !signalledEnd, tasks.values.allSatisfy(\.completed) else { return false }
+            guard tasksStarted, closed, !signalledEnd, tasks.values.allSatisfy(\.completed), assertions.isEmpty else { return false }
             signalledEnd = true
             return true
         }
@@ -250,6 +264,7 @@ final class Runner: @unchecked Sendable {
             }
             return targets
         }
+        if only == nil { expireBackgroundTime() }
         for (id, expiration) in targets {
             let at = bgtask_monotonic_ns()
             // Reported before the call: an expiration handler that completes the last task
@@ -260,6 +275,71 @@ final class Runner: @unchecked Sendable {
             }
             report(.expirationDelivered(task: id, at: at, toApp: false))
             complete(id, success: false)
+        }
+    }
+
+    // MARK: Background time
+
+    /// Takes a background-time assertion: its id, or 0 (`.invalid`) once the launch's time has
+    /// run out, as iOS answers after the app's background time has expired.
+    func beginBackgroundTime(name: String?, expiration: (bgtask_expiration_handler, UnsafeMutableRawPointer?)?) -> UInt64 {
+        lock.withLock {
+            guard !expiredAll else { return 0 }
+            let id = nextAssertion
+            nextAssertion += 1
+            assertions[id] = Assertion(name: name, expiration: expiration)
+            report(.backgroundTimeBegan(id: id, name: name, at: bgtask_monotonic_ns()))
+            return id
+        }
+    }
+
+    /// Ends an assertion (an unknown or ended one is ignored); the launch ends if it was the last
+    /// thing keeping it.
+    func endBackgroundTime(_ id: UInt64) {
+        // Reported under the lock, as completions are: the launch's `finished` never overtakes it.
+        let ended: Bool = lock.withLock {
+            guard assertions.removeValue(forKey: id) != nil else { return false }
+            report(.backgroundTimeEnded(id: id, at: bgtask_monotonic_ns()))
+            return true
+        }
+        if ended { signalEndIfDone() }
+    }
+
+    /// Seconds until the launch's time runs out; very large while in the foreground.
+    var backgroundTimeRemaining: Double {
+        lock.withLock {
+            if assignment.role == .foreground && !closed { return .greatestFiniteMagnitude }
+            guard expiresAtNs > 0 else { return .greatestFiniteMagnitude }
+            let now = bgtask_monotonic_ns()
+            return now >= expiresAtNs ? 0 : Double(expiresAtNs - now) / 1e9
+        }
+    }
+
+    /// BGTASK_APP_STATE_*: active while a foreground launch is in the foreground.
+    var applicationState: UInt32 {
+        lock.withLock { assignment.role == .foreground && !closed ? UInt32(BGTASK_APP_STATE_ACTIVE) : UInt32(BGTASK_APP_STATE_BACKGROUND) }
+    }
+
+    /// The launch's time now runs out at `at` (the host moved it: the app left the foreground).
+    func setDeadline(_ at: UInt64) {
+        lock.withLock { expiresAtNs = at }
+    }
+
+    /// The launch's time has run out: every assertion's expiration handler, once, on this (the
+    /// expiration) thread. An assertion the handler does not end keeps the launch until the
+    /// watchdog kills it, as on iOS.
+    private func expireBackgroundTime() {
+        let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
+            var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
+            for (id, assertion) in assertions.sorted(by: { $0.key < $1.key }) where !assertion.expirationDelivered {
+                assertions[id]?.expirationDelivered = true
+                targets.append((id, assertion.expiration))
+            }
+            return targets
+        }
+        for (id, expiration) in targets {
+            report(.backgroundTimeExpired(id: id, at: bgtask_monotonic_ns(), toApp: expiration != nil))
+            if let (handler, context) = expiration { _ = handler(context, id) }
         }
     }
 

@@ -96,6 +96,8 @@ startThread {
             runner.close()
         case .probeChildren:
             runner.report(.children(bgtask_has_children() != 0))
+        case let .deadline(expiresAtNs):
+            runner.setDeadline(expiresAtNs)
         }
     }
 }

@@ -22,6 +22,8 @@ struct WireCodecTests {
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
         .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true), .finished(at: 100, descendants: false),
         .children(true), .children(false),
+        .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
+        .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),
     ]
 
     static let assignment = LaunchAssignment(
@@ -34,14 +36,22 @@ struct WireCodecTests {
                                        arguments: [.identifier, .taskID, .complete, .dataDirectory], result: .int)],
         eventJSON: "{\"k\":1}", supportedResources: 3, memoryBackstopBytes: 1 << 33)
 
+    static let timedAssignment: LaunchAssignment = {
+        var timed = assignment
+        timed.expiresAtNs = 123_456_789_000
+        timed.backgroundRefreshStatus = 1
+        return timed
+    }()
+
     static let parentMessages: [ParentMessage] = [
-        .start(assignment),
+        .start(assignment), .start(timedAssignment),
         .start(LaunchAssignment(launchID: "l", role: .background, bundleIdentifier: "b", bundlePath: "/b", executablePath: "/b/l.so",
                                 dataDirectory: "/d", permittedIdentifiers: [], tasks: [], mappedHandlers: [])),
         .expire(task: nil, reason: "budget"), .expire(task: 2, reason: "simulated"),
         .reply(seq: 1, status: 0, message: nil, requests: nil), .reply(seq: 2, status: 3, message: "too many", requests: []),
         .reply(seq: 3, status: 0, message: nil, requests: [request, TaskRequest(kind: .healthResearch, identifier: "h")]),
         .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close, .probeChildren,
+        .deadline(expiresAtNs: 42), .deadline(expiresAtNs: .max),
     ]
 
     @Test func everyMessageCrossesTheChannelUnchanged() throws {

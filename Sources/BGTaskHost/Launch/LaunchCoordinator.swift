@@ -133,7 +133,9 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
             logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
-        plan.supportedResources = device.conditions().supportedResources
+        let conditions = device.conditions()
+        plan.supportedResources = conditions.supportedResources
+        if !conditions.backgroundRefresh { plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied }
         let control = LaunchControl()
         let store = core.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
@@ -157,7 +159,13 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                                                "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         let supervisor = self.supervisor
         let broker = makeBroker(launchID)
+        let app = bundle.containingApp ?? bundle.identifier
         let thread = Thread { [weak self, plan] in
+            var plan = plan
+            // The app's own switch (a store read: on the launch's thread, not the host's queue).
+            if plan.backgroundRefreshStatus != LaunchPlan.refreshStatusDenied, (try? store.appState(app))?.refreshEnabled == false {
+                plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
+            }
             let record: RunRecord
             do {
                 record = try supervisor.run(plan, broker: broker, control: control)

@@ -21,7 +21,7 @@ struct LaunchLoop {
 
     /// Deadlines and moments, in monotonic nanoseconds: the budget's end (expiration), the
     /// watchdog's kill (the grace's end after expiration), the channel's hang-up.
-    private let expireAt: UInt64
+    private var expireAt: UInt64
     private let grace: UInt64
     private var killAt: UInt64?
     private var channelOpen = true
@@ -163,6 +163,14 @@ struct LaunchLoop {
                 state.addTask(task)
                 try? channel.send(ParentMessage.startTask(task))
             case .close:
+                // A foreground launch leaves the foreground: what it still holds (background
+                // time) has what iOS gives an app entering the background, at most.
+                let now = bgtask_monotonic_ns()
+                let deadline = now + UInt64(LaunchLimits.backgroundTimeAfterForeground.nanoseconds)
+                if state.expiredAtNs == nil && deadline < expireAt {
+                    expireAt = deadline
+                    try? channel.send(ParentMessage.deadline(expiresAtNs: deadline))
+                }
                 try? channel.send(ParentMessage.close)
             case let .shutdown(reason):
                 let now = bgtask_monotonic_ns()

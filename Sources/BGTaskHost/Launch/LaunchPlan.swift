@@ -22,6 +22,9 @@ public struct LaunchLimits: Sendable, Equatable {
     }
 
     public static let defaultGrace: Duration = .seconds(5)
+    /// The background time an app that leaves the foreground has (iOS: about 30 s) for what it
+    /// still holds (`beginBackgroundTask`), when its launch's budget would give it more.
+    public static let backgroundTimeAfterForeground: Duration = .seconds(30)
     public static let defaultLogLimitBytes: UInt64 = 16 << 20
     public static let defaultDiskReserveBytes: UInt64 = 64 << 20
 
@@ -92,6 +95,12 @@ public struct LaunchPlan: Sendable {
     public var environment: [String: String]
     /// BGTASK_RESOURCE_* bits `BGTaskScheduler.supportedResources` reports in the launch.
     public var supportedResources: UInt32 = 0
+    /// `UIApplication.backgroundRefreshStatus` for the launch (BGTASK_REFRESH_STATUS_*: 2,
+    /// available; 1, denied by the device's or the app's switch).
+    public var backgroundRefreshStatus: UInt32 = LaunchPlan.refreshStatusAvailable
+    /// BGTASK_REFRESH_STATUS_AVAILABLE and _DENIED (bgtask/plugin.h).
+    public static let refreshStatusAvailable: UInt32 = 2
+    public static let refreshStatusDenied: UInt32 = 1
 
     public init(
         bundle: PluginBundle, tasks: [TaskAssignment], role: LaunchRole = .background, reason: LaunchReason,

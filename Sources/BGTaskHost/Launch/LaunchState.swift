@@ -65,6 +65,11 @@ struct LaunchState {
     var pendingProgress: [UInt64: (Int64, Int64)] = [:]
     /// Tasks added to a running (foreground) launch, in order.
     var addedTasks: [TaskAssignment] = []
+    /// Background-time assertions, in the order taken (at most `InputLimits.recordListEntries`
+    /// listed; a launch may take any number).
+    var backgroundTime: [RunRecord.BackgroundTimeRecord] = []
+    /// Assertions held now (taken, not ended), listed or not.
+    var backgroundTimeHeld = Set<UInt64>()
 
     /// The launch's log (its output and the supervisor's lines).
     let log: LaunchLog
@@ -116,6 +121,22 @@ struct LaunchState {
         case .sandbox(let layers):
             // Only from the runner itself: once it reports loading, plugin code may be talking.
             if phase == .spawned && sandbox == nil { sandbox = layers }
+        case let .backgroundTimeBegan(id, name, at):
+            backgroundTimeHeld.insert(id)
+            if backgroundTime.count < InputLimits.recordListEntries {
+                backgroundTime.append(.init(id: id, name: name, outcome: .notEnded, beganMs: ms(at) ?? 0))
+            }
+        case let .backgroundTimeEnded(id, at):
+            backgroundTimeHeld.remove(id)
+            if let index = backgroundTime.lastIndex(where: { $0.id == id }) {
+                backgroundTime[index].endedMs = ms(at)
+                backgroundTime[index].outcome = backgroundTime[index].expiredMs == nil ? .ended : .endedAfterExpiration
+            }
+        case let .backgroundTimeExpired(id, at, toApp):
+            if let index = backgroundTime.lastIndex(where: { $0.id == id }) {
+                backgroundTime[index].expiredMs = ms(at)
+                backgroundTime[index].expirationHandled = toApp
+            }
         case .progress, .title, .log, .submit, .cancel, .pending: break
         }
     }
@@ -151,7 +172,9 @@ struct LaunchState {
             } else if killed == .watchdog, let lingering {
                 error = lingering
             } else if killed == .watchdog {
-                error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) still open"
+                let open = tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count
+                let held = backgroundTimeHeld.isEmpty ? "" : " and \(backgroundTimeHeld.count) background-time assertion(s) not ended (endBackgroundTask)"
+                error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(open) task(s) still open\(held)"
             } else {
                 error = "resident memory crossed the limit of \(RunRecord.mib(plan.limits.memoryLimitBytes)) (peak \(RunRecord.mib(peak(usage))))"
             }
@@ -217,6 +240,7 @@ struct LaunchState {
             log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
         record.sandbox = sandbox
+        if !backgroundTime.isEmpty { record.backgroundTime = backgroundTime }
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

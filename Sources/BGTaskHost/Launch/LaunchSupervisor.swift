@@ -100,7 +100,10 @@ public struct LaunchSupervisor: Sendable {
         // take the child first: the runner finds it waiting instead of asking for it.
         let startFirst = cgroupRoot == nil
         func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
-            do { try channels.parent.send(ParentMessage.start(assignment(plan, cgroup: cgroup, groups: groups, identity: identity))) } catch { return "\(error)" }
+            var start = assignment(plan, cgroup: cgroup, groups: groups, identity: identity)
+            start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
+            start.backgroundRefreshStatus = plan.backgroundRefreshStatus
+            do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
             return nil
         }
         var startError = startFirst ? sendStart(nil) : nil

@@ -56,6 +56,33 @@ public struct RunRecord: Codable, Sendable, Equatable {
         }
     }
 
+    /// A background-time assertion (`UIApplication.beginBackgroundTask`) and how it ended.
+    public struct BackgroundTimeRecord: Codable, Sendable, Equatable {
+        public enum Outcome: String, Codable, Sendable {
+            /// Ended before the launch's time ran out.
+            case ended
+            /// Its expiration handler ran (the launch's time ran out) and it was ended after.
+            case endedAfterExpiration = "ended-after-expiration"
+            /// Never ended: the launch was killed with it held (or ended otherwise).
+            case notEnded = "not-ended"
+        }
+
+        public var id: UInt64
+        public var name: String?
+        public var outcome: Outcome
+        public var beganMs: Double
+        public var endedMs: Double?
+        /// Expiration delivered (the launch's time ran out while it was held).
+        public var expiredMs: Double?
+        /// False when it had no expiration handler.
+        public var expirationHandled: Bool?
+
+        enum CodingKeys: String, CodingKey {
+            case id, name, outcome
+            case beganMs = "began_ms", endedMs = "ended_ms", expiredMs = "expired_ms", expirationHandled = "expiration_handled"
+        }
+    }
+
     public var app: String
     public var launchID: String
     public var reason: String
@@ -101,6 +128,8 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// The launch's confinement, layer by layer (`SandboxLayer.names`): applied, with what it
     /// is, or not, with why. Nil when the runner never reported it (it died first).
     public var sandbox: [String: SandboxLayer]? = nil
+    /// Background-time assertions the app took, in order (nil: none).
+    public var backgroundTime: [BackgroundTimeRecord]? = nil
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -110,7 +139,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
-        case refusedRegistrations = "refused_registrations", launcher, sandbox
+        case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time"
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -167,6 +196,12 @@ extension RunRecord: CustomStringConvertible {
             if let t = task.expiredMs { times.append("expired \(Self.ms(t))\(task.expirationHandled == false ? " (no expiration handler)" : "")") }
             if let t = task.completedMs { times.append("completed \(Self.ms(t))") }
             lines.append("  \(task.identifier) [\(task.type.rawValue)] \(task.outcome.rawValue)\(times.isEmpty ? "" : ": " + times.joined(separator: ", "))")
+        }
+        for assertion in backgroundTime ?? [] {
+            var times = ["began \(Self.ms(assertion.beganMs))"]
+            if let t = assertion.expiredMs { times.append("expired \(Self.ms(t))\(assertion.expirationHandled == false ? " (no expiration handler)" : "")") }
+            if let t = assertion.endedMs { times.append("ended \(Self.ms(t))") }
+            lines.append("  background time \(assertion.name.map { "'\($0)'" } ?? "#\(assertion.id)") \(assertion.outcome.rawValue): \(times.joined(separator: ", "))")
         }
         let limit = memoryLimitBytes > 0 ? " of \(Self.mib(memoryLimitBytes)) (\(memoryMechanism))" : ""
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(DurationText.format(seconds: budgetMs / 1000)) + grace \(DurationText.format(seconds: graceMs / 1000)), pid \(pid)")

@@ -198,7 +198,41 @@ typedef struct bgtask_host_api {
      * extensions that name the group in com.apple.security.application-groups all see), or NULL
      * when this bundle is not entitled to the group. Valid for the life of the process. */
     const char *(*app_group_container)(bgtask_host *host, const char *group_identifier);
+
+    /* ---- ABI 1, appended (check BGTASK_HAS(api, begin_background_time)) ---- */
+
+    /* Background time, as UIApplication.beginBackgroundTask: while an assertion is held the
+     * launch goes on after its last task has ended, until the assertion is ended or the
+     * launch's time runs out. Shortly before then `expiration` (may be NULL; its return value
+     * is ignored) is called on the runner's expiration thread with the assertion's id: end it
+     * there, or the launch is killed at the end of its grace, as iOS kills the app. `name` may
+     * be NULL. Returns the assertion's id, or BGTASK_BACKGROUND_TIME_INVALID (0) once the
+     * launch's time has run out. */
+    uint64_t (*begin_background_time)(bgtask_host *host, const char *name,
+                                      bgtask_expiration_handler expiration, void *context);
+    /* Ends an assertion. An unknown or already ended id is ignored. */
+    void (*end_background_time)(bgtask_host *host, uint64_t id);
+    /* Seconds until the launch's time runs out (UIApplication.backgroundTimeRemaining): very
+     * large (DBL_MAX) while a foreground launch is in the foreground. */
+    double (*background_time_remaining)(bgtask_host *host);
+    /* BGTASK_APP_STATE_*: the app's state now (UIApplication.applicationState). */
+    uint32_t (*application_state)(bgtask_host *host);
+    /* BGTASK_REFRESH_STATUS_*: the device's and the app's Background App Refresh switches when
+     * the launch started (UIApplication.backgroundRefreshStatus). */
+    uint32_t (*background_refresh_status)(bgtask_host *host);
 } bgtask_host_api;
+
+#define BGTASK_BACKGROUND_TIME_INVALID 0
+
+/* UIApplication.State's raw values. */
+#define BGTASK_APP_STATE_ACTIVE 0
+#define BGTASK_APP_STATE_INACTIVE 1
+#define BGTASK_APP_STATE_BACKGROUND 2
+
+/* UIBackgroundRefreshStatus's raw values. */
+#define BGTASK_REFRESH_STATUS_RESTRICTED 0
+#define BGTASK_REFRESH_STATUS_DENIED 1
+#define BGTASK_REFRESH_STATUS_AVAILABLE 2
 
 /* Called on the runner's main thread after registration of Info.plist-mapped handlers, as
  * application(_:didFinishLaunchingWithOptions:). Register handlers here. Return 0 on success;

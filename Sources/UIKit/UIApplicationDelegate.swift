@@ -1,0 +1,64 @@
+import BackgroundTasks
+import Foundation
+
+/// The app delegate's entry points the host calls. Every method has a default that does nothing
+/// (Apple's are `optional`), so a delegate implements only what it uses; a method whose
+/// signature differs from Apple's is not called, so copy them as Apple declares them.
+@MainActor
+public protocol UIApplicationDelegate: NSObjectProtocol {
+    /// Before `didFinishLaunchingWithOptions`.
+    func application(_ application: UIApplication, willFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool
+    /// Once per launch, on the main thread, before any task starts: register launch handlers here.
+    func application(_ application: UIApplication, didFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool
+    /// A background push (`"content-available": 1`): call `completionHandler` when done.
+    func application(_ application: UIApplication, didReceiveRemoteNotification userInfo: [AnyHashable: Any],
+                     fetchCompletionHandler completionHandler: @escaping (UIBackgroundFetchResult) -> Void)
+    /// The app's device token for pushes, after `registerForRemoteNotifications()`.
+    func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data)
+    func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error)
+    /// Events of a background URL session are waiting: keep `completionHandler`, recreate the
+    /// session with `identifier`, and call it from `urlSessionDidFinishEvents(forBackgroundURLSession:)`.
+    func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
+                     completionHandler: @escaping () -> Void)
+}
+
+extension UIApplicationDelegate {
+    public func application(_ application: UIApplication, willFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool { true }
+    public func application(_ application: UIApplication, didFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool { true }
+    public func application(_ application: UIApplication, didReceiveRemoteNotification userInfo: [AnyHashable: Any],
+                            fetchCompletionHandler completionHandler: @escaping (UIBackgroundFetchResult) -> Void) {
+        completionHandler(.noData)
+    }
+    public func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data) {}
+    public func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error) {}
+    public func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
+                            completionHandler: @escaping () -> Void) {
+        completionHandler()
+    }
+}
+
+extension UIApplication {
+    /// The plugin entry of an app written around an app delegate, in UIApplicationMain's place:
+    ///
+    /// ```swift
+    /// @_cdecl("bgtask_plugin_entry")
+    /// public func bgtaskPluginEntry() -> UnsafeRawPointer {
+    ///     UIApplication.entry(name: "Podcasts") { AppDelegate() }
+    /// }
+    /// ```
+    ///
+    /// Each launch makes the delegate on the main thread, sets it as `UIApplication.shared.delegate`,
+    /// and calls `application(_:willFinishLaunchingWithOptions:)` then
+    /// `application(_:didFinishLaunchingWithOptions:)` (where it registers its launch handlers), as
+    /// iOS does for a background launch.
+    public nonisolated static func entry(name: String, delegate makeDelegate: @escaping @MainActor () -> any UIApplicationDelegate) -> UnsafeRawPointer {
+        BGTaskPlugin.entry(name: name) { _ in
+            let application = UIApplication.shared
+            let delegate = makeDelegate()
+            application.delegate = delegate
+            // Their Bool is for URL launches on iOS; a background launch goes on either way.
+            _ = delegate.application(application, willFinishLaunchingWithOptions: nil)
+            _ = delegate.application(application, didFinishLaunchingWithOptions: nil)
+        }
+    }
+}
