@@ -42,6 +42,7 @@ let package = Package(
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
         .library(name: "BackgroundTime", type: .dynamic, targets: ["BackgroundTime"]),
+        .library(name: "PushApp", type: .dynamic, targets: ["PushApp"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
     ],
@@ -128,6 +129,10 @@ let package = Package(
         .target(name: "EntryFails", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/EntryFails"),
         .target(name: "CrashInConstructor", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/CrashInConstructor"),
         .target(name: "BenchPlugin", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/BenchPlugin"),
+        .target(
+            name: "PushApp", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/PushApp",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
         .target(
             name: "BackgroundTime", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/BackgroundTime",
             exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]

@@ -31,6 +31,8 @@ public struct LaunchAssignment: Codable, Sendable {
     public var expiresAtNs: UInt64 = 0
     /// `UIApplication.backgroundRefreshStatus` when the launch started (BGTASK_REFRESH_STATUS_*).
     public var backgroundRefreshStatus: UInt32 = 2
+    /// Why the launch happened (`LaunchReason`'s raw value: "scheduled", "remote-notification", ...).
+    public var reason: String = ""
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
@@ -92,6 +94,11 @@ public enum ChildMessage: Sendable, Equatable {
     case backgroundTimeBegan(id: UInt64, name: String?, at: UInt64)
     case backgroundTimeEnded(id: UInt64, at: UInt64)
     case backgroundTimeExpired(id: UInt64, at: UInt64, toApp: Bool)
+    /// `registerForRemoteNotifications`: asks for the app's device token (answered by `reply`,
+    /// the token in its message).
+    case deviceToken(seq: UInt64)
+    /// The push's completion handler was called with `result` (BGTASK_FETCH_RESULT_*).
+    case remoteNotificationCompleted(result: UInt32, at: UInt64)
 }
 
 /// Messages the parent sends to its child.

@@ -194,6 +194,7 @@ extension LaunchAssignment {
         writer.optional(processLimit) { $0.u32($1) }
         writer.u64(expiresAtNs)
         writer.u32(backgroundRefreshStatus)
+        writer.string(reason)
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -218,6 +219,7 @@ extension LaunchAssignment {
         processLimit = try reader.optional("processLimit") { (r: inout WireReader) throws(ChannelError) in try r.u32("processLimit") }
         expiresAtNs = try reader.u64("expiresAtNs")
         backgroundRefreshStatus = try reader.u32("backgroundRefreshStatus")
+        reason = try reader.string("reason")
     }
 }
 
@@ -281,6 +283,8 @@ extension ChildMessage: WireMessage {
         case let .backgroundTimeBegan(id, name, at): writer.u8(20); writer.u64(id); writer.optional(name) { $0.string($1) }; writer.u64(at)
         case let .backgroundTimeEnded(id, at): writer.u8(21); writer.u64(id); writer.u64(at)
         case let .backgroundTimeExpired(id, at, toApp): writer.u8(22); writer.u64(id); writer.u64(at); writer.bool(toApp)
+        case let .deviceToken(seq): writer.u8(23); writer.u64(seq)
+        case let .remoteNotificationCompleted(result, at): writer.u8(24); writer.u32(result); writer.u64(at)
         }
     }
 
@@ -314,6 +318,8 @@ extension ChildMessage: WireMessage {
                                              at: try reader.u64("at"))
         case 21: self = .backgroundTimeEnded(id: try reader.u64("id"), at: try reader.u64("at"))
         case 22: self = .backgroundTimeExpired(id: try reader.u64("id"), at: try reader.u64("at"), toApp: try reader.bool("toApp"))
+        case 23: self = .deviceToken(seq: try reader.u64("seq"))
+        case 24: self = .remoteNotificationCompleted(result: try reader.u32("result"), at: try reader.u64("at"))
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }

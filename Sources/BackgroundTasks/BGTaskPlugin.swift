@@ -19,8 +19,11 @@ public struct BGTaskLaunch: Sendable {
     /// The app's container: persists across launches (also the process's HOME).
     public var dataDirectory: URL
     public var launchID: String
-    /// An extension's event, as JSON text.
+    /// An extension's event, as JSON text; a `remote-notification` launch's push payload.
     public var eventJSON: String?
+    /// Why the system launched the app: `scheduled`, `simulated`, `foreground`, `extension`,
+    /// `remote-notification`, ... (empty with a runner too old to say).
+    public var reason: String = ""
 }
 
 /// The bridge between the plugin ABI and Swift. A Swift plugin's whole boilerplate is:
@@ -98,7 +101,8 @@ public enum BGTaskPlugin {
             bundleURL: URL(fileURLWithPath: String(optionalCString: launchInfo.bundle_path) ?? ""),
             dataDirectory: URL(fileURLWithPath: String(optionalCString: launchInfo.data_directory) ?? ""),
             launchID: String(optionalCString: launchInfo.launch_id) ?? "",
-            eventJSON: String(optionalCString: launchInfo.event_json))
+            eventJSON: String(optionalCString: launchInfo.event_json),
+            reason: String(optionalCString: launchInfo.reason) ?? "")
         let body = state.lock.withLock { state.didFinishLaunching }
         do {
             // The runner calls the launch function on its main thread (see bgtask/plugin.h).

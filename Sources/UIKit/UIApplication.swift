@@ -63,6 +63,9 @@ open class UIApplication: UIResponder {
     /// Set by `UIApplication.entry` to the delegate it makes (strongly held, as UIApplicationMain holds it).
     open var delegate: (any UIApplicationDelegate)?
 
+    /// `registerForRemoteNotifications()` succeeded in this launch.
+    var registeredForRemoteNotifications = false
+
     /// The application object is made once, by `shared`; nothing else creates one.
     override private nonisolated init() { super.init() }
 

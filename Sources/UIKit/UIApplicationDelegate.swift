@@ -52,13 +52,16 @@ extension UIApplication {
     /// `application(_:didFinishLaunchingWithOptions:)` (where it registers its launch handlers), as
     /// iOS does for a background launch.
     public nonisolated static func entry(name: String, delegate makeDelegate: @escaping @MainActor () -> any UIApplicationDelegate) -> UnsafeRawPointer {
-        BGTaskPlugin.entry(name: name) { _ in
+        BGTaskPlugin.entry(name: name) { launch in
             let application = UIApplication.shared
             let delegate = makeDelegate()
             application.delegate = delegate
+            let push = launch.reason == "remote-notification" ? RemoteNotification.userInfo(launch.eventJSON) : nil
+            let options = push.map { [UIApplication.LaunchOptionsKey.remoteNotification: $0 as Any] }
             // Their Bool is for URL launches on iOS; a background launch goes on either way.
-            _ = delegate.application(application, willFinishLaunchingWithOptions: nil)
-            _ = delegate.application(application, didFinishLaunchingWithOptions: nil)
+            _ = delegate.application(application, willFinishLaunchingWithOptions: options)
+            _ = delegate.application(application, didFinishLaunchingWithOptions: options)
+            if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
         }
     }
 }

@@ -100,6 +100,12 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.background_time_remaining = { _ in runner.backgroundTimeRemaining }
     api.application_state = { _ in runner.applicationState }
     api.background_refresh_status = { _ in runner.assignment.backgroundRefreshStatus }
+    api.register_remote_notifications = { _, token, tokenSize in
+        let reply = runner.ask { .deviceToken(seq: $0) }
+        write(token, tokenSize, reply.message ?? "")
+        return reply.status
+    }
+    api.remote_notification_completed = { _, result in runner.remoteNotificationCompleted(result) }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

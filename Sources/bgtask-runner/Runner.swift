@@ -343,6 +343,20 @@ final class Runner: @unchecked Sendable {
         }
     }
 
+    // MARK: Remote notifications
+
+    private var remoteNotificationDone = false
+
+    /// The push's completion handler was called: reported once (later calls are ignored, as
+    /// a second call of a completion handler does nothing the system sees).
+    func remoteNotificationCompleted(_ result: UInt32) {
+        let first: Bool = lock.withLock {
+            defer { remoteNotificationDone = true }
+            return !remoteNotificationDone
+        }
+        if first { report(.remoteNotificationCompleted(result: result, at: bgtask_monotonic_ns())) }
+    }
+
     // MARK: Requests to the parent
 
     /// Sends a request and waits for the parent's reply.

@@ -157,6 +157,8 @@ for mapping in assignment.mappedHandlers {
 }
 
 var errorBuffer = [CChar](repeating: 0, count: 1024)
+/// Lives as long as the process, as the launch info's other strings are read during the call only.
+let launchReason = UnsafePointer(strdup(assignment.reason))
 let status: Int32 = assignment.bundleIdentifier.withCString { bundleIdentifier in
     assignment.bundlePath.withCString { bundlePath in
         assignment.dataDirectory.withCString { dataDirectory in
@@ -169,7 +171,8 @@ let status: Int32 = assignment.bundleIdentifier.withCString { bundleIdentifier i
                         bundle_path: bundlePath,
                         data_directory: dataDirectory,
                         launch_id: launchID,
-                        event_json: assignment.eventJSON == nil ? nil : event)
+                        event_json: assignment.eventJSON == nil ? nil : event,
+                        reason: launchReason)
                     return launch(hostTable, nil, &info, &errorBuffer, errorBuffer.count)
                 }
             }

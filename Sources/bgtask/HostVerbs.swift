@@ -276,7 +276,12 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            guard let report = try host.send(ControlRequest(.why, app: app, identifier: identifier)).why else { return }
+            let response = try host.send(ControlRequest(.why, app: app, identifier: identifier))
+            if let push = response.pushes?.first {
+                if host.json { return try host.printJSON(push) }
+                return print(push.text)
+            }
+            guard let report = response.why else { return }
             if host.json { return try host.printJSON(report) }
             print(report.text)
         }

@@ -552,6 +552,12 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var truncated = ControlResponse()
         (truncated.truncated, truncated.omitted) = (true, 1)
         #expect(!truncated.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 16, "a new ControlResponse field: add it to isBareOK")
+        var pushed = ControlResponse()
+        pushed.deviceToken = "00"
+        #expect(!pushed.isBareOK)
+        var refused = ControlResponse()
+        refused.apnsReason = "BadPriority"
+        #expect(!refused.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 20, "a new ControlResponse field: add it to isBareOK")
     }
 }

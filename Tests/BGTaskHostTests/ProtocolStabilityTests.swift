@@ -12,6 +12,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
+            "push", "pushes", "device-token",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }
@@ -34,8 +35,8 @@ import Testing
             "no-external-power", "no-network", "data-protected", "penalty", "rate-limit", "app-running", "concurrency",
             "handler-not-registered",
         ])
-        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark].map(\.rawValue)
-            == ["scheduled", "simulated", "foreground", "extension", "benchmark"])
+        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification].map(\.rawValue)
+            == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification"])
     }
 
     @Test func aRequestKeepsAnUnknownVerbAsSent() throws {

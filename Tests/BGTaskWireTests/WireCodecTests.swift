@@ -24,6 +24,7 @@ struct WireCodecTests {
         .children(true), .children(false),
         .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
         .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),
+        .deviceToken(seq: 14), .remoteNotificationCompleted(result: 2, at: 6),
     ]
 
     static let assignment = LaunchAssignment(
@@ -40,6 +41,7 @@ struct WireCodecTests {
         var timed = assignment
         timed.expiresAtNs = 123_456_789_000
         timed.backgroundRefreshStatus = 1
+        timed.reason = "remote-notification"
         return timed
     }()
 

@@ -24,6 +24,8 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     /// `ControlResponse.next`). Without `limit` or `after` the answer holds every app, as
     /// before paging existed.
     public var after: String?
+    /// `push`: the payload and its headers.
+    public var push: PushBody?
 
     public init(verb: String, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
@@ -43,7 +45,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case verb, app, identifier, request, force, wait, device, advance, limit, event, delay, after
+        case verb, app, identifier, request, force, wait, device, advance, limit, event, delay, after, push
     }
 
     /// Decodes the keys that are present only: a request names 2-4 of its 12 keys, and asking
@@ -69,6 +71,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
             case .event: event = try container.decode(String.self, forKey: key)
             case .delay: delay = try container.decode(Double.self, forKey: key)
             case .after: after = try container.decode(String.self, forKey: key)
+            case .push: push = try container.decode(PushBody.self, forKey: key)
             }
         }
         guard sawVerb else {
@@ -103,6 +106,34 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case extensionRun = "extension-run"
     case open, progress
     case cancelTask = "cancel-task"
+    case push, pushes
+    case deviceToken = "device-token"
+}
+
+/// `push`: a payload and APNs's headers (`bgtask push`).
+public struct PushBody: Codable, Sendable, Equatable {
+    /// The JSON payload, as text.
+    public var payload: String
+    public var pushType: String?
+    public var priority: Int?
+    public var expiration: Double?
+    public var collapseID: String?
+    public var id: String?
+
+    public init(payload: String, pushType: String? = nil, priority: Int? = nil, expiration: Double? = nil,
+                collapseID: String? = nil, id: String? = nil) {
+        self.payload = payload
+        self.pushType = pushType
+        self.priority = priority
+        self.expiration = expiration
+        self.collapseID = collapseID
+        self.id = id
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case payload, priority, expiration, id
+        case pushType = "push_type", collapseID = "collapse_id"
+    }
 }
 
 /// Every code an answer's error carries, defined once (stable: clients and scripts match on
@@ -245,6 +276,13 @@ public struct ControlResponse: Codable, Sendable {
     /// them. Nil when the answer is whole.
     public var truncated: Bool?
     public var omitted: Int?
+    /// `push`: what became of it. `pushes` (and `why` with a push's id): each push and where it stands.
+    public var push: PushReport?
+    public var pushes: [PushReport]?
+    /// `device-token`: the app's token (64 hex digits).
+    public var deviceToken: String?
+    /// A refused push: APNs's reason (`BadPriority`, `PayloadTooLarge`, ...).
+    public var apnsReason: String?
 
     public init(ok: Bool = true) { self.ok = ok }
 
@@ -252,7 +290,7 @@ public struct ControlResponse: Codable, Sendable {
     var isBareOK: Bool {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
-            && truncated == nil && omitted == nil
+            && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
     }
 
     public static func failure(_ code: ControlErrorCode, _ message: String) -> ControlResponse {

@@ -13,9 +13,11 @@ final class ControlVerbs: @unchecked Sendable {
     private let launches: LaunchCoordinator
     private let scheduling: SchedulingLoop
     private let submissions: Submissions
+    private let pushes: PushDelivery
 
     init(core: HostCore, catalog: AppCatalog, device: DeviceState, launches: LaunchCoordinator,
-         scheduling: SchedulingLoop, submissions: Submissions) {
+         scheduling: SchedulingLoop, submissions: Submissions, pushes: PushDelivery) {
+        self.pushes = pushes
         self.core = core
         self.catalog = catalog
         self.device = device
@@ -67,6 +69,38 @@ final class ControlVerbs: @unchecked Sendable {
                 response.continued = launches.continuedStatuses()
                 return response
             }
+        case .push: return push(request)
+        case .pushes:
+            return queue.sync {
+                var response = ControlResponse()
+                let list = (try? store.pushes(app: request.app, limit: request.limit ?? 50)) ?? []
+                response.pushes = list.map { pushes.report(id: $0.id) ?? PushReport($0) }
+                return response
+            }
+        case .deviceToken:
+            guard let app = request.app else { return .failure(.badRequest, "device-token needs an app") }
+            guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
+            return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
+        }
+    }
+
+    /// `push`: a payload for an app, as `xcrun simctl push` sends one; the answer says what
+    /// became of it (delivered in a launch, waiting and why, dropped and why) or APNs's refusal.
+    private func push(_ request: ControlRequest) -> ControlResponse {
+        guard let app = request.app, let body = request.push else { return .failure(.badRequest, "push needs an app and a payload") }
+        let submission = PushSubmission(
+            app: app, payload: Data(body.payload.utf8), pushType: body.pushType, priority: body.priority,
+            expiration: body.expiration, collapseID: body.collapseID, id: body.id)
+        switch pushes.receive(submission, evaluate: scheduling.evaluate) {
+        case .success(let report):
+            var response = ControlResponse()
+            response.push = report
+            return response
+        case .failure(let refusal):
+            var response = ControlResponse.failure(refusal.status == 410 ? .notFound : refusal.status == 413 ? .tooLarge : .badRequest,
+                                                   "\(refusal.reason): \(refusal.message)")
+            response.apnsReason = refusal.reason
+            return response
         }
     }
 
@@ -247,6 +281,11 @@ final class ControlVerbs: @unchecked Sendable {
         return queue.sync {
             let now = core.clock.now
             var response = ControlResponse()
+            // A push's apns-id: what became of it.
+            if UUID(uuidString: identifier) != nil, let report = pushes.report(id: UUID(uuidString: identifier)!.uuidString) {
+                response.pushes = [report]
+                return response
+            }
             if let launch = launches.launch(running: identifier, app: request.app) {
                 response.why = WhyReport(app: launch.app, identifier: identifier, state: "running", runningLaunch: launch.id,
                                          request: launch.requests[identifier], blockers: [], now: now)

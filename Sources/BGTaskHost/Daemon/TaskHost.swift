@@ -76,6 +76,7 @@ public final class TaskHost: @unchecked Sendable {
     private let device: DeviceState
     private let launches: LaunchCoordinator
     private let scheduling: SchedulingLoop
+    private let pushes: PushDelivery
     private let submissions: Submissions
     private let verbs: ControlVerbs
     private var parts: HostParts?
@@ -95,9 +96,11 @@ public final class TaskHost: @unchecked Sendable {
         catalog = AppCatalog(core: core)
         device = DeviceState(store: store)
         launches = LaunchCoordinator(core: core, device: device)
-        scheduling = SchedulingLoop(core: core, catalog: catalog, launches: launches, device: device)
+        pushes = PushDelivery(core: core, catalog: catalog, launches: launches, device: device)
+        scheduling = SchedulingLoop(core: core, catalog: catalog, launches: launches, device: device, pushes: pushes)
         submissions = Submissions(core: core, device: device, launches: launches, scheduling: scheduling)
-        verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling, submissions: submissions)
+        verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
+                             submissions: submissions, pushes: pushes)
         // Events up: a catalog change or an ended launch is a reason to look at the schedule.
         let (core, catalog, submissions) = (core, catalog, submissions)
         catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }

@@ -45,6 +45,18 @@ struct HostRequestBroker: LaunchRequestBroker {
         }
     }
 
+    /// The token of the app (an extension's is its app's), made on first use and kept.
+    func deviceToken(app: PluginBundle) -> Result<String, SubmissionRules.Rejection> {
+        guard let owner = owner(of: app) else {
+            return .failure(.init(status: .unavailable, message: "the app containing \(app.identifier) is no longer in the plugin directory"))
+        }
+        do {
+            return .success(try core.store.deviceToken(app: owner.identifier))
+        } catch {
+            return .failure(.init(status: .unavailable, message: "the host could not read or make the device token: \(error)"))
+        }
+    }
+
     /// The app's pending requests (none when the store cannot be read, which is logged).
     func pending(app: PluginBundle) -> [TaskRequest] {
         let offset = self.offset

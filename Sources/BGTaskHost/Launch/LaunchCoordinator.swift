@@ -117,12 +117,13 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     /// Starts one launch of `bundle` running `requests` (or `forced` tasks); returns its id.
     @discardableResult
     func start(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: LaunchReason,
-               role: LaunchRole = .background, eventJSON: String? = nil) -> String {
+               role: LaunchRole = .background, eventJSON: String? = nil, push: LaunchPlan.PushDelivered? = nil) -> String {
         let configuration = core.configuration
         let tasks = forced.isEmpty
             ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
             : forced
         var limits = LaunchLimits.defaults(for: role == .foreground ? [.continuedProcessing] : tasks.map(\.kind))
+        if push != nil { limits.budget = PushRules.handlerBudget }
         if let budget = configuration.budget { limits.budget = budget }
         if let grace = configuration.grace { limits.grace = grace }
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
@@ -133,6 +134,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
             logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
+        plan.push = push
         let conditions = device.conditions()
         plan.supportedResources = conditions.supportedResources
         if !conditions.backgroundRefresh { plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied }

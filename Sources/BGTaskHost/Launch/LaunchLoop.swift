@@ -249,6 +249,11 @@ struct LaunchLoop {
             try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
         case .log(let level, let text):
             state.log.append(level: level, text)
+        case .deviceToken(let seq):
+            switch broker.deviceToken(app: plan.bundle) {
+            case .success(let token): try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: token, requests: nil))
+            case .failure(let rejection): try? channel.send(ParentMessage.reply(seq: seq, status: rejection.status.rawValue, message: rejection.message, requests: nil))
+            }
         default:
             state.apply(message)
         }

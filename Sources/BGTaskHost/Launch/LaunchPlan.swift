@@ -69,6 +69,8 @@ public struct LaunchReason: RawRepresentable, Hashable, Sendable, ExpressibleByS
     public static let appExtension: LaunchReason = "extension"
     /// bgtask-bench's own launches.
     public static let benchmark: LaunchReason = "benchmark"
+    /// A background push (`bgtask push`, or the APNs endpoint).
+    public static let remoteNotification: LaunchReason = "remote-notification"
 }
 
 /// Everything needed to start one launch.
@@ -98,6 +100,18 @@ public struct LaunchPlan: Sendable {
     /// `UIApplication.backgroundRefreshStatus` for the launch (BGTASK_REFRESH_STATUS_*: 2,
     /// available; 1, denied by the device's or the app's switch).
     public var backgroundRefreshStatus: UInt32 = LaunchPlan.refreshStatusAvailable
+    /// The push a `remote-notification` launch delivers.
+    public var push: PushDelivered?
+
+    /// A push delivered in a launch: its apns-id and when the host received it.
+    public struct PushDelivered: Sendable, Equatable {
+        public var id: String
+        public var receivedAt: Date
+        public init(id: String, receivedAt: Date) {
+            self.id = id
+            self.receivedAt = receivedAt
+        }
+    }
     /// BGTASK_REFRESH_STATUS_AVAILABLE and _DENIED (bgtask/plugin.h).
     public static let refreshStatusAvailable: UInt32 = 2
     public static let refreshStatusDenied: UInt32 = 1

@@ -6,6 +6,8 @@ public protocol LaunchRequestBroker: Sendable {
     func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection?
     func cancel(identifier: String?, app: PluginBundle)
     func pending(app: PluginBundle) -> [TaskRequest]
+    /// The app's device token for pushes (`registerForRemoteNotifications`), or why there is none.
+    func deviceToken(app: PluginBundle) -> Result<String, SubmissionRules.Rejection>
 }
 
 /// The broker of a one-shot `bgtask run`: requests live as long as the process.
@@ -36,5 +38,19 @@ public final class InMemoryRequestBroker: LaunchRequestBroker, @unchecked Sendab
 
     public func pending(app: PluginBundle) -> [TaskRequest] {
         lock.withLock { requests[app.identifier] ?? [] }
+    }
+
+    /// A one-shot run has no host to push through: a token derived from the app's identifier
+    /// (stable, and never one a host made).
+    public func deviceToken(app: PluginBundle) -> Result<String, SubmissionRules.Rejection> {
+        var words: [UInt64] = []
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for round in 0..<4 {
+            for byte in Array("bgtask-run:\(round):\(app.containingApp ?? app.identifier)".utf8) {
+                hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
+            }
+            words.append(hash)
+        }
+        return .success(words.map { String(format: "%016llx", $0) }.joined())
     }
 }

@@ -70,6 +70,8 @@ struct LaunchState {
     var backgroundTime: [RunRecord.BackgroundTimeRecord] = []
     /// Assertions held now (taken, not ended), listed or not.
     var backgroundTimeHeld = Set<UInt64>()
+    /// The push's completion handler: its result (BGTASK_FETCH_RESULT_*) and when.
+    var pushCompletion: (result: UInt32, at: UInt64)?
 
     /// The launch's log (its output and the supervisor's lines).
     let log: LaunchLog
@@ -137,7 +139,9 @@ struct LaunchState {
                 backgroundTime[index].expiredMs = ms(at)
                 backgroundTime[index].expirationHandled = toApp
             }
-        case .progress, .title, .log, .submit, .cancel, .pending: break
+        case let .remoteNotificationCompleted(result, at):
+            if pushCompletion == nil { pushCompletion = (result, at) }
+        case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken: break
         }
     }
 
@@ -241,6 +245,14 @@ struct LaunchState {
             launcher: launcher)
         record.sandbox = sandbox
         if !backgroundTime.isEmpty { record.backgroundTime = backgroundTime }
+        if let push = plan.push {
+            let results = ["new-data", "no-data", "failed"]
+            record.push = RunRecord.PushRecord(
+                id: push.id, receivedAt: push.receivedAt,
+                deliveredAfterMs: ((startedAt.timeIntervalSince(push.receivedAt)) * 1000).rounded() / 1,
+                result: pushCompletion.map { Int($0.result) < results.count ? results[Int($0.result)] : "unknown(\($0.result))" },
+                completedMs: ms(pushCompletion?.at))
+        }
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

@@ -103,6 +103,7 @@ public struct LaunchSupervisor: Sendable {
             var start = assignment(plan, cgroup: cgroup, groups: groups, identity: identity)
             start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
             start.backgroundRefreshStatus = plan.backgroundRefreshStatus
+            start.reason = plan.reason.rawValue
             do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
             return nil
         }

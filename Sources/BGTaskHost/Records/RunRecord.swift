@@ -130,6 +130,26 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var sandbox: [String: SandboxLayer]? = nil
     /// Background-time assertions the app took, in order (nil: none).
     public var backgroundTime: [BackgroundTimeRecord]? = nil
+    /// The push a `remote-notification` launch delivered, and what its handler made of it.
+    public var push: PushRecord? = nil
+
+    public struct PushRecord: Codable, Sendable, Equatable {
+        /// The apns-id.
+        public var id: String
+        public var receivedAt: Date
+        /// From receipt to the launch's start.
+        public var deliveredAfterMs: Double
+        /// What the app's completion handler was called with (`new-data`, `no-data`, `failed`),
+        /// nil when it was never called.
+        public var result: String?
+        /// When the completion handler was called (ms from launch start).
+        public var completedMs: Double?
+
+        enum CodingKeys: String, CodingKey {
+            case id, result
+            case receivedAt = "received_at", deliveredAfterMs = "delivered_after_ms", completedMs = "completed_ms"
+        }
+    }
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -139,7 +159,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
-        case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time"
+        case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -196,6 +216,10 @@ extension RunRecord: CustomStringConvertible {
             if let t = task.expiredMs { times.append("expired \(Self.ms(t))\(task.expirationHandled == false ? " (no expiration handler)" : "")") }
             if let t = task.completedMs { times.append("completed \(Self.ms(t))") }
             lines.append("  \(task.identifier) [\(task.type.rawValue)] \(task.outcome.rawValue)\(times.isEmpty ? "" : ": " + times.joined(separator: ", "))")
+        }
+        if let push {
+            let completion = push.result.map { "completion handler: \($0) at \(Self.ms(push.completedMs ?? 0))" } ?? "completion handler never called"
+            lines.append("  push \(push.id), delivered \(Self.ms(push.deliveredAfterMs)) after it was received: \(completion)")
         }
         for assertion in backgroundTime ?? [] {
             var times = ["began \(Self.ms(assertion.beganMs))"]

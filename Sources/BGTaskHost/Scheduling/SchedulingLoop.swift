@@ -12,17 +12,19 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
     private let catalog: AppCatalog
     private let launches: LaunchCoordinator
     private let device: DeviceState
+    private let pushes: PushDelivery
     private var stopped = false
     private var dueTimer: DispatchSourceTimer?
     private var conditionsTimer: DispatchSourceTimer?
     private var lastConditions: DeviceConditions?
     private let evaluationQueued = LockedValue(false)
 
-    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState) {
+    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState, pushes: PushDelivery) {
         self.core = core
         self.catalog = catalog
         self.launches = launches
         self.device = device
+        self.pushes = pushes
     }
 
     var partName: String { "scheduling loop" }
@@ -80,6 +82,8 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
         } catch {
             core.logger.error("scheduling failed", metadata: ["error": "\(error)"])
         }
+        // Background pushes: after the task requests, in what launch slots are left.
+        if let lift = pushes.deliverDue(conditions) { wakeAt = min(wakeAt ?? lift, lift) }
         armDueTimer(wakeAt)
         armConditionsTimer(watchConditions)
     }

@@ -12,6 +12,9 @@ enum StoreSchema {
         migrator.registerMigration("v2") { db in
             try db.execute(sql: v2)
         }
+        migrator.registerMigration("v3") { db in
+            try db.execute(sql: v3)
+        }
         return migrator
     }
 
@@ -88,5 +91,34 @@ extension StoreSchema {
     static let v2 = """
         DROP INDEX request_running;
         CREATE INDEX request_running ON request(running_launch) WHERE running_launch IS NOT NULL;
+        """
+}
+
+extension StoreSchema {
+    /// Background pushes: each app's device token, and the pushes received, pending until
+    /// delivered in a launch or dropped (with why).
+    static let v3 = """
+        CREATE TABLE device_token (
+            app TEXT PRIMARY KEY NOT NULL,
+            token TEXT NOT NULL UNIQUE,     -- 64 hex digits, made once per app
+            created_at REAL NOT NULL
+        );
+
+        CREATE TABLE push (
+            id TEXT PRIMARY KEY NOT NULL,   -- apns-id (a UUID)
+            app TEXT NOT NULL,
+            payload TEXT NOT NULL,          -- the JSON payload as received
+            kind TEXT NOT NULL CHECK (kind IN ('background', 'alert')),
+            priority INTEGER NOT NULL,
+            expiration REAL,                -- apns-expiration; NULL: none given; 0: now or never
+            collapse_id TEXT,
+            received_at REAL NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'dropped')),
+            detail TEXT,                    -- why it was dropped, or how it was delivered
+            launch_id TEXT,                 -- the launch it was delivered in
+            settled_at REAL
+        );
+        CREATE INDEX push_pending ON push(state, received_at) WHERE state = 'pending';
+        CREATE INDEX push_app ON push(app, received_at);
         """
 }

@@ -117,6 +117,10 @@ typedef struct bgtask_launch_info {
     const char *data_directory; /* the app's container; persists across launches */
     const char *launch_id;
     const char *event_json;     /* extensions: the event they were started with, or NULL */
+    /* ---- ABI 1, appended (check the struct's size) ---- */
+    /* Why the system launched the app: "scheduled", "simulated", "foreground", "extension",
+     * "remote-notification" (then event_json is the push's payload), ... */
+    const char *reason;
 } bgtask_launch_info;
 
 /* A continued-processing request's submission strategy: bgtask_request.strategy. Values as
@@ -220,7 +224,22 @@ typedef struct bgtask_host_api {
     /* BGTASK_REFRESH_STATUS_*: the device's and the app's Background App Refresh switches when
      * the launch started (UIApplication.backgroundRefreshStatus). */
     uint32_t (*background_refresh_status)(bgtask_host *host);
+
+    /* ---- ABI 1, appended: remote notifications (check BGTASK_HAS(api, register_remote_notifications)) ---- */
+
+    /* UIApplication.registerForRemoteNotifications: writes the app's device token (64 hex
+     * digits, NUL-terminated; stable for the app across launches and host restarts) into
+     * `token` and returns 0, or returns a bgtask_status with the reason written there. */
+    int32_t (*register_remote_notifications)(bgtask_host *host, char *token, size_t token_size);
+    /* The completion handler of application(_:didReceiveRemoteNotification:fetchCompletionHandler:)
+     * was called with `result` (BGTASK_FETCH_RESULT_*). Later calls are ignored. */
+    void (*remote_notification_completed)(bgtask_host *host, uint32_t result);
 } bgtask_host_api;
+
+/* UIBackgroundFetchResult's raw values. */
+#define BGTASK_FETCH_RESULT_NEW_DATA 0
+#define BGTASK_FETCH_RESULT_NO_DATA 1
+#define BGTASK_FETCH_RESULT_FAILED 2
 
 #define BGTASK_BACKGROUND_TIME_INVALID 0
 

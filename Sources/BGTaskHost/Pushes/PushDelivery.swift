@@ -1,0 +1,147 @@
+import BGTaskModel
+import Foundation
+
+/// A push and where it stands, as `push`, `pushes` and `why` answer.
+public struct PushReport: Codable, Sendable, Equatable {
+    public var id: String
+    public var app: String
+    public var kind: StoredPush.Kind
+    public var priority: Int
+    public var state: StoredPush.State
+    public var detail: String?
+    public var launchID: String?
+    public var receivedAt: Date
+    public var collapseID: String?
+    /// What holds a pending push back.
+    public var blockers: [Blocker]?
+
+    enum CodingKeys: String, CodingKey {
+        case id, app, kind, priority, state, detail, blockers
+        case launchID = "launch_id", receivedAt = "received_at", collapseID = "collapse_id"
+    }
+
+    init(_ push: StoredPush, blockers: [Blocker]? = nil) {
+        id = push.id
+        app = push.app
+        kind = push.kind
+        priority = push.priority
+        state = push.state
+        detail = push.detail
+        launchID = push.launchID
+        receivedAt = push.receivedAt
+        collapseID = push.collapseID
+        self.blockers = blockers
+    }
+
+    /// One line for people.
+    public var text: String {
+        var line = "push \(id) for \(app) (\(kind.rawValue), priority \(priority)): \(state.rawValue)"
+        if let launchID { line += " in launch \(launchID)" }
+        if let detail { line += ": \(detail)" }
+        if let blockers, !blockers.isEmpty {
+            line += ": waiting: " + blockers.map { blocker in
+                blocker.message + (blocker.until.map { " (until \(ISO8601DateFormatter().string(from: $0)))" } ?? "")
+            }.joined(separator: "; ")
+        }
+        return line
+    }
+}
+
+/// Background pushes: received (checked as APNs checks them, kept, coalesced per app) and
+/// delivered as iOS delivers them, in a launch with reason `remote-notification` whose app
+/// delegate gets `application(_:didReceiveRemoteNotification:fetchCompletionHandler:)`.
+/// Confined to the host queue, except `receive`, which any thread may call.
+final class PushDelivery: @unchecked Sendable {
+    private let core: HostCore
+    private let catalog: AppCatalog
+    private let launches: LaunchCoordinator
+    private let device: DeviceState
+    /// False once a pass found no pending push, until one is received: the scheduling pass
+    /// then costs no store read for pushes.
+    private let mayHavePending = LockedValue(true)
+
+    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState) {
+        self.core = core
+        self.catalog = catalog
+        self.launches = launches
+        self.device = device
+    }
+
+    /// Checks and keeps a push, then delivers what may be delivered (on the queue): the push's
+    /// report after that pass, or APNs's refusal. An unknown app is APNs's `Unregistered`.
+    func receive(_ submission: PushSubmission, evaluate: () -> Void) -> Result<PushReport, PushRefusal> {
+        let push: StoredPush
+        switch PushRules.check(submission, now: Date()) {
+        case .failure(let refusal): return .failure(refusal)
+        case .success(let checked): push = checked
+        }
+        guard core.queue.sync(execute: { catalog.apps[push.app] != nil }) else {
+            return .failure(PushRefusal(410, "Unregistered", "no app \(push.app.prefix(255)) is installed (no valid bundle in \(core.configuration.pluginsDirectory.path))"))
+        }
+        if let existing = try? core.store.push(id: push.id), existing != nil {
+            return .failure(PushRefusal(400, "BadMessageId", "a push with apns-id \(push.id) was received already"))
+        }
+        do {
+            let coalesced = try core.store.enqueuePush(push)
+            mayHavePending.withLock { $0 = true }
+            core.logger.info("push received", metadata: ["push.id": "\(push.id)", "bundle.id": "\(push.app)", "kind": "\(push.kind.rawValue)",
+                                                        "coalesced": "\(coalesced.count)"])
+        } catch {
+            return .failure(PushRefusal(500, "InternalServerError", "the host could not keep the push: \(error)"))
+        }
+        return .success(core.queue.sync {
+            evaluate()
+            return report(id: push.id) ?? PushReport(push)
+        })
+    }
+
+    /// A push's report, with what holds it back when it is pending. On the queue.
+    func report(id: String) -> PushReport? {
+        guard let push = (try? core.store.push(id: id)) ?? nil else { return nil }
+        guard push.state == .pending else { return PushReport(push) }
+        if case let .hold(blockers) = decide(push, conditions: device.conditions()) { return PushReport(push, blockers: blockers) }
+        return PushReport(push)
+    }
+
+    private func decide(_ push: StoredPush, conditions: DeviceConditions) -> PushRules.Decision {
+        let now = Date()
+        let state = (try? core.store.appState(push.app)) ?? AppState(app: push.app)
+        let delivered = (try? core.store.backgroundPushDeliveries(app: push.app, since: now.addingTimeInterval(-PushRules.throttleWindow))) ?? []
+        return PushRules.decide(
+            push, app: catalog.apps[push.app], state: state, conditions: conditions, policy: core.configuration.policy,
+            appRunning: launches.launch(of: push.app)?.id, runningLaunches: launches.count,
+            maximumLaunches: core.configuration.maximumConcurrentLaunches, deliveredInWindow: delivered, now: now)
+    }
+
+    /// Delivers, settles or drops every pending push that can be now; the earliest moment a held
+    /// one lifts by itself (a throttle window), if any. On the queue.
+    func deliverDue(_ conditions: DeviceConditions) -> Date? {
+        guard mayHavePending.withLock({ $0 }) else { return nil }
+        guard let pending = try? core.store.pendingPushes(), !pending.isEmpty else {
+            mayHavePending.withLock { $0 = false }
+            return nil
+        }
+        var wakeAt: Date?
+        for push in pending {
+            let now = Date()
+            switch decide(push, conditions: conditions) {
+            case .deliver:
+                guard let bundle = catalog.apps[push.app] else { continue }
+                let id = launches.start(bundle, requests: [], reason: .remoteNotification, eventJSON: push.payload,
+                                        push: .init(id: push.id, receivedAt: push.receivedAt))
+                try? core.store.settlePush(id: push.id, .delivered, detail: "delivered to application(_:didReceiveRemoteNotification:fetchCompletionHandler:)", launchID: id, at: now)
+            case .settle(let detail):
+                try? core.store.settlePush(id: push.id, .delivered, detail: detail, at: now)
+            case .drop(let detail):
+                try? core.store.settlePush(id: push.id, .dropped, detail: detail, at: now)
+                core.logger.info("push dropped", metadata: ["push.id": "\(push.id)", "bundle.id": "\(push.app)", "why": "\(detail)"])
+            case .hold(let blockers):
+                for until in blockers.compactMap(\.until) where until > now { wakeAt = min(wakeAt ?? until, until) }
+                if let expiration = push.expiration, expiration.timeIntervalSince1970 > 0, expiration > now {
+                    wakeAt = min(wakeAt ?? expiration, expiration)
+                }
+            }
+        }
+        return wakeAt
+    }
+}

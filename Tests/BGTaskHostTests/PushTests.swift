@@ -1,0 +1,171 @@
+@testable import BGTaskHost
+import BGTaskModel
+import Foundation
+import Testing
+
+/// Background pushes through a real host: `bgtask push` as simctl's, a device token stable across
+/// restarts, delivery in a `remote-notification` launch to the app delegate with its completion
+/// handler's result in the record, and iOS's rules for what waits, what is coalesced and what is
+/// dropped, each answer saying why.
+@Suite struct PushTests {
+    static let pushApp = TestBundle(library: "PushApp", info: "Tests/Fixtures/PushApp/Info.plist", name: "PushApp.app")
+    static let noMode = TestBundle(library: "BackgroundTime", info: "Tests/Fixtures/BackgroundTime/Info.plist", name: "BackgroundTime.app")
+    static let app = "com.example.pushapp"
+
+    private func payload(_ scratch: Scratch, _ name: String, _ json: String) throws -> String {
+        let path = scratch.url.appendingPathComponent(name).path
+        try json.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    private func pushReport(_ host: HostProcess, _ arguments: [String]) throws -> PushReport {
+        let result = try host.cli(["push"] + arguments + ["--json"])
+        try #require(result.status == 0, "push failed: \(result.stderr)")
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try decoder.decode(PushReport.self, from: Data(result.stdout.utf8))
+    }
+
+    private func record(_ host: HostProcess, launch id: String) throws -> RunRecord {
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline {
+            if let record = (try host.send(ControlRequest(.history, limit: 100)).records ?? []).first(where: { $0.launchID == id }) { return record }
+            usleep(20_000)
+        }
+        throw HostTestError("no record of launch \(id)")
+    }
+
+    @Test func theTokenIsTheAppsAcrossRestartsAndReachesTheDelegate() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        var host = try HostProcess.started(scratch, installing: [Self.pushApp])
+        let token = try host.cli(["device-token", Self.app]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(token.count == 64 && token.allSatisfy(\.isHexDigit), "\(token)")
+        let launched = try host.cli(["simulate-launch", "com.example.pushapp.register", "--force", "--json"])
+        #expect(launched.status == 0, "\(launched.stderr)")
+        let record = try #require(try? RunRecord.decode(Data(launched.stdout.utf8)))
+        #expect(record.succeeded, "\(record)")
+        #expect(try record.logText().contains("pushapp: token \(token), registered true"))
+        #expect(host.stop() == 0)
+        host = try HostProcess.started(scratch, installing: [])
+        #expect(try host.cli(["device-token", Self.app]).stdout.trimmingCharacters(in: .whitespacesAndNewlines) == token)
+        #expect(try host.cli(["device-token", "com.example.nothere"]).stderr.contains("no valid bundle with identifier com.example.nothere"))
+        #expect(host.stop() == 0)
+    }
+
+    @Test func aBackgroundPushLaunchesTheAppAndItsResultIsRecorded() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [Self.pushApp])
+        defer { _ = host.stop() }
+        // simctl's file shape, the app named inside it.
+        let file = try payload(scratch, "episode.apns", #"{"Simulator Target Bundle": "com.example.pushapp", "aps": {"content-available": 1}, "episode": 42}"#)
+        let report = try pushReport(host, [file])
+        #expect(report.state == .delivered && report.kind == .background && report.priority == 5, "\(report)")
+        let launchID = try #require(report.launchID)
+        let record = try record(host, launch: launchID)
+        #expect(record.reason == "remote-notification" && record.termination == .exited, "\(record)")
+        let push = try #require(record.push)
+        #expect(push.id == report.id && push.result == "new-data" && push.deliveredAfterMs >= 0 && push.deliveredAfterMs < 5000, "\(push)")
+        #expect((push.completedMs ?? 0) >= 50)
+        let log = try record.logText()
+        #expect(log.contains("pushapp: launched for a push, episode 42"))
+        #expect(log.contains("pushapp: push episode 42, content-available 1, state 2, main true"))
+        #expect(record.description.contains("completion handler: new-data"))
+
+        // From standard input, app named on the command line.
+        let piped = try runCommand(["/bin/sh", "-c", #"printf '%s' "$PAYLOAD" | "$CLI" push "$APP" - --state "$STATE""#], environment: [
+            "PAYLOAD": #"{"aps":{"content-available":1},"episode":43}"#, "CLI": Products.cli, "APP": Self.app, "STATE": scratch.state.path])
+        #expect(piped.status == 0 && piped.stdout.contains("delivered in launch"), "\(piped.stdout) \(piped.stderr)")
+        // An alert push shows; it does not launch the app.
+        let alert = try pushReport(host, [Self.app, try payload(scratch, "alert.json", #"{"aps":{"alert":"New episode"}}"#)])
+        #expect(alert.state == .delivered && alert.kind == .alert && alert.launchID == nil && alert.detail?.contains("not launched") == true)
+    }
+
+    @Test func pushesWaitCoalesceAndDropAsOnIOSAndSayWhy() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [Self.pushApp, Self.noMode])
+        defer { _ = host.stop() }
+        let file = try payload(scratch, "p.json", #"{"aps":{"content-available":1},"episode":1}"#)
+        #expect(try host.cli(["device", "--app", Self.app, "--refresh", "off"]).status == 0)
+        let first = try pushReport(host, [Self.app, file])
+        #expect(first.state == .pending)
+        #expect(first.blockers?.map(\.code) == ["app-refresh-disabled"], "\(first)")
+        let second = try pushReport(host, [Self.app, file])
+        #expect(second.state == .pending)
+        // The first was coalesced into the second; `why` says so.
+        let why = try host.cli(["why", first.id])
+        #expect(why.stdout.contains("dropped") && why.stdout.contains("coalesced: a newer push for the app (\(second.id))"), "\(why.stdout)")
+        // apns-expiration 0: now or never.
+        let never = try pushReport(host, [Self.app, file, "--expiration", "0"])
+        #expect(never.state == .dropped && never.detail?.contains("now or never") == true, "\(never)")
+        // The switch back on: the waiting push is delivered. (`never` coalesced `second`: APNs
+        // keeps an app's latest push only.)
+        #expect(try host.cli(["device", "--app", Self.app, "--refresh", "on"]).status == 0)
+        let later = try pushReport(host, [Self.app, file])
+        #expect(later.state == .delivered, "\(later)")
+        // An app without the remote-notification background mode never gets one.
+        let noMode = try pushReport(host, ["com.example.bgtime", file])
+        #expect(noMode.state == .dropped && noMode.detail?.contains("no 'remote-notification' in UIBackgroundModes") == true, "\(noMode)")
+        let listed = try host.cli(["pushes", Self.app]).stdout
+        #expect(listed.contains(first.id) && listed.contains(later.id), "\(listed)")
+    }
+
+    @Test func apnsRulesRefuseWhatAPNsRefuses() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [Self.pushApp])
+        defer { _ = host.stop() }
+        let background = try payload(scratch, "b.json", #"{"aps":{"content-available":1}}"#)
+        let cases: [([String], String)] = [
+            ([Self.app, background, "--priority", "10"], "BadPriority"),
+            ([Self.app, background, "--priority", "7"], "BadPriority"),
+            ([Self.app, try payload(scratch, "big.json", #"{"aps":{"content-available":1},"x":""# + "\"" + String(repeating: "x", count: 5000) + "\"}")], "PayloadTooLarge"),
+            ([Self.app, try payload(scratch, "bad.json", "not json")], "BadPayload"),
+            ([Self.app, try payload(scratch, "noaps.json", #"{"episode":1}"#)], "BadPayload"),
+            ([Self.app, background, "--type", "voip"], "InvalidPushType"),
+            ([Self.app, try payload(scratch, "alert.json", #"{"aps":{"alert":"x"}}"#), "--type", "background"], "InvalidPushType"),
+            ([Self.app, background, "--id", "not-a-uuid"], "BadMessageId"),
+            ([Self.app, background, "--collapse-id", String(repeating: "c", count: 65)], "BadCollapseId"),
+            ([Self.app, background, "--expiration=-1"], "BadExpirationDate"),
+            (["com.example.nothere", background], "Unregistered"),
+        ]
+        for (arguments, reason) in cases {
+            let result = try host.cli(["push"] + arguments)
+            #expect(result.status != 0 && result.stderr.contains(reason), "\(arguments.prefix(3)): \(result.stderr)")
+        }
+        // The same apns-id twice is refused.
+        let id = UUID().uuidString
+        #expect(try host.cli(["push", Self.app, background, "--id", id]).status == 0)
+        #expect(try host.cli(["push", Self.app, background, "--id", id]).stderr.contains("BadMessageId"))
+    }
+
+    @Test func aHandlerThatNeverCompletesIsKilledAndTheRecordSaysSo() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "1s", "--grace", "300ms"], installing: [Self.pushApp])
+        defer { _ = host.stop() }
+        let report = try pushReport(host, [Self.app, try payload(scratch, "hang.json", #"{"aps":{"content-available":1},"hang":true}"#)])
+        let record = try record(host, launch: try #require(report.launchID))
+        #expect(record.termination == .watchdog, "\(record)")
+        #expect(record.push?.result == nil)
+        #expect(record.description.contains("completion handler never called"))
+    }
+
+    @Test func theRealisticPolicyThrottlesBackgroundPushes() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--policy", "realistic"], installing: [Self.pushApp])
+        defer { _ = host.stop() }
+        let file = try payload(scratch, "p.json", #"{"aps":{"content-available":1}}"#)
+        for _ in 0..<PushRules.backgroundPushesPerHour {
+            let report = try pushReport(host, [Self.app, file])
+            #expect(report.state == .delivered, "\(report)")
+            _ = try record(host, launch: try #require(report.launchID))
+        }
+        let throttled = try pushReport(host, [Self.app, file])
+        #expect(throttled.state == .pending && throttled.blockers?.first?.code == "rate-limit", "\(throttled)")
+        #expect(throttled.blockers?.first?.until != nil)
+    }
+}
