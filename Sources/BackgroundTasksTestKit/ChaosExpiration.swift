@@ -5,7 +5,7 @@ import Foundation
 /// names the seed that reproduces them.
 public struct ChaosReport: Error, Sendable, CustomStringConvertible {
     public struct Run: Sendable, CustomStringConvertible {
-        /// 0 is the calibration run (not expired); 1... are expired at `moment`.
+        /// The first `TestScheduler.calibrationRuns` runs are not expired; the others are, at `moment`.
         public var index: Int
         /// When expiration was delivered, after the launch started (nil: not expired).
         public var moment: Duration?
@@ -20,7 +20,7 @@ public struct ChaosReport: Error, Sendable, CustomStringConvertible {
 
     public var identifier: String
     public var seed: UInt64
-    /// How long the handler took unexpired; moments are drawn from 0 to 1.5 times it.
+    /// The shortest unexpired run; moments are drawn from 0 to 1.5 times it.
     public var calibration: Duration?
     public var runs: [Run]
 
@@ -50,11 +50,14 @@ extension TestScheduler {
     /// complete twice (the expiration handler and the cancelled work both complete) or never
     /// (the work's completion path skipped on cancellation).
     ///
-    /// A first run, not expired, measures the handler; the moments are drawn from zero to 1.5
-    /// times its duration (at least a millisecond) with a generator seeded by `seed` (random
+    /// Three first runs, not expired, measure the handler; the moments are drawn from zero to
+    /// 1.5 times the shortest (at least a millisecond) with a generator seeded by `seed` (random
     /// when nil; the report names it, so a failure can be replayed). The app's state carries
     /// over from run to run, as it does across launches. Throws the `ChaosReport` when a run
     /// broke the rule; returns it when none did.
+    /// Unexpired runs before the expired ones (the report's first runs).
+    public static let calibrationRuns = 3
+
     @discardableResult
     public func chaosExpiration(
         of identifier: String, as type: TaskType? = nil, runs: Int = 50, seed: UInt64? = nil,
@@ -63,17 +66,24 @@ extension TestScheduler {
         let seed = seed ?? UInt64.random(in: 1...UInt64.max)
         var report = ChaosReport(identifier: identifier, seed: seed, calibration: nil, runs: [])
 
-        let calibration = try await start(identifier, as: type).finish(timeout: timeout, grace: grace, settle: settle)
-        guard let first = calibration[identifier] else { throw TestKitError("the launch did not run '\(identifier)'") }
-        report.runs.append(.init(index: 0, moment: nil, task: first, problems: calibration.problems))
-        guard calibration.problems.isEmpty else { throw report }
-        report.calibration = first.duration
+        // The shortest of a few unexpired runs is the least disturbed measure of the work (a
+        // loaded machine only ever makes a run longer).
+        var durations: [Duration] = []
+        for index in 0..<Self.calibrationRuns {
+            let calibration = try await start(identifier, as: type).finish(timeout: timeout, grace: grace, settle: settle)
+            guard let task = calibration[identifier] else { throw TestKitError("the launch did not run '\(identifier)'") }
+            report.runs.append(.init(index: index, moment: nil, task: task, problems: calibration.problems))
+            guard calibration.problems.isEmpty else { throw report }
+            if let duration = task.duration { durations.append(duration) }
+        }
+        report.calibration = durations.min()
 
-        let measured = first.duration ?? .milliseconds(1)
+        let measured = durations.min() ?? .milliseconds(1)
+        let slowest = durations.max() ?? measured
         let window = max(measured * 1.5, .milliseconds(1))
-        let runGrace = max(grace, measured * 3)
+        let runGrace = max(grace, slowest * 3)
         var generator = SplitMix64(seed: seed)
-        for index in 1...max(runs, 1) {
+        for index in Self.calibrationRuns..<(Self.calibrationRuns + max(runs, 1)) {
             let nanoseconds = Int64(Double(window.components.seconds) * 1e9 + Double(window.components.attoseconds) / 1e9)
             let moment = Duration.nanoseconds(Int64.random(in: 0...max(nanoseconds, 1), using: &generator))
             let launch = try await start(identifier, as: type).finish(expiringAfter: moment, timeout: timeout, grace: runGrace, settle: settle)

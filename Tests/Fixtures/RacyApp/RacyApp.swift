@@ -61,9 +61,9 @@ public final class RacyApp: Sendable {
         let cancelled = Flag()
         task.expirationHandler = { cancelled.set() }
         DispatchQueue.global().async {
-            for _ in 0..<5 {
+            for _ in 0..<10 {
                 if cancelled.isSet { return } // the bug: returns without completing the task
-                Thread.sleep(forTimeInterval: 0.001)
+                Thread.sleep(forTimeInterval: 0.002)
             }
             task.setTaskCompleted(success: true)
         }
@@ -73,9 +73,9 @@ public final class RacyApp: Sendable {
 /// Syncs in small steps, stopping early when cancelled.
 final class SyncOperation: Operation, @unchecked Sendable {
     override func main() {
-        for _ in 0..<5 {
+        for _ in 0..<10 {
             if isCancelled { return }
-            Thread.sleep(forTimeInterval: 0.001)
+            Thread.sleep(forTimeInterval: 0.002)
         }
     }
 }
