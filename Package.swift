@@ -155,3 +155,40 @@ let package = Package(
         ),
     ]
 )
+
+// MARK: - The test kit and the bundle plugin (issue 17, parts 1 and 2)
+//
+// Appended rather than interleaved above, so this block merges apart from other changes.
+//   - `BackgroundTasksTestKit`  for app developers' tests: a test scheduler behind
+//                               `BGTaskScheduler.shared` (in process), and a real host (out of process)
+//   - `BundlePlugin`            `swift package bgtask-bundle`: builds a dynamic library product and
+//                               assembles its bundle with `bgtask bundle` (PackagePlugins/, since
+//                               Plugins/ holds the example bgtask plugins)
+package.products += [
+    .library(name: "BackgroundTasksTestKit", targets: ["BackgroundTasksTestKit"]),
+    .plugin(name: "BundlePlugin", targets: ["BundlePlugin"]),
+]
+package.targets += [
+    .target(
+        name: "BackgroundTasksTestKit",
+        dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
+    ),
+    .plugin(
+        name: "BundlePlugin",
+        capability: .command(
+            intent: .custom(verb: "bgtask-bundle", description: "Build dynamic library products and assemble their bgtask bundles (Name.app, extensions in PlugIns/)"),
+            permissions: [.writeToPackageDirectory(reason: "writes the bundles (by default into the build directory, next to the libraries)")]
+        ),
+        dependencies: ["bgtask"],
+        path: "PackagePlugins/BundlePlugin"
+    ),
+    // App code with the expiration bugs real handlers have (no plugin entry: linked into tests).
+    .target(name: "RacyApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/RacyApp", exclude: ["Info.plist"]),
+    // The kit's own tests, in both language modes and both test frameworks.
+    .testTarget(name: "TestKitTests", dependencies: ["BackgroundTasksTestKit", "RacyApp", "BGTaskHost"], swiftSettings: [.swiftLanguageMode(.v6)]),
+    .testTarget(name: "TestKitSwift5Tests", dependencies: ["BackgroundTasksTestKit", "RacyApp"], swiftSettings: [.swiftLanguageMode(.v5)]),
+    // The Feed example's tests, written with the kit as an app developer would.
+    .testTarget(name: "FeedTests", dependencies: ["BackgroundTasksTestKit", "Feed"]),
+    // The bundle plugin's planning (its BundlePlan.swift, linked in) and the bundle it makes, run.
+    .testTarget(name: "BundlePluginTests", dependencies: ["BGTaskHost"]),
+]

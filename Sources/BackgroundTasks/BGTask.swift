@@ -38,7 +38,10 @@ open class BGTask: NSObject, @unchecked Sendable {
             _expirationHandler = nil
             return first
         }
-        guard first else { return }
+        guard first else {
+            HostConnection.current.noteRepeatedCompletion(taskID, success: success)
+            return
+        }
         HostConnection.current.untrack(taskID)
         if let (api, host) = HostConnection.current.connection {
             api.set_task_completed(host, taskID, success)

@@ -20,8 +20,9 @@ package final class HostConnection: @unchecked Sendable {
     private var tasks: [UInt64: BGTask] = [:]
 
     /// Called by the entry trampoline on the runner's main thread, before any app code, with the
-    /// table it has checked and read.
-    func attach(api: bgtask_host_api, host: OpaquePointer?, role: bgtask_launch_role) {
+    /// table it has checked and read; and by BackgroundTasksTestKit, which plays the runner
+    /// inside a test process (`package`: for that kit only, never for plugins).
+    package func attach(api: bgtask_host_api, host: OpaquePointer?, role: bgtask_launch_role) {
         lock.withLock {
             // One launch per process: the table lives as long as the process.
             let table = self.api ?? UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
@@ -42,4 +43,35 @@ package final class HostConnection: @unchecked Sendable {
     func track(_ task: BGTask) { lock.withLock { tasks[task.taskID] = task } }
     func untrack(_ taskID: UInt64) { _ = lock.withLock { tasks.removeValue(forKey: taskID) } }
     func task(_ taskID: UInt64) -> BGTask? { lock.withLock { tasks[taskID] } }
+
+    // MARK: BackgroundTasksTestKit's seam (never used in a launch)
+
+    private var repeatedCompletionObserver: (@Sendable (UInt64, Bool) -> Void)?
+
+    /// Forgets the attached table and the tasks tracked for it, so that code running after a
+    /// test behaves as code outside a launch does. BackgroundTasksTestKit calls it when a test
+    /// scheduler is uninstalled; nothing calls it in a launch, whose table lives as long as the
+    /// process.
+    package func detach() {
+        lock.withLock {
+            // Every reader copies the table under this lock (`connection`), so it can go.
+            api?.deallocate()
+            api = nil
+            host = nil
+            role = BGTASK_ROLE_BACKGROUND.rawValue
+            tasks.removeAll()
+            repeatedCompletionObserver = nil
+        }
+    }
+
+    /// Sets the observer told of every `setTaskCompleted` after a task's first (which the SDK
+    /// otherwise ignores, as the ABI's idempotent `set_task_completed` would): how a test kit
+    /// finds a handler that completes twice. Nil (the default, and always in a launch): none.
+    package func observeRepeatedCompletions(_ observer: (@Sendable (UInt64, Bool) -> Void)?) {
+        lock.withLock { repeatedCompletionObserver = observer }
+    }
+
+    func noteRepeatedCompletion(_ taskID: UInt64, success: Bool) {
+        lock.withLock { repeatedCompletionObserver }?(taskID, success)
+    }
 }

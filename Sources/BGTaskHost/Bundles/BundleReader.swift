@@ -30,7 +30,17 @@ public enum BundleReader {
         return try read(url, kind: kind, containingApp: nil)
     }
 
-    static func read(_ url: URL, kind: PluginBundle.Kind, containingApp: String?) throws(BGTaskError) -> PluginBundle {
+    /// Reads and validates an Info.plist as `read` would in a bundle, before there is one: the
+    /// app's (or an extension's) declaration next to its sources, for a test that holds the app
+    /// to it (BackgroundTasksTestKit). The executable is not looked for; `url` is the file's
+    /// directory, and no extension is read.
+    public static func read(infoPlist: URL, kind: PluginBundle.Kind = .app) throws(BGTaskError) -> PluginBundle {
+        try read(infoPlist.deletingLastPathComponent(), kind: kind, containingApp: nil, infoPlistName: infoPlist.lastPathComponent)
+    }
+
+    static func read(_ url: URL, kind: PluginBundle.Kind, containingApp: String?, infoPlistName: String? = nil) throws(BGTaskError) -> PluginBundle {
+        // A declaration read without its bundle (`read(infoPlist:kind:)`) has no executable yet.
+        let isBundle = infoPlistName == nil
         let bundlePath = url.path
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: bundlePath, isDirectory: &isDirectory) else {
@@ -39,7 +49,7 @@ public enum BundleReader {
         guard isDirectory.boolValue else {
             throw BGTaskError(.invalidBundle, file: bundlePath, "a bundle is a directory holding Info.plist and the library")
         }
-        let plistURL = url.appendingPathComponent("Info.plist")
+        let plistURL = url.appendingPathComponent(infoPlistName ?? "Info.plist")
         let plist = plistURL.path
         let data: Data
         switch openInBundle(plist, bundle: bundlePath) {
@@ -92,7 +102,7 @@ public enum BundleReader {
             throw BGTaskError(.invalidBundle, file: plist, key: "CFBundleExecutable",
                               "'\(executable)' must be a file name inside the bundle, not a path")
         }
-        try checkELF(url.appendingPathComponent(executable), bundle: bundlePath, plist: plist)
+        if isBundle { try checkELF(url.appendingPathComponent(executable), bundle: bundlePath, plist: plist) }
 
         let permitted = try fields.optionalStrings("BGTaskSchedulerPermittedIdentifiers", atMost: Limits.permittedIdentifiers) ?? []
         for (index, entry) in permitted.enumerated() {
@@ -166,7 +176,7 @@ public enum BundleReader {
 
         var extensions: [PluginBundle] = []
         var invalid: [BGTaskError] = []
-        if kind == .app {
+        if kind == .app && isBundle {
             let plugIns = url.appendingPathComponent("PlugIns")
             let entries = (try? FileManager.default.contentsOfDirectory(atPath: plugIns.path)) ?? []
             let appexes = entries.sorted().filter { $0.hasSuffix(".appex") }

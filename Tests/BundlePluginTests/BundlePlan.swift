@@ -1,0 +1,1 @@
+../../PackagePlugins/BundlePlugin/BundlePlan.swift
