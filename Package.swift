@@ -95,7 +95,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask",
             dependencies: [
-                "BGTaskHost",
+                "BGTaskHost", "BGTaskLogLine",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

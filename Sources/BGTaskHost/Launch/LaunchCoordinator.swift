@@ -133,6 +133,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
             logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
+        plan.environment.merge(LaunchPlan.unifiedLoggingEnvironment(keepingPrivateValues: configuration.logPrivateValues)) { $1 }
         plan.supportedResources = device.conditions().supportedResources
         let control = LaunchControl()
         let store = core.store
