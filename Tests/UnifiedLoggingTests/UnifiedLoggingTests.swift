@@ -55,4 +55,32 @@ import Testing
         #expect(UnifiedLogLine.Level(name: "notice") == .default)
         #expect(UnifiedLogLine.Level.debug < .info && UnifiedLogLine.Level.info < .default && UnifiedLogLine.Level.error < .fault)
     }
+
+    /// What reaches the host's `log` function (the writer the SDK installs when a launch
+    /// attaches): one line per entry, at the ABI level of its type; nothing for a disabled log.
+    @Test func entriesGoToTheInstalledWriterAtTheirABILevel() throws {
+        final class Captured: @unchecked Sendable {
+            let lock = NSLock()
+            var lines: [(Int32, String)] = []
+        }
+        let captured = Captured()
+        UnifiedLogSink.install { level, line in
+            guard line.contains("sink-test") else { return false }
+            captured.lock.withLock { captured.lines.append((level, line)) }
+            return true
+        }
+        let logger = Logger(subsystem: "com.example.sink", category: "unit")
+        logger.debug("sink-test debug")
+        logger.notice("sink-test notice \(3)")
+        logger.critical("sink-test critical")
+        Logger(OSLog.disabled).fault("sink-test never")
+        os_log("sink-test %{public}@ %d", log: OSLog(subsystem: "com.example.sink", category: "legacy"), type: .error, "os_log", 5)
+        let lines = captured.lock.withLock { captured.lines }
+        #expect(lines.map(\.0) == [0, 1, 2, 2])
+        let parsed = try lines.map { try #require(UnifiedLogLine(line: $0.1)) }
+        #expect(parsed.map(\.level) == [.debug, .default, .fault, .error])
+        #expect(parsed.map(\.message) == ["sink-test debug", "sink-test notice 3", "sink-test critical", "sink-test os_log 5"])
+        #expect(parsed.allSatisfy { $0.subsystem == "com.example.sink" && !$0.app.isEmpty })
+        #expect(parsed.map(\.category) == ["unit", "unit", "unit", "legacy"])
+    }
 }
