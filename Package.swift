@@ -2,6 +2,9 @@
 //
 // Targets are split by who uses them:
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
+//   - `os`                Apple's unified logging (`Logger`, `os_log`, `OSSignposter`) under Apple's module
+//                         name, writing into the launch's log (docs/sdk.md, "Unified logging")
+//   - `BGTaskLogLine`     the line format of those entries, shared by `os` (writer) and `bgtask log` (reader)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskABI`         the ABI's growth rules in Swift (one reader of every struct), for the SDK and the runner
 //   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
@@ -21,6 +24,7 @@ let package = Package(
     products: [
         .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
         .library(name: "UIKit", targets: ["UIKit"]),
+        .library(name: "os", targets: ["os"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
@@ -45,6 +49,8 @@ let package = Package(
         .library(name: "PushApp", type: .dynamic, targets: ["PushApp"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
+        .library(name: "UnifiedLogging5", type: .dynamic, targets: ["UnifiedLogging5"]),
+        .library(name: "UnifiedLogging6", type: .dynamic, targets: ["UnifiedLogging6"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -58,7 +64,7 @@ let package = Package(
         .target(name: "BGTaskABI", dependencies: ["CBGTaskPluginABI"]),
         .target(
             name: "BackgroundTasks",
-            dependencies: ["BGTaskABI", "CBGTaskPluginABI"],
+            dependencies: ["BGTaskABI", "CBGTaskPluginABI", "os"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         // Apple's module name for the UIKit API that background execution uses (the application
@@ -68,6 +74,12 @@ let package = Package(
             dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // Apple's module name, so that `import os` compiles unchanged. It depends on nothing of
+        // ours but the pure-Swift line format: SwiftPM shows every module to every target, and a
+        // package that asks `#if canImport(os)` must be able to load it (UnfairLock.swift). The
+        // SDK installs the launch's log writer into it (BackgroundTasks depends on os, not back).
+        .target(name: "BGTaskLogLine", swiftSettings: [.swiftLanguageMode(.v6)]),
+        .target(name: "os", dependencies: ["BGTaskLogLine"], swiftSettings: [.swiftLanguageMode(.v6)]),
 
         // MARK: Host internals
         .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
@@ -78,7 +90,7 @@ let package = Package(
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
@@ -93,7 +105,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask",
             dependencies: [
-                "BGTaskHost",
+                "BGTaskHost", "BGTaskLogLine",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -143,12 +155,22 @@ let package = Package(
         ),
         .target(name: "Hostile", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/Hostile", exclude: ["Info.plist"]),
         .target(name: "ABIGrowth", dependencies: ["CBGTaskPluginABI"], path: "Tests/Fixtures/ABIGrowth", exclude: ["Info.plist"]),
+        // App code that logs as public apps do (`import os`), in both language modes (one file).
+        .target(
+            name: "UnifiedLogging5", dependencies: ["BackgroundTasks", "os"], path: "Tests/Fixtures/UnifiedLogging5",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .target(
+            name: "UnifiedLogging6", dependencies: ["BackgroundTasks", "os"], path: "Tests/Fixtures/UnifiedLogging6",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
 
         // MARK: Tests
         // Tests follow the modules: the system layer and the wire protocols stand alone; the
         // host's tests drive real hosts, runners and plugins.
         .testTarget(name: "BGTaskSystemTests", dependencies: ["BGTaskSystem", "_BGTaskSystemShims"]),
         .testTarget(name: "BGTaskWireTests", dependencies: ["BGTaskModel", "BGTaskWire", "CBGTaskPluginABI"]),
+        .testTarget(name: "UnifiedLoggingTests", dependencies: ["os", "BGTaskLogLine"]),
         .testTarget(
             name: "BGTaskHostTests",
             dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]

@@ -1,6 +1,7 @@
 import BGTaskABI
 import CBGTaskPluginABI
 import Foundation
+internal import os
 
 /// What the plugin's launch closure learns about its launch.
 public struct BGTaskLaunch: Sendable {
@@ -95,6 +96,8 @@ public enum BGTaskPlugin {
         default: .background
         }
         HostConnection.current.attach(api: table, host: host, role: launchInfo.role)
+        // `Logger` and `os_log` (the `os` module) write into the launch's log from now on.
+        UnifiedLogSink.install { level, line in BGTaskPlugin.log(level: level, line: line) }
         let launch = BGTaskLaunch(
             role: role,
             bundleIdentifier: String(optionalCString: launchInfo.bundle_identifier) ?? "",
@@ -119,5 +122,16 @@ public enum BGTaskPlugin {
     public static func log(_ message: String) {
         guard let (api, host) = HostConnection.current.connection else { return }
         message.withCString { api.log(host, BGTASK_LOG_INFO, $0) }
+    }
+}
+
+extension BGTaskPlugin {
+    /// The `os` module's way into the launch's log (`UnifiedLogSink`, installed when the launch
+    /// attaches): writes `line` at an ABI level (BGTASK_LOG_DEBUG, _INFO, _ERROR). False
+    /// outside a launch (nothing written).
+    package static func log(level: Int32, line: String) -> Bool {
+        guard let (api, host) = HostConnection.current.connection else { return false }
+        line.withCString { api.log(host, level, $0) }
+        return true
     }
 }

@@ -155,7 +155,7 @@ public final class TestScheduler: @unchecked Sendable {
         }
         lock.withLock { self.role = role }
         let launchID = "testkit-" + String(UUID().uuidString.prefix(8))
-        let texts: [String] = [app.identifier, app.bundle.url.path, containerDirectory.path, launchID]
+        let texts: [String] = [app.identifier, app.bundle.url.path, containerDirectory.path, launchID, role == .foreground ? "foreground" : "simulated"]
         let strings: [UnsafeMutablePointer<CChar>] = texts.map { text in strdup(text) }
         let event: UnsafeMutablePointer<CChar>? = eventJSON.map { text in strdup(text) }
         defer {
@@ -166,7 +166,7 @@ public final class TestScheduler: @unchecked Sendable {
         info.initialize(to: bgtask_launch_info(
             size: UInt32(MemoryLayout<bgtask_launch_info>.size), role: role.abiValue,
             bundle_identifier: strings[0], bundle_path: strings[1], data_directory: strings[2], launch_id: strings[3],
-            event_json: event.map { UnsafePointer($0) }))
+            event_json: event.map { UnsafePointer($0) }, reason: strings[4]))
         defer { info.deallocate() }
         let errorSize = 1024
         let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: errorSize)

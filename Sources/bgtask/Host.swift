@@ -52,6 +52,9 @@ extension BGTaskCommand {
         @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30s.", valueName: "duration"), transform: DurationArgument.parse)
         var idleTimeout: DurationArgument?
 
+        @Flag(name: .customLong("log-private"), help: "Keep private values in launches' unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
+        var logPrivate = false
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
@@ -77,6 +80,7 @@ extension BGTaskCommand {
             configuration.maximumContinuedTasks = maxContinued
             configuration.useZygote = launcher == "zygote"
             configuration.historyPerApp = historyPerApp
+            configuration.logPrivateValues = logPrivate
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

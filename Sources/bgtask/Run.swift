@@ -38,6 +38,9 @@ extension BGTaskCommand {
         @Flag(name: .long, help: "Print the run record as one JSON object.")
         var json = false
 
+        @Flag(name: .customLong("log-private"), help: "Keep private values in the launch's unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
+        var logPrivate = false
+
         @OptionGroup var limitOptions: LimitOptions
         @OptionGroup var options: StateOptions
 
@@ -109,7 +112,8 @@ extension BGTaskCommand {
                 bundle: app, tasks: assignments, reason: LaunchReason(rawValue: reason), limits: limits,
                 expireAfter: expireAfter?.duration, launchID: launchID,
                 dataDirectory: state.appendingPathComponent("containers").appendingPathComponent(app.identifier),
-                logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"))
+                logFile: state.appendingPathComponent("logs").appendingPathComponent("\(launchID).log"),
+                environment: LaunchPlan.unifiedLoggingEnvironment(keepingPrivateValues: logPrivate))
             var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
             supervisor.cgroupRoot = try limitOptions.cgroupRoot(logger: supervisor.logger)
             supervisor.processLimit = limitOptions.processLimit

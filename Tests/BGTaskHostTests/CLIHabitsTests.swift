@@ -28,6 +28,7 @@ import Testing
             (["host", "--plugins", "/nonexistent", "--history-per-app", "0"], "--idle-timeout", [], 64),
             (["host", "--plugins", "/nonexistent", "--history-per-app", "0"], "--budget", [], 64),
             (["progress", "--state", nowhere], "--wait", [], 69),
+            (["log", "--state", nowhere], "--last", [], 0),
         ]
         for (before, option, after, expected) in cases {
             for good in ["1d", "1h30m", "2h0m", "250ms", "90"] {

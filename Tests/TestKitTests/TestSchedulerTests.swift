@@ -167,7 +167,7 @@ func refusal(_ body: () throws -> Void) -> BGTaskScheduler.Error.Code? {
         try await withTestScheduler(try Self.racyApp()) { scheduler in
             RacyApp().registerHandlers()
             await #expect(throws: ChaosReport.self) {
-                try await scheduler.chaosExpiration(of: RacyApp.uploadIdentifier, as: .processing, runs: 20, grace: .milliseconds(100))
+                try await scheduler.chaosExpiration(of: RacyApp.uploadIdentifier, as: .processing, runs: 60, grace: .milliseconds(100))
             }
         }
     }

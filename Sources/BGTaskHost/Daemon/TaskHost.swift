@@ -62,6 +62,8 @@ public final class TaskHost: @unchecked Sendable {
         public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
         /// Free space kept on the containers' filesystem (see LaunchLimits.diskReserveBytes).
         public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
+        /// Launches keep private values in their unified-logging entries (`--log-private`).
+        public var logPrivateValues = false
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory

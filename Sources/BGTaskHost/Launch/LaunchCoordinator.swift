@@ -135,6 +135,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
             logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
         plan.push = push
+        plan.environment.merge(LaunchPlan.unifiedLoggingEnvironment(keepingPrivateValues: configuration.logPrivateValues)) { $1 }
         let conditions = device.conditions()
         plan.supportedResources = conditions.supportedResources
         if !conditions.backgroundRefresh { plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied }

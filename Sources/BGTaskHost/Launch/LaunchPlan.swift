@@ -137,6 +137,13 @@ public struct LaunchPlan: Sendable {
         self.environment = environment
     }
 
+    /// What tells the `os` module in a launch whether to keep private values in its entries
+    /// (`--log-private`): always set, so that the host's flag decides, not an environment the
+    /// host happened to inherit.
+    public static func unifiedLoggingEnvironment(keepingPrivateValues: Bool) -> [String: String] {
+        ["BGTASK_LOG_PRIVATE": keepingPrivateValues ? "1" : "0"]
+    }
+
     /// Sortable and unique: start time, then random bits.
     public static func newLaunchID() -> String {
         // UTC by hand: a DateFormatter costs an ICU formatter per launch.

@@ -1,0 +1,1 @@
+../UnifiedLogging5/UnifiedLogging.swift
