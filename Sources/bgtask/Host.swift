@@ -55,11 +55,18 @@ extension BGTaskCommand {
         @Flag(name: .customLong("log-private"), help: "Keep private values in launches' unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
         var logPrivate = false
 
+        @Option(name: .customLong("apns-port"), help: ArgumentHelp("Serve an APNs-compatible provider endpoint on this port (HTTP/2 cleartext, prior knowledge): POST /3/device/TOKEN with APNs's headers delivers a push. 0: any free port (logged). Off by default.", valueName: "port"))
+        var apnsPort: Int?
+
+        @Option(name: .customLong("apns-address"), help: ArgumentHelp("The address the APNs endpoint listens on. Default: 127.0.0.1 (loopback only).", valueName: "address"))
+        var apnsAddress = "127.0.0.1"
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
 
         func validate() throws {
+            if let apnsPort, !(0...65535).contains(apnsPort) { throw ValidationError("--apns-port must be 0 to 65535, not \(apnsPort)") }
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
             guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
@@ -81,6 +88,7 @@ extension BGTaskCommand {
             configuration.useZygote = launcher == "zygote"
             configuration.historyPerApp = historyPerApp
             configuration.logPrivateValues = logPrivate
+            configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

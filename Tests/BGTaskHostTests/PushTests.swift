@@ -169,3 +169,95 @@ import Testing
         #expect(throttled.blockers?.first?.until != nil)
     }
 }
+
+/// The APNs-compatible endpoint, driven by a real HTTP/2 client (curl, prior knowledge), as a
+/// provider's server would drive APNs.
+@Suite struct APNsEndpointTests {
+    static let app = PushTests.app
+
+    /// `curl --http2-prior-knowledge` against the endpoint: the status, the response headers
+    /// and the body.
+    private func post(_ port: Int, token: String, headers: [String: String], body: String, method: String = "POST",
+                      path: String? = nil) throws -> (status: Int, headers: [String: String], body: String) {
+        let curl = try #require(
+            (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":").map { "\($0)/curl" }
+                .first { FileManager.default.isExecutableFile(atPath: $0) },
+            "curl (Debian's, with HTTP/2 through nghttp2) is needed: apt-get install curl")
+        var command = [curl, "-sS", "--http2-prior-knowledge", "-X", method, "-D", "-", "--max-time", "20"]
+        for (name, value) in headers.sorted(by: { $0.key < $1.key }) { command += ["-H", "\(name): \(value)"] }
+        command += ["--data-binary", body, "http://127.0.0.1:\(port)\(path ?? "/3/device/\(token)")"]
+        let result = try runCommand(command, timeout: .seconds(30))
+        try #require(result.status == 0, "curl failed: \(result.stderr)")
+        // Headers, a blank line, then the body.
+        let sections = result.stdout.components(separatedBy: "\r\n\r\n")
+        let headLines = sections[0].components(separatedBy: "\r\n")
+        let status = Int(headLines[0].split(separator: " ").dropFirst().first ?? "") ?? 0
+        var parsed: [String: String] = [:]
+        for line in headLines.dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            parsed[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        }
+        return (status, parsed, sections.dropFirst().joined(separator: "\r\n\r\n"))
+    }
+
+    private func boundPort(_ host: HostProcess) throws -> Int {
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            let log = (try? String(contentsOfFile: host.logPath, encoding: .utf8)) ?? ""
+            if let line = log.split(separator: "\n").first(where: { $0.contains("APNs endpoint listening") }),
+               let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: .regularExpression),
+               let port = Int(line[range].split(separator: ":").last ?? "") {
+                return port
+            }
+            usleep(20_000)
+        }
+        throw HostTestError("the host did not log its APNs endpoint")
+    }
+
+    @Test func aProviderPushesThroughHTTP2AsToAPNs() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--apns-port", "0"], installing: [PushTests.pushApp])
+        defer { _ = host.stop() }
+        let port = try boundPort(host)
+        let token = try host.cli(["device-token", Self.app]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let id = UUID().uuidString
+        let background = #"{"aps":{"content-available":1},"episode":7}"#
+        let accepted = try post(port, token: token, headers: [
+            "apns-topic": Self.app, "apns-push-type": "background", "apns-priority": "5", "apns-id": id,
+        ], body: background)
+        #expect(accepted.status == 200, "\(accepted)")
+        #expect(accepted.headers["apns-id"] == id)
+        #expect(accepted.headers["bgtask-push-state"] == "delivered", "\(accepted.headers)")
+        let report = try #require(try host.send(ControlRequest(.pushes, app: Self.app)).pushes?.first { $0.id == id })
+        let deadline = Date().addingTimeInterval(30)
+        var record: RunRecord?
+        while record == nil && Date() < deadline {
+            record = (try host.send(ControlRequest(.history, limit: 20)).records ?? []).first { $0.launchID == report.launchID }
+            if record == nil { usleep(20_000) }
+        }
+        #expect(record?.push?.id == id && record?.push?.result == "new-data", "\(String(describing: record))")
+        #expect(try record?.logText().contains("pushapp: push episode 7") == true)
+
+        // APNs's refusals, with its statuses and reasons.
+        let refusals: [(headers: [String: String], body: String, token: String, method: String, path: String?, status: Int, reason: String)] = [
+            (["apns-topic": Self.app, "apns-priority": "10"], background, token, "POST", nil, 400, "BadPriority"),
+            (["apns-topic": "com.example.other"], background, token, "POST", nil, 400, "DeviceTokenNotForTopic"),
+            ([:], background, token, "POST", nil, 400, "MissingTopic"),
+            (["apns-topic": Self.app], background, "abc", "POST", nil, 400, "BadDeviceToken"),
+            (["apns-topic": Self.app], background, String(repeating: "0", count: 64), "POST", nil, 400, "BadDeviceToken"),
+            (["apns-topic": Self.app], #"{"aps":{"content-available":1},"x":""# + "\"" + String(repeating: "x", count: 5000) + "\"}", token, "POST", nil, 413, "PayloadTooLarge"),
+            (["apns-topic": Self.app], background, token, "GET", nil, 405, "MethodNotAllowed"),
+            (["apns-topic": Self.app], background, token, "POST", "/3/other/\(token)", 404, "BadPath"),
+            (["apns-topic": Self.app, "apns-id": "nope"], background, token, "POST", nil, 400, "BadMessageId"),
+            (["apns-topic": Self.app, "apns-push-type": "voip"], background, token, "POST", nil, 400, "InvalidPushType"),
+        ]
+        for refusal in refusals {
+            let answer = try post(port, token: refusal.token, headers: refusal.headers, body: refusal.body, method: refusal.method, path: refusal.path)
+            #expect(answer.status == refusal.status && answer.body.contains("\"reason\":\"\(refusal.reason)\""),
+                    "\(refusal.reason): \(answer.status) \(answer.body)")
+        }
+        // The host served on: a last push is accepted.
+        #expect(try post(port, token: token, headers: ["apns-topic": Self.app], body: background).status == 200)
+    }
+}

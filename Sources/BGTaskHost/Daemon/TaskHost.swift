@@ -64,6 +64,8 @@ public final class TaskHost: @unchecked Sendable {
         public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
         /// Launches keep private values in their unified-logging entries (`--log-private`).
         public var logPrivateValues = false
+        /// Serve an APNs-compatible provider endpoint at this address and port (nil: none).
+        public var apnsEndpoint: (host: String, port: Int)?
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -147,7 +149,13 @@ public final class TaskHost: @unchecked Sendable {
             handler: { request, peer in verbs.handle(request, peer: peer) },
             batch: { requests, peer in verbs.handle(requests, peer: peer) })
         server.limits = configuration.controlLimits
-        let parts = HostParts([launches, catalog, server, scheduling], logger: core.logger)
+        var list: [HostPart] = [launches, catalog, server]
+        if let (address, port) = configuration.apnsEndpoint {
+            let scheduling = self.scheduling
+            list.append(APNsEndpoint(options: .init(host: address, port: port), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
+        }
+        list.append(scheduling)
+        let parts = HostParts(list, logger: core.logger)
         self.parts = parts
         try parts.start()
         core.logger.info("host started", metadata: [

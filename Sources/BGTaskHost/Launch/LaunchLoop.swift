@@ -31,10 +31,12 @@ struct LaunchLoop {
     private let sampling: Bool
     private var disk: DiskReserveWatch
 
-    /// How long a child that closed its channel has to exit before it counts as hung up.
-    static let exitAfterHangUp: UInt64 = 250_000_000
-    /// How long a child that said its tasks had ended has to be gone before it is killed.
-    static let exitAfterFinished: UInt64 = 250_000_000
+    /// How long a child that closed its channel has to exit before it counts as hung up, and
+    /// one that said its tasks had ended has to be gone before it is killed. A dying process
+    /// (its descendants killed, its PID namespace torn down) is gone in milliseconds; 250 ms
+    /// killed healthy launches on a loaded two-core machine (parallel builds), so a second.
+    static let exitAfterHangUp: UInt64 = 1_000_000_000
+    static let exitAfterFinished: UInt64 = 1_000_000_000
 
     init(pid: pid_t, channel: LaunchChannel, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
          logger: Logger, supervisor: LaunchSupervisor, state: LaunchState) {

@@ -318,10 +318,6 @@ public struct LaunchSupervisor: Sendable {
         }
     }
 
-    /// How long a child that closed its channel has to exit before it counts as hung up.
-    static let exitAfterHangUp: UInt64 = 250_000_000
-    /// How long a child that said its tasks had ended has to be gone before it is killed.
-    static let exitAfterFinished: UInt64 = 250_000_000
 
     /// Kills the launch: its process group (or its cgroup), in one syscall.
     ///
