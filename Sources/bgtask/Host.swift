@@ -52,6 +52,12 @@ extension BGTaskCommand {
         @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30s.", valueName: "duration"), transform: DurationArgument.parse)
         var idleTimeout: DurationArgument?
 
+        @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
+        var allowNotifications = false
+
+        @Flag(name: .customLong("no-desktop-notifications"), help: "Do not post delivered notifications to the desktop (org.freedesktop.Notifications), even where a session bus is present.")
+        var noDesktopNotifications = false
+
         @OptionGroup var limits: LimitOptions
 
         @OptionGroup var options: StateOptions
@@ -77,6 +83,8 @@ extension BGTaskCommand {
             configuration.maximumContinuedTasks = maxContinued
             configuration.useZygote = launcher == "zygote"
             configuration.historyPerApp = historyPerApp
+            configuration.allowNotifications = allowNotifications
+            configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

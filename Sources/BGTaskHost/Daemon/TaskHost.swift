@@ -20,6 +20,7 @@ import _BGTaskSystemShims
 ///   continued-processing tasks in their foreground launches;
 /// - `SchedulingLoop`: when to launch, and the timers for the next decision;
 /// - `Submissions`: requests coming in (launches, extensions, clients), into the store;
+/// - `LocalNotifications`: apps' notification requests, delivered when due (its own queue);
 /// - `ControlVerbs` behind `ControlServer`: the control socket.
 ///
 /// Every part's mutable state is confined to one serial queue (`HostCore.queue`); control
@@ -62,6 +63,12 @@ public final class TaskHost: @unchecked Sendable {
         public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
         /// Free space kept on the containers' filesystem (see LaunchLimits.diskReserveBytes).
         public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
+        /// Local notifications are authorized for every app whose own switch is not off
+        /// (`--allow-notifications`); otherwise denied until the operator allows an app.
+        public var allowNotifications = false
+        /// Post delivered notifications to the desktop (org.freedesktop.Notifications) where a
+        /// session bus is present.
+        public var desktopNotifications = true
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -77,6 +84,7 @@ public final class TaskHost: @unchecked Sendable {
     private let launches: LaunchCoordinator
     private let scheduling: SchedulingLoop
     private let submissions: Submissions
+    private let notifications: LocalNotifications
     private let verbs: ControlVerbs
     private var parts: HostParts?
     private var shuttingDown = false
@@ -97,12 +105,20 @@ public final class TaskHost: @unchecked Sendable {
         launches = LaunchCoordinator(core: core, device: device)
         scheduling = SchedulingLoop(core: core, catalog: catalog, launches: launches, device: device)
         submissions = Submissions(core: core, device: device, launches: launches, scheduling: scheduling)
-        verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling, submissions: submissions)
+        var desktop: DesktopNotifier?
+        if configuration.desktopNotifications {
+            let (found, why) = DesktopNotifier.detect(environment: ProcessInfo.processInfo.environment, logger: logger)
+            desktop = found
+            if found == nil { logger.info("desktop notifications: off, \(why)") }
+        }
+        notifications = LocalNotifications(core: core, desktop: desktop)
+        verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
+                             submissions: submissions, notifications: notifications)
         // Events up: a catalog change or an ended launch is a reason to look at the schedule.
-        let (core, catalog, submissions) = (core, catalog, submissions)
+        let (core, catalog, submissions, notifications) = (core, catalog, submissions, notifications)
         catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }
         launches.onEnded = { [weak self] in self?.launchesOrCatalogChanged() }
-        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, launchID: $0) }
+        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0) }
     }
 
     // MARK: Life cycle
@@ -142,7 +158,7 @@ public final class TaskHost: @unchecked Sendable {
             handler: { request, peer in verbs.handle(request, peer: peer) },
             batch: { requests, peer in verbs.handle(requests, peer: peer) })
         server.limits = configuration.controlLimits
-        let parts = HostParts([launches, catalog, server, scheduling], logger: core.logger)
+        let parts = HostParts([launches, catalog, server, scheduling, notifications], logger: core.logger)
         self.parts = parts
         try parts.start()
         core.logger.info("host started", metadata: [

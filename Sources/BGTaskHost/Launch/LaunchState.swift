@@ -34,6 +34,10 @@ struct LaunchState {
         didSet { if submitted.count > InputLimits.recordListEntries { submitted.removeLast(); submittedOmitted += 1 } }
     }
     var submittedOmitted = 0
+    /// Local notifications the app added (the first `InputLimits.recordListEntries`).
+    var notificationsAdded: [String] = [] {
+        didSet { if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast() } }
+    }
     var finished = false
     /// When the child said every task had ended: it must be gone soon after, or it is killed.
     var finishedNs: UInt64?
@@ -138,6 +142,7 @@ struct LaunchState {
                 backgroundTime[index].expirationHandled = toApp
             }
         case .progress, .title, .log, .submit, .cancel, .pending: break
+        case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove: break
         }
     }
 
@@ -241,6 +246,7 @@ struct LaunchState {
             launcher: launcher)
         record.sandbox = sandbox
         if !backgroundTime.isEmpty { record.backgroundTime = backgroundTime }
+        if !notificationsAdded.isEmpty { record.notificationsAdded = notificationsAdded }
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

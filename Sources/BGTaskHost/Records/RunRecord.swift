@@ -130,6 +130,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var sandbox: [String: SandboxLayer]? = nil
     /// Background-time assertions the app took, in order (nil: none).
     public var backgroundTime: [BackgroundTimeRecord]? = nil
+    /// Identifiers of the local notifications the app added (`UNUserNotificationCenter.add`),
+    /// at most `InputLimits.recordListEntries` (nil: none).
+    public var notificationsAdded: [String]? = nil
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -140,6 +143,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time"
+        case notificationsAdded = "notifications_added"
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -210,6 +214,7 @@ extension RunRecord: CustomStringConvertible {
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
+        if let added = notificationsAdded { lines.append("  notifications added: \(added.joined(separator: ", "))") }
         if let sandbox {
             let applied = SandboxLayer.names.filter { sandbox[$0]?.applied == true }
             let missing = SandboxLayer.names.filter { sandbox[$0]?.applied == false }

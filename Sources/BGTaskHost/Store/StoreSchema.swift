@@ -12,6 +12,12 @@ enum StoreSchema {
         migrator.registerMigration("v2") { db in
             try db.execute(sql: v2)
         }
+        // v3 is the background pushes' (another branch); registered empty here so that this
+        // branch builds alone, and replaced by theirs when the branches meet.
+        migrator.registerMigration("v3") { _ in }
+        migrator.registerMigration("v4") { db in
+            try db.execute(sql: v4)
+        }
         return migrator
     }
 
@@ -88,5 +94,41 @@ extension StoreSchema {
     static let v2 = """
         DROP INDEX request_running;
         CREATE INDEX request_running ON request(running_launch) WHERE running_launch IS NOT NULL;
+        """
+}
+
+extension StoreSchema {
+    /// Local notifications: each app's authorization (the operator's switch and whether the app
+    /// asked), and its notification requests, pending (with the next delivery date) or
+    /// delivered. id is the order of addition and of delivery (AUTOINCREMENT: a delivered
+    /// notification's id is the cursor `bgtask notifications --follow` reads after).
+    static let v4 = """
+        CREATE TABLE notification_app (
+            app TEXT PRIMARY KEY NOT NULL,
+            allowed INTEGER,                -- the operator's switch: 1 on, 0 off, NULL not set
+            asked_at REAL,                  -- the app's first requestAuthorization
+            asked_options INTEGER NOT NULL DEFAULT 0
+        );
+
+        CREATE TABLE notification (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            app TEXT NOT NULL,
+            identifier TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'delivered')),
+            request TEXT NOT NULL,          -- JSON NotificationRequest
+            added_at REAL NOT NULL,
+            fire_at REAL,                   -- pending: the next delivery; delivered: when it was due
+            delivered_at REAL,              -- delivered only
+            launch_id TEXT,                 -- the launch that added it
+            CHECK ((state = 'delivered') = (delivered_at IS NOT NULL))
+        );
+        -- One pending and one delivered notification per (app, identifier): adding an identifier
+        -- again replaces the pending request, delivering it again replaces the delivered one.
+        CREATE UNIQUE INDEX notification_pending ON notification(app, identifier) WHERE state = 'pending';
+        CREATE UNIQUE INDEX notification_delivered ON notification(app, identifier) WHERE state = 'delivered';
+        -- What is due, and the next date to wake for: a range of this index.
+        CREATE INDEX notification_due ON notification(fire_at) WHERE state = 'pending';
+        -- An app's lists, and pruning its delivered ones.
+        CREATE INDEX notification_app_state ON notification(app, state, id);
         """
 }
