@@ -21,6 +21,7 @@ let package = Package(
     products: [
         .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
         .library(name: "UIKit", targets: ["UIKit"]),
+        .library(name: "UserNotifications", targets: ["UserNotifications"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
@@ -42,6 +43,7 @@ let package = Package(
         .library(name: "BenchPlugin", type: .dynamic, targets: ["BenchPlugin"]),
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
         .library(name: "BackgroundTime", type: .dynamic, targets: ["BackgroundTime"]),
+        .library(name: "Podcasts", type: .dynamic, targets: ["Podcasts"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
     ],
@@ -64,6 +66,13 @@ let package = Package(
         // object, its delegate, background time): app code importing it compiles unchanged.
         .target(
             name: "UIKit",
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // Apple's module name for local notifications (UNUserNotificationCenter and its types):
+        // app code that posts "new episodes downloaded" after a refresh compiles unchanged.
+        .target(
+            name: "UserNotifications",
             dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
@@ -131,6 +140,10 @@ let package = Package(
         .target(
             name: "BackgroundTime", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/BackgroundTime",
             exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .target(
+            name: "Podcasts", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications"], path: "Tests/Fixtures/Podcasts",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         .target(
             name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",
