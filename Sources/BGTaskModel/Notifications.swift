@@ -179,7 +179,7 @@ public struct DateMatch: Codable, Sendable, Equatable {
         // A match of no field at all would be every instant: Apple's trigger never fires then.
         guard fields.contains(where: { $0.value != nil }) else { return nil }
         components.calendar = nil
-        return calendarValue.nextDate(after: date, matching: components, matchingPolicy: .nextTime, repeatedTimePolicy: .first, direction: .forward)
+        return calendarValue.nextDate(after: date, matching: components, matchingPolicy: .strict, repeatedTimePolicy: .first, direction: .forward)
     }
 
     static func calendarIdentifier(_ name: String) -> Calendar.Identifier? {

@@ -59,7 +59,7 @@ open class UNCalendarNotificationTrigger: UNNotificationTrigger, @unchecked Send
         var components = dateComponents
         components.calendar = nil
         components.timeZone = nil
-        return calendar.nextDate(after: Date(), matching: components, matchingPolicy: .nextTime)
+        return calendar.nextDate(after: Date(), matching: components, matchingPolicy: .strict)
     }
 
     open override func isEqual(_ object: Any?) -> Bool {

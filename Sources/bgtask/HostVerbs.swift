@@ -532,9 +532,9 @@ extension BGTaskCommand {
             if !host.json {
                 for report in response.notificationApps ?? [] where app != nil || report.allowed != nil || report.askedAt != nil || shown.contains(where: { $0.app == report.app }) {
                     let switchText = report.allowed.map { $0 ? "switch on" : "switch off" } ?? "no switch"
-                    print("\(report.app): notifications \(report.authorization) (\(switchText)\(report.askedAt.map { ", asked \(dateText($0))" } ?? ""))")
+                    write("\(report.app): notifications \(report.authorization) (\(switchText)\(report.askedAt.map { ", asked \(dateText($0))" } ?? ""))")
                 }
-                if shown.isEmpty && !follow { print(pending ? "no pending notifications" : "no delivered notifications") }
+                if shown.isEmpty && !follow { write(pending ? "no pending notifications" : "no delivered notifications") }
             }
             for notification in shown { try emit(notification) }
             guard follow else { return }
@@ -546,6 +546,9 @@ extension BGTaskCommand {
                 cursor = more.map(\.id).max() ?? cursor
             }
         }
+
+        /// A line, unbuffered (in order with `emit`'s).
+        private func write(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
 
         /// One notification: a JSON line, or a line and its text.
         private func emit(_ notification: StoredNotification) throws {

@@ -144,7 +144,7 @@ final class DesktopNotifier: @unchecked Sendable {
                 kill(-pid, SIGKILL)
                 kill(pid, SIGKILL)
                 while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-                return "\(command[0]) did not finish within \(Int(timeout)) s; killed"
+                return "\(command[0]) did not finish within \(DurationText.format(seconds: timeout)); killed"
             }
             usleep(10_000)
         }

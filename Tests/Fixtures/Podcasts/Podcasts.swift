@@ -123,7 +123,7 @@ final class AppDelegate: UIResponder, UIApplicationDelegate, UNUserNotificationC
         if let first = delivered.first(where: { $0.request.identifier == "new-episodes" }) {
             let content = first.request.content
             let episodes = content.userInfo["episodes"] as? [Any]
-            say("delivered content: \(content.title) / \(content.subtitle) / \(content.body) / badge \(content.badge?.intValue ?? -1) / sound \(content.sound == .default) / thread \(content.threadIdentifier) / show \(content.userInfo["show"] as? Int ?? -1) / episodes \(episodes?.count ?? -1) / recent \(abs(first.date.timeIntervalSinceNow) < 600)")
+            say("delivered content: \(content.title) / \(content.subtitle) / \(content.body) / badge \(content.badge?.intValue ?? -1) / sound \(content.sound == .default) / thread \(content.threadIdentifier) / show \(content.userInfo["show"] as? Int ?? -1) / episodes \(episodes?.count ?? -1) / delivered \(Int((-first.date.timeIntervalSinceNow / 3600).rounded()))h ago")
         }
     }
 
