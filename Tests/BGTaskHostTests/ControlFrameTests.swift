@@ -552,6 +552,12 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var truncated = ControlResponse()
         (truncated.truncated, truncated.omitted) = (true, 1)
         #expect(!truncated.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 16, "a new ControlResponse field: add it to isBareOK")
+        var listed = ControlResponse()
+        listed.notifications = []
+        #expect(!listed.isBareOK)
+        var apps = ControlResponse()
+        apps.notificationApps = []
+        #expect(!apps.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 18, "a new ControlResponse field: add it to isBareOK")
     }
 }
