@@ -25,6 +25,7 @@ let package = Package(
         .library(name: "BackgroundTasks", targets: ["BackgroundTasks"]),
         .library(name: "UIKit", targets: ["UIKit"]),
         .library(name: "os", targets: ["os"]),
+        .library(name: "UserNotifications", targets: ["UserNotifications"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
@@ -47,6 +48,7 @@ let package = Package(
         .library(name: "IOSApp", type: .dynamic, targets: ["IOSApp"]),
         .library(name: "BackgroundTime", type: .dynamic, targets: ["BackgroundTime"]),
         .library(name: "PushApp", type: .dynamic, targets: ["PushApp"]),
+        .library(name: "Podcasts", type: .dynamic, targets: ["Podcasts"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
         .library(name: "UnifiedLogging5", type: .dynamic, targets: ["UnifiedLogging5"]),
@@ -84,6 +86,13 @@ let package = Package(
         // SDK installs the launch's log writer into it (BackgroundTasks depends on os, not back).
         .target(name: "BGTaskLogLine", swiftSettings: [.swiftLanguageMode(.v6)]),
         .target(name: "os", dependencies: ["BGTaskLogLine"], swiftSettings: [.swiftLanguageMode(.v6)]),
+        // Apple's module name for local notifications (UNUserNotificationCenter and its types):
+        // app code that posts "new episodes downloaded" after a refresh compiles unchanged.
+        .target(
+            name: "UserNotifications",
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
 
         // MARK: Host internals
         .systemLibrary(name: "CFFI", pkgConfig: "libffi", providers: [.apt(["libffi-dev"])]),
@@ -156,6 +165,10 @@ let package = Package(
         .target(
             name: "BackgroundTime", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/BackgroundTime",
             exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+        ),
+        .target(
+            name: "Podcasts", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications"], path: "Tests/Fixtures/Podcasts",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         .target(
             name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",

@@ -99,6 +99,13 @@ public enum ChildMessage: Sendable, Equatable {
     case deviceToken(seq: UInt64)
     /// The push's completion handler was called with `result` (BGTASK_FETCH_RESULT_*).
     case remoteNotificationCompleted(result: UInt32, at: UInt64)
+    /// Local notifications (`UNUserNotificationCenter`), each answered with `notificationReply`:
+    /// the app's authorization (`request`: the app asks for it, which the host records), a
+    /// request added, the pending or delivered list, a removal (`identifiers` nil: all).
+    case notificationAuthorization(seq: UInt64, options: UInt32, request: Bool)
+    case notificationAdd(seq: UInt64, request: NotificationRequest)
+    case notificationList(seq: UInt64, delivered: Bool)
+    case notificationRemove(seq: UInt64, delivered: Bool, identifiers: [String]?)
 }
 
 /// Messages the parent sends to its child.
@@ -118,6 +125,10 @@ public enum ParentMessage: Sendable, Equatable {
     /// The launch's time now runs out at `expiresAtNs` (a foreground launch left the foreground:
     /// it has the background time iOS gives an app that enters the background).
     case deadline(expiresAtNs: UInt64)
+    /// The answer to a notification request: a status (BGTASK_OK, or BGTASK_E_* with
+    /// `message`), the app's authorization (BGTASK_NOTIFICATION_AUTH_*), and for a list its
+    /// entries.
+    case notificationReply(seq: UInt64, status: Int32, message: String?, authorization: UInt32, notifications: [NotificationEntry])
 }
 
 extension LaunchAssignment: Equatable {}

@@ -250,6 +250,114 @@ extension TaskRequest {
     }
 }
 
+// MARK: Notifications
+
+extension JSONValue {
+    /// Deeper values are refused when read (a frame of nested arrays must not exhaust the
+    /// reader's stack); a request's `userInfo` is checked far below this before it is sent.
+    static let wireDepth = 64
+
+    func write(to writer: inout WireWriter) {
+        switch self {
+        case .null: writer.u8(0)
+        case let .bool(value): writer.u8(1); writer.bool(value)
+        case let .int(value): writer.u8(2); writer.i64(value)
+        case let .double(value): writer.u8(3); writer.double(value)
+        case let .string(value): writer.u8(4); writer.string(value)
+        case let .array(values): writer.u8(5); writer.array(values) { $1.write(to: &$0) }
+        case let .object(values):
+            writer.u8(6)
+            writer.array(values.sorted { $0.key < $1.key }) {
+                $0.string($1.key)
+                $1.value.write(to: &$0)
+            }
+        }
+    }
+
+    init(from reader: inout WireReader, depth: Int = 0) throws(ChannelError) {
+        guard depth < Self.wireDepth else { throw ChannelError(.malformed, "user_info: nested deeper than \(Self.wireDepth) levels") }
+        switch try reader.u8("user_info value") {
+        case 0: self = .null
+        case 1: self = .bool(try reader.bool("user_info value"))
+        case 2: self = .int(try reader.i64("user_info value"))
+        case 3: self = .double(try reader.double("user_info value"))
+        case 4: self = .string(try reader.string("user_info value"))
+        case 5: self = .array(try reader.array("user_info array") { (r: inout WireReader) throws(ChannelError) in try JSONValue(from: &r, depth: depth + 1) })
+        case 6:
+            let pairs = try reader.array("user_info object") { (r: inout WireReader) throws(ChannelError) in
+                (try r.string("user_info key"), try JSONValue(from: &r, depth: depth + 1))
+            }
+            self = .object(Dictionary(pairs) { _, last in last })
+        case let tag: throw ChannelError(.malformed, "user_info value: no JSON value has tag \(tag)")
+        }
+    }
+}
+
+extension NotificationRequest {
+    func write(to writer: inout WireWriter) {
+        writer.string(identifier)
+        writer.string(content.title)
+        writer.string(content.subtitle)
+        writer.string(content.body)
+        writer.optional(content.badge) { $0.i64($1) }
+        writer.optional(content.sound) { $0.string($1) }
+        JSONValue.object(content.userInfo).write(to: &writer)
+        writer.string(content.threadIdentifier)
+        writer.string(content.categoryIdentifier)
+        switch trigger {
+        case nil: writer.u8(0)
+        case let .timeInterval(interval, repeats): writer.u8(1); writer.double(interval); writer.bool(repeats)
+        case let .calendar(match, repeats):
+            writer.u8(2)
+            writer.array(match.fields) { $0.optional($1.value) { $0.i64(Int64($1)) } }
+            writer.optional(match.calendar) { $0.string($1) }
+            writer.optional(match.timeZone) { $0.string($1) }
+            writer.bool(repeats)
+        }
+    }
+
+    init(from reader: inout WireReader) throws(ChannelError) {
+        let identifier = try reader.string("identifier")
+        var content = NotificationContent(
+            title: try reader.string("content.title"), subtitle: try reader.string("content.subtitle"), body: try reader.string("content.body"),
+            badge: try reader.optional("content.badge") { (r: inout WireReader) throws(ChannelError) in try r.i64("content.badge") },
+            sound: try reader.optional("content.sound") { (r: inout WireReader) throws(ChannelError) in try r.string("content.sound") })
+        guard case let .object(userInfo) = try JSONValue(from: &reader) else { throw ChannelError(.malformed, "content.user_info: not an object") }
+        content.userInfo = userInfo
+        content.threadIdentifier = try reader.string("content.thread_identifier")
+        content.categoryIdentifier = try reader.string("content.category_identifier")
+        let trigger: NotificationTrigger?
+        switch try reader.u8("trigger") {
+        case 0: trigger = nil
+        case 1: trigger = .timeInterval(try reader.double("trigger.time_interval"), repeats: try reader.bool("trigger.repeats"))
+        case 2:
+            var match = DateMatch()
+            let values = try reader.array("trigger.date_components") { (r: inout WireReader) throws(ChannelError) -> Int? in
+                try r.optional("trigger.date_component") { (c: inout WireReader) throws(ChannelError) in Int(truncatingIfNeeded: try c.i64("trigger.date_component")) }
+            }
+            guard values.count == 14 else { throw ChannelError(.malformed, "trigger.date_components: \(values.count) fields, not 14") }
+            match.setFields(values)
+            match.calendar = try reader.optional("trigger.calendar") { (r: inout WireReader) throws(ChannelError) in try r.string("trigger.calendar") }
+            match.timeZone = try reader.optional("trigger.time_zone") { (r: inout WireReader) throws(ChannelError) in try r.string("trigger.time_zone") }
+            trigger = .calendar(match, repeats: try reader.bool("trigger.repeats"))
+        case let tag: throw ChannelError(.malformed, "trigger: no trigger has tag \(tag)")
+        }
+        self.init(identifier: identifier, content: content, trigger: trigger)
+    }
+}
+
+extension NotificationEntry {
+    func write(to writer: inout WireWriter) {
+        request.write(to: &writer)
+        writer.optional(date) { $0.double($1) }
+    }
+
+    init(from reader: inout WireReader) throws(ChannelError) {
+        self.init(request: try NotificationRequest(from: &reader),
+                  date: try reader.optional("date") { (r: inout WireReader) throws(ChannelError) in try r.double("date") })
+    }
+}
+
 // MARK: The messages
 
 extension ChildMessage: WireMessage {
@@ -285,6 +393,11 @@ extension ChildMessage: WireMessage {
         case let .backgroundTimeExpired(id, at, toApp): writer.u8(22); writer.u64(id); writer.u64(at); writer.bool(toApp)
         case let .deviceToken(seq): writer.u8(23); writer.u64(seq)
         case let .remoteNotificationCompleted(result, at): writer.u8(24); writer.u32(result); writer.u64(at)
+        case let .notificationAuthorization(seq, options, request): writer.u8(30); writer.u64(seq); writer.u32(options); writer.bool(request)
+        case let .notificationAdd(seq, request): writer.u8(31); writer.u64(seq); request.write(to: &writer)
+        case let .notificationList(seq, delivered): writer.u8(32); writer.u64(seq); writer.bool(delivered)
+        case let .notificationRemove(seq, delivered, identifiers):
+            writer.u8(33); writer.u64(seq); writer.bool(delivered); writer.optional(identifiers) { $0.array($1) { $0.string($1) } }
         }
     }
 
@@ -320,6 +433,13 @@ extension ChildMessage: WireMessage {
         case 22: self = .backgroundTimeExpired(id: try reader.u64("id"), at: try reader.u64("at"), toApp: try reader.bool("toApp"))
         case 23: self = .deviceToken(seq: try reader.u64("seq"))
         case 24: self = .remoteNotificationCompleted(result: try reader.u32("result"), at: try reader.u64("at"))
+        case 30: self = .notificationAuthorization(seq: try reader.u64("seq"), options: try reader.u32("options"), request: try reader.bool("request"))
+        case 31: self = .notificationAdd(seq: try reader.u64("seq"), request: try NotificationRequest(from: &reader))
+        case 32: self = .notificationList(seq: try reader.u64("seq"), delivered: try reader.bool("delivered"))
+        case 33: self = .notificationRemove(seq: try reader.u64("seq"), delivered: try reader.bool("delivered"),
+                                            identifiers: try reader.optional("identifiers") { (r: inout WireReader) throws(ChannelError) in
+                                                try r.array("identifiers") { (e: inout WireReader) throws(ChannelError) in try e.string("identifier") }
+                                            })
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }
@@ -340,6 +460,13 @@ extension ParentMessage: WireMessage {
         case .close: writer.u8(4)
         case .probeChildren: writer.u8(5)
         case let .deadline(expiresAtNs): writer.u8(6); writer.u64(expiresAtNs)
+        case let .notificationReply(seq, status, message, authorization, notifications):
+            writer.u8(10)
+            writer.u64(seq)
+            writer.i32(status)
+            writer.optional(message) { $0.string($1) }
+            writer.u32(authorization)
+            writer.array(notifications) { $1.write(to: &$0) }
         }
     }
 
@@ -359,6 +486,12 @@ extension ParentMessage: WireMessage {
         case 4: self = .close
         case 5: self = .probeChildren
         case 6: self = .deadline(expiresAtNs: try reader.u64("expiresAtNs"))
+        case 10:
+            self = .notificationReply(
+                seq: try reader.u64("seq"), status: try reader.i32("status"),
+                message: try reader.optional("message") { (r: inout WireReader) throws(ChannelError) in try r.string("message") },
+                authorization: try reader.u32("authorization"),
+                notifications: try reader.array("notifications") { (r: inout WireReader) throws(ChannelError) in try NotificationEntry(from: &r) })
         case let tag: throw ChannelError(.malformed, "no parent message has tag \(tag)")
         }
     }

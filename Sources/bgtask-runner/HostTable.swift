@@ -106,6 +106,71 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         return reply.status
     }
     api.remote_notification_completed = { _, result in runner.remoteNotificationCompleted(result) }
+    api.notification_authorization = { _, options, request in
+        let reply = runner.askNotifications { .notificationAuthorization(seq: $0, options: options, request: request) }
+        return reply.status == 0 ? reply.authorization : BGTASK_NOTIFICATION_AUTH_NOT_DETERMINED
+    }
+    api.notification_add = { _, json, message, messageSize in
+        guard let json else {
+            write(message, messageSize, "invalid notification request: NULL")
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        // Read at most one byte past the limit: a longer text is refused without copying it.
+        let length = strnlen(json, NotificationLimits.requestBytes + 1)
+        guard length <= NotificationLimits.requestBytes else {
+            write(message, messageSize, "invalid notification request: the request's JSON is \(strlen(json)) bytes, over the limit of \(InputLimits.bytes(NotificationLimits.requestBytes))")
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        let request: NotificationRequest
+        do {
+            request = try NotificationRequest.decode(json: Data(bytes: json, count: length))
+        } catch {
+            write(message, messageSize, "invalid notification request: \(error)")
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        let reply = runner.askNotifications { .notificationAdd(seq: $0, request: request) }
+        if let text = reply.message { write(message, messageSize, text) }
+        return reply.status
+    }
+    api.notification_list = { _, which, visitor, context in
+        guard which == BGTASK_NOTIFICATIONS_PENDING || which == BGTASK_NOTIFICATIONS_DELIVERED else {
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        let reply = runner.askNotifications { .notificationList(seq: $0, delivered: which == BGTASK_NOTIFICATIONS_DELIVERED) }
+        guard reply.status == 0, let visitor else { return reply.status }
+        for entry in reply.notifications {
+            let json: Data
+            if which == BGTASK_NOTIFICATIONS_DELIVERED {
+                json = Data("{\"date\":\(entry.date ?? 0),\"request\":".utf8) + entry.request.json() + Data("}".utf8)
+            } else {
+                json = entry.request.json()
+            }
+            (json + [0]).withUnsafeBytes { visitor(context, $0.baseAddress!.assumingMemoryBound(to: CChar.self)) }
+        }
+        return 0
+    }
+    api.notification_remove = { _, which, identifiers, count in
+        guard which == BGTASK_NOTIFICATIONS_PENDING || which == BGTASK_NOTIFICATIONS_DELIVERED else {
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        let delivered = which == BGTASK_NOTIFICATIONS_DELIVERED
+        guard let identifiers else {
+            return runner.askNotifications { .notificationRemove(seq: $0, delivered: delivered, identifiers: nil) }.status
+        }
+        // An identifier over the limit can name no request: it is skipped, not sent.
+        var names: [String] = []
+        for index in 0..<count {
+            guard let identifier = identifiers[index], strnlen(identifier, InputLimits.identifierBytes + 1) <= InputLimits.identifierBytes else { continue }
+            names.append(String(cString: identifier))
+        }
+        var status: Int32 = 0
+        for start in stride(from: 0, to: names.count, by: NotificationLimits.identifiersPerMessage) {
+            let part = Array(names[start..<min(start + NotificationLimits.identifiersPerMessage, names.count)])
+            let reply = runner.askNotifications { .notificationRemove(seq: $0, delivered: delivered, identifiers: part) }
+            if reply.status != 0 { status = reply.status }
+        }
+        return status
+    }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

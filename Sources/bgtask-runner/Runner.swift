@@ -361,6 +361,19 @@ final class Runner: @unchecked Sendable {
 
     /// Sends a request and waits for the parent's reply.
     func ask(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, requests: [TaskRequest]) {
+        let waiter = exchange(make)
+        return (waiter.status, waiter.message, waiter.requests)
+    }
+
+    /// Sends a notification request and waits for the parent's `notificationReply`.
+    func askNotifications(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, authorization: UInt32, notifications: [NotificationEntry]) {
+        let waiter = exchange(make)
+        return (waiter.status, waiter.message, waiter.authorization, waiter.notifications)
+    }
+
+    /// Sends the message `make` builds with a new sequence number and waits (at most 30 s) for
+    /// the reply with that number.
+    private func exchange(_ make: (UInt64) -> ChildMessage) -> ReplyWaiter {
         let waiter = ReplyWaiter()
         let seq: UInt64 = lock.withLock {
             defer { nextSeq += 1 }
@@ -372,15 +385,20 @@ final class Runner: @unchecked Sendable {
         } catch where error.code == .oversized {
             // Nothing was sent, so no answer will come: say so now rather than in 30 s.
             _ = lock.withLock { waiters.removeValue(forKey: seq) }
-            return (Int32(BGTASK_E_INVALID_ARGUMENT.rawValue), "the request is too large for the launch channel: \(error)", [])
+            waiter.status = Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+            waiter.message = "the request is too large for the launch channel: \(error)"
+            return waiter
         } catch {
             channelLost("send: \(error)")
         }
         guard waiter.semaphore.wait(timeout: .now() + 30) == .success else {
             _ = lock.withLock { waiters.removeValue(forKey: seq) }
-            return (Int32(BGTASK_E_HOST.rawValue), "the host did not answer within 30 s", [])
+            let late = ReplyWaiter()
+            late.status = Int32(BGTASK_E_HOST.rawValue)
+            late.message = "the host did not answer within 30 s"
+            return late
         }
-        return (waiter.status, waiter.message, waiter.requests)
+        return waiter
     }
 
     func resolve(seq: UInt64, status: Int32, message: String?, requests: [TaskRequest]?) {
@@ -388,6 +406,15 @@ final class Runner: @unchecked Sendable {
         waiter.status = status
         waiter.message = message
         waiter.requests = requests ?? []
+        waiter.semaphore.signal()
+    }
+
+    func resolveNotifications(seq: UInt64, status: Int32, message: String?, authorization: UInt32, notifications: [NotificationEntry]) {
+        guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
+        waiter.status = status
+        waiter.message = message
+        waiter.authorization = authorization
+        waiter.notifications = notifications
         waiter.semaphore.signal()
     }
 
@@ -405,4 +432,6 @@ final class ReplyWaiter: @unchecked Sendable {
     var status: Int32 = 0
     var message: String?
     var requests: [TaskRequest] = []
+    var authorization: UInt32 = 0
+    var notifications: [NotificationEntry] = []
 }

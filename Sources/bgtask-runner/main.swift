@@ -90,6 +90,8 @@ startThread {
             runner.expirationQueue.async { runner.expire(only: task) }
         case let .reply(seq, status, text, requests):
             runner.resolve(seq: seq, status: status, message: text, requests: requests)
+        case let .notificationReply(seq, status, text, authorization, notifications):
+            runner.resolveNotifications(seq: seq, status: status, message: text, authorization: authorization, notifications: notifications)
         case let .startTask(task):
             runner.add(task)
         case .close:

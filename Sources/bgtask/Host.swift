@@ -60,6 +60,11 @@ extension BGTaskCommand {
 
         @Option(name: .customLong("apns-address"), help: ArgumentHelp("The address the APNs endpoint listens on. Default: 127.0.0.1 (loopback only).", valueName: "address"))
         var apnsAddress = "127.0.0.1"
+        @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
+        var allowNotifications = false
+
+        @Flag(name: .customLong("no-desktop-notifications"), help: "Do not post delivered notifications to the desktop (org.freedesktop.Notifications), even where a session bus is present.")
+        var noDesktopNotifications = false
 
         @OptionGroup var limits: LimitOptions
 
@@ -89,6 +94,8 @@ extension BGTaskCommand {
             configuration.historyPerApp = historyPerApp
             configuration.logPrivateValues = logPrivate
             configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }
+            configuration.allowNotifications = allowNotifications
+            configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }
             if let foregroundStay { configuration.foregroundStay = foregroundStay.duration }
             configuration.budget = limits.budget?.duration

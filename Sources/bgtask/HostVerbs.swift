@@ -305,7 +305,9 @@ extension BGTaskCommand {
         var locked: String?
         @Option(name: .long, help: ArgumentHelp("A GPU, for continued-processing requests that require one. auto: the machine's (/dev/dri/renderD* or /dev/nvidia*).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
         var gpu: String?
-        @Option(name: .long, help: "With --refresh: the app whose switch to set.") var app: String?
+        @Option(name: .long, help: ArgumentHelp("With --app: the app's local notifications, authorized (on) or denied (off), as the user decides in Settings; auto: the host's default (--allow-notifications, else denied once the app asks).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
+        var notifications: String?
+        @Option(name: .long, help: "With --refresh or --notifications: the app whose switch to set.") var app: String?
         @OptionGroup var host: HostOptions
 
         func validate() throws {
@@ -315,7 +317,12 @@ extension BGTaskCommand {
                     throw ValidationError("--\(name) takes on, off or auto, not '\(value)'")
                 }
             }
-            if app != nil && (refresh == nil || refresh == "auto") { throw ValidationError("--app goes with --refresh on|off") }
+            if let notifications, !["on", "off", "auto"].contains(notifications) {
+                throw ValidationError("--notifications takes on, off or auto, not '\(notifications)'")
+            }
+            if notifications != nil && app == nil { throw ValidationError("--notifications goes with --app (bgtask host --allow-notifications allows every app)") }
+            if app != nil && notifications == nil && (refresh == nil || refresh == "auto") { throw ValidationError("--app goes with --refresh on|off or --notifications on|off|auto") }
+            if app != nil && refresh == "auto" { throw ValidationError("--app --refresh takes on or off") }
         }
 
         static let switchValues = ["on", "off", "auto"]
@@ -327,6 +334,7 @@ extension BGTaskCommand {
                 if let value { changes[name] = value }
             }
             if let app { changes["app"] = app }
+            if let notifications { changes["notifications"] = notifications }
             guard let conditions = try host.send(ControlRequest(.device, device: changes.isEmpty ? nil : changes)).device else { return }
             if host.json { return try host.printJSON(conditions) }
             func line(_ name: String, _ value: Bool, _ key: String) {
@@ -339,6 +347,10 @@ extension BGTaskCommand {
             line("background refresh", conditions.backgroundRefresh, "backgroundRefresh")
             line("locked", conditions.locked, "locked")
             line("gpu", conditions.supportedResources & 1 != 0, "supportedResources")
+            if let app, notifications != nil,
+               let report = try host.send(ControlRequest(.pendingNotifications, app: app)).notificationApps?.first {
+                print("\("notifications".padding(toLength: 20, withPad: " ", startingAt: 0)) \(report.authorization)  (\(app))")
+            }
         }
     }
 
@@ -492,6 +504,77 @@ extension BGTaskCommand {
 
         static func state(_ task: ContinuedTaskStatus) -> String {
             task.ended ? " (ended)" : task.expiring ? " (expiring)" : ""
+        }
+    }
+
+    struct Notifications: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show apps' local notifications: delivered (newest last), or pending with --pending.",
+            discussion: """
+                Delivered notifications are the ones the host delivered when their trigger came \
+                due (whether or not the app was running), the newest 100 per app. --follow prints \
+                those delivered from then on, as they are, until interrupted. Each app's \
+                authorization (bgtask device --app A --notifications on|off) heads the list.
+                """)
+        @Argument(help: "An app's bundle identifier (default: every app).") var app: String?
+        @Flag(name: .long, help: "Pending requests instead, soonest first, with their next delivery date.") var pending = false
+        @Flag(name: .long, help: "Keep printing notifications as they are delivered.") var follow = false
+        @Option(name: .long, help: "The most delivered notifications to show (the newest).") var limit = 100
+        @OptionGroup var host: HostOptions
+
+        func validate() throws {
+            if pending && follow { throw ValidationError("--follow follows deliveries; it does not go with --pending") }
+            if limit < 1 { throw ValidationError("--limit must be at least 1") }
+        }
+
+        func run() throws {
+            let response = try host.send(ControlRequest(pending ? .pendingNotifications : .notifications, app: app, limit: limit))
+            let shown = response.notifications ?? []
+            if host.json && !follow {
+                struct Body: Encodable { var apps: [NotificationAppReport]; var notifications: [StoredNotification] }
+                return try host.printJSON(Body(apps: response.notificationApps ?? [], notifications: shown))
+            }
+            if !host.json {
+                for report in response.notificationApps ?? [] where app != nil || report.allowed != nil || report.askedAt != nil || shown.contains(where: { $0.app == report.app }) {
+                    let switchText = report.allowed.map { $0 ? "switch on" : "switch off" } ?? "no switch"
+                    write("\(report.app): notifications \(report.authorization) (\(switchText)\(report.askedAt.map { ", asked \(dateText($0))" } ?? ""))")
+                }
+                if shown.isEmpty && !follow { write(pending ? "no pending notifications" : "no delivered notifications") }
+            }
+            for notification in shown { try emit(notification) }
+            guard follow else { return }
+            var cursor = shown.map(\.id).max() ?? 0
+            while true {
+                usleep(200_000)
+                let more = try host.send(ControlRequest(.notifications, app: app, limit: 1000, after: String(cursor))).notifications ?? []
+                for notification in more { try emit(notification) }
+                cursor = more.map(\.id).max() ?? cursor
+            }
+        }
+
+        /// A line, unbuffered (in order with `emit`'s).
+        private func write(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
+
+        /// One notification: a JSON line, or a line and its text.
+        private func emit(_ notification: StoredNotification) throws {
+            if host.json { return try host.printJSON(notification) }
+            let content = notification.request.content
+            let when = notification.state == "pending" ? "due \(dateText(notification.fireDate))" : "delivered \(dateText(notification.deliveredAt))"
+            var line = "\(notification.app)  \(notification.request.identifier)  \(when)"
+            if let trigger = notification.request.trigger { line += "  \(Self.describe(trigger))" }
+            line += "\n  \(content.title.isEmpty ? "(no title)" : content.title)"
+            if !content.subtitle.isEmpty { line += " — \(content.subtitle)" }
+            if !content.body.isEmpty { line += "\n  \(content.body.replacingOccurrences(of: "\n", with: "\n  "))" }
+            // Unbuffered, so a reader at the other end of a pipe sees each one as it comes.
+            FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        }
+
+        static func describe(_ trigger: NotificationTrigger) -> String {
+            switch trigger {
+            case let .timeInterval(interval, repeats): "\(repeats ? "every" : "after") \(DurationText.format(seconds: interval))"
+            case let .calendar(match, repeats):
+                (repeats ? "repeating " : "") + "at " + match.fields.compactMap { field in field.value.map { "\(field.name)=\($0)" } }.joined(separator: " ")
+            }
         }
     }
 

@@ -40,12 +40,15 @@ extension BGTaskCommand {
 
         @Flag(name: .customLong("log-private"), help: "Keep private values in the launch's unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
         var logPrivate = false
+        @Option(name: .long, help: ArgumentHelp("Local notifications for this launch: on (authorized) or off (denied). Default: not determined until the app asks, then denied, as on a fresh device.", valueName: "on|off"), completion: .list(["on", "off"]))
+        var notifications: String?
 
         @OptionGroup var limitOptions: LimitOptions
         @OptionGroup var options: StateOptions
 
         func validate() throws {
             guard !task.isEmpty else { throw ValidationError("name at least one task: --task IDENTIFIER") }
+            if let notifications, !["on", "off"].contains(notifications) { throw ValidationError("--notifications takes on or off, not '\(notifications)'") }
         }
 
         func run() throws {
@@ -120,7 +123,7 @@ extension BGTaskCommand {
             supervisor.confine = !limitOptions.noSandbox
             if supervisor.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: state) }
             let record: RunRecord
-            do { record = try supervisor.run(plan, broker: InMemoryRequestBroker()) } catch {
+            do { record = try supervisor.run(plan, broker: InMemoryRequestBroker(notificationsAllowed: notifications.map { $0 == "on" })) } catch {
                 printError(error.description)
                 throw Status.cannotLaunch
             }

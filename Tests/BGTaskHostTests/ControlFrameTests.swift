@@ -558,6 +558,12 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var refused = ControlResponse()
         refused.apnsReason = "BadPriority"
         #expect(!refused.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 20, "a new ControlResponse field: add it to isBareOK")
+        var listed = ControlResponse()
+        listed.notifications = []
+        #expect(!listed.isBareOK)
+        var apps = ControlResponse()
+        apps.notificationApps = []
+        #expect(!apps.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 22, "a new ControlResponse field: add it to isBareOK")
     }
 }

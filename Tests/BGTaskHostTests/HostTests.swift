@@ -11,6 +11,8 @@ final class HostProcess: @unchecked Sendable {
     let plugins: URL
     private(set) var pid: pid_t = 0
     let arguments: [String]
+    /// Changes to the host's environment (nil removes a variable), set before `start()`.
+    var environment: [String: String?] = [:]
 
     init(scratch: Scratch, arguments: [String] = ["--clock", "virtual"]) throws {
         self.scratch = scratch
@@ -41,7 +43,9 @@ final class HostProcess: @unchecked Sendable {
         posix_spawnattr_setpgroup(&attributes, 0)
         let args = [Products.cli, "host", "--plugins", plugins.path, "--state", scratch.state.path] + arguments
         let argv = args.map { strdup($0) } + [nil]
-        let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        var variables = ProcessInfo.processInfo.environment
+        for (key, value) in environment { variables[key] = value }
+        let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
         let rc = posix_spawn(&pid, Products.cli, &actions, &attributes, argv, envp)
         guard rc == 0 else { throw POSIXError(POSIXErrorCode(rawValue: rc) ?? .EIO) }

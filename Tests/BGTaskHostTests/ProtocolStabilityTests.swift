@@ -12,7 +12,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
-            "push", "pushes", "device-token",
+            "notifications", "pending-notifications", "push", "pushes", "device-token",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }

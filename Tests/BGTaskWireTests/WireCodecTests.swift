@@ -25,7 +25,31 @@ struct WireCodecTests {
         .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
         .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),
         .deviceToken(seq: 14), .remoteNotificationCompleted(result: 2, at: 6),
+        .notificationAuthorization(seq: 14, options: 7, request: true), .notificationAuthorization(seq: 15, options: 0, request: false),
+        .notificationAdd(seq: 16, request: notification), .notificationAdd(seq: 17, request: calendarNotification),
+        .notificationAdd(seq: 18, request: NotificationRequest(identifier: "bare", content: NotificationContent())),
+        .notificationList(seq: 19, delivered: true), .notificationList(seq: 20, delivered: false),
+        .notificationRemove(seq: 21, delivered: false, identifiers: nil), .notificationRemove(seq: 22, delivered: true, identifiers: ["a", "ü"]),
     ]
+
+    static let notification = NotificationRequest(
+        identifier: "new-episodes",
+        content: NotificationContent(
+            title: "New episodes", subtitle: "Swift by the Sea", body: "3 new\nepisodes ✓", badge: -3, sound: "default",
+            userInfo: ["show": .int(42), "ratio": .double(0.5), "explicit": .bool(false), "none": .null,
+                       "episodes": .array([.string("e1"), .object(["deep": .array([.int(.min)])])])],
+            threadIdentifier: "show.42", categoryIdentifier: "NEW_EPISODES"),
+        trigger: .timeInterval(60.5, repeats: false))
+
+    static let calendarNotification: NotificationRequest = {
+        var match = DateMatch()
+        match.hour = 8
+        match.minute = 30
+        match.weekday = 2
+        match.timeZone = "Europe/Paris"
+        match.calendar = "gregorian"
+        return NotificationRequest(identifier: "digest", content: NotificationContent(title: "Digest"), trigger: .calendar(match, repeats: true))
+    }()
 
     static let assignment = LaunchAssignment(
         launchID: "20261123T000000-abcdef01", role: .extension, bundleIdentifier: "com.example.feed.share",
@@ -54,6 +78,11 @@ struct WireCodecTests {
         .reply(seq: 3, status: 0, message: nil, requests: [request, TaskRequest(kind: .healthResearch, identifier: "h")]),
         .startTask(TaskAssignment(task: 5, identifier: "c.p.1", kind: .continuedProcessing)), .close, .probeChildren,
         .deadline(expiresAtNs: 42), .deadline(expiresAtNs: .max),
+        .notificationReply(seq: 1, status: 0, message: nil, authorization: 2, notifications: []),
+        .notificationReply(seq: 2, status: 110, message: "not allowed", authorization: 1, notifications: []),
+        .notificationReply(seq: 3, status: 0, message: nil, authorization: 2,
+                           notifications: [NotificationEntry(request: notification, date: 1_800_000_000.5),
+                                           NotificationEntry(request: calendarNotification, date: nil)]),
     ]
 
     @Test func everyMessageCrossesTheChannelUnchanged() throws {
@@ -100,6 +129,19 @@ struct WireCodecTests {
                 #expect(error.detail.contains(says), "\(error.detail)")
                 #expect(error.detail.contains("not a ChildMessage"))
             }
+        }
+        // A notification whose user info nests deeper than any request may is refused, not
+        // recursed into until the reader's stack runs out.
+        var deep = WireWriter()
+        deep.u8(31) // notificationAdd
+        deep.u64(1)
+        deep.string("id")
+        for _ in 0..<3 { deep.string("") }
+        deep.bool(false)
+        deep.bool(false)
+        for _ in 0..<100_000 { deep.u8(5); deep.u32(1) }
+        #expect { try LaunchChannel.decode(ChildMessage.self, from: deep.bytes) } throws: { error in
+            (error as? ChannelError)?.detail.contains("user_info: nested deeper than 64 levels") == true
         }
         // A count no frame could hold is refused before anything is reserved for it.
         #expect { try LaunchChannel.decode(ParentMessage.self, from: hugeArray.bytes) } throws: { error in

@@ -106,6 +106,9 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case extensionRun = "extension-run"
     case open, progress
     case cancelTask = "cancel-task"
+    /// Local notifications: delivered (`after`: a cursor, the last id seen) and pending.
+    case notifications
+    case pendingNotifications = "pending-notifications"
     case push, pushes
     case deviceToken = "device-token"
 }
@@ -240,6 +243,31 @@ public struct ContinuedTaskStatus: Codable, Sendable, Equatable {
     public var fraction: Double? { total > 0 ? min(1, max(0, Double(completed) / Double(total))) : nil }
 }
 
+/// An app's notification authorization, as `bgtask notifications` shows it.
+public struct NotificationAppReport: Codable, Sendable, Equatable {
+    public var app: String
+    /// `not-determined`, `denied`, `authorized` (UNAuthorizationStatus).
+    public var authorization: String
+    /// The operator's switch for the app (nil: not set; the host's default applies).
+    public var allowed: Bool?
+    /// When the app first asked (requestAuthorization), and the options it asked for.
+    public var askedAt: Date?
+    public var askedOptions: UInt32
+
+    public init(app: String, authorization: String, allowed: Bool?, askedAt: Date?, askedOptions: UInt32) {
+        self.app = app
+        self.authorization = authorization
+        self.allowed = allowed
+        self.askedAt = askedAt
+        self.askedOptions = askedOptions
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case app, authorization, allowed
+        case askedAt = "asked_at", askedOptions = "asked_options"
+    }
+}
+
 /// The host's clock.
 public struct ClockReport: Codable, Sendable, Equatable {
     public var mode: HostClock.Mode
@@ -268,6 +296,10 @@ public struct ControlResponse: Codable, Sendable {
     public var clock: ClockReport?
     public var removed: Int?
     public var continued: [ContinuedTaskStatus]?
+    /// `notifications`, `pending-notifications`: the notifications, and the authorization of
+    /// the app asked about (or of every app the host knows of).
+    public var notifications: [StoredNotification]?
+    public var notificationApps: [NotificationAppReport]?
     /// A paged `apps` answer with more apps after it: the `after` of the next page (the last
     /// identifier of this one). nil on the last page. `invalid` comes with the first page only.
     public var next: String?
@@ -291,6 +323,7 @@ public struct ControlResponse: Codable, Sendable {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
             && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
+            && notifications == nil && notificationApps == nil
     }
 
     public static func failure(_ code: ControlErrorCode, _ message: String) -> ControlResponse {

@@ -14,10 +14,12 @@ final class ControlVerbs: @unchecked Sendable {
     private let scheduling: SchedulingLoop
     private let submissions: Submissions
     private let pushes: PushDelivery
+    private let notifications: LocalNotifications
 
     init(core: HostCore, catalog: AppCatalog, device: DeviceState, launches: LaunchCoordinator,
-         scheduling: SchedulingLoop, submissions: Submissions, pushes: PushDelivery) {
+         scheduling: SchedulingLoop, submissions: Submissions, pushes: PushDelivery, notifications: LocalNotifications) {
         self.pushes = pushes
+        self.notifications = notifications
         self.core = core
         self.catalog = catalog
         self.device = device
@@ -81,6 +83,42 @@ final class ControlVerbs: @unchecked Sendable {
             guard let app = request.app else { return .failure(.badRequest, "device-token needs an app") }
             guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
+        case .notifications, .pendingNotifications: return notifications(request, pending: verb == .pendingNotifications)
+        }
+    }
+
+    // MARK: Notifications
+
+    /// Delivered notifications (with `after`, those delivered since that id, oldest first, at
+    /// most `limit`; without, the newest `limit`, default 100 a page) or pending ones, of one
+    /// app or all, with the authorization of the apps concerned.
+    private func notifications(_ request: ControlRequest, pending: Bool) -> ControlResponse {
+        let limit = request.limit ?? NotificationLimits.deliveredPerApp
+        guard limit >= 1 else { return .failure(.badRequest, "notifications: limit must be at least 1, not \(limit)") }
+        var after: Int64?
+        if let text = request.after {
+            guard let cursor = Int64(text), cursor >= 0 else {
+                return .failure(.badRequest, "notifications: after must be a notification id (a non-negative integer), not '\(ControlServer.quoted(String(text.prefix(64))))'")
+            }
+            after = cursor
+        }
+        if let app = request.app, app.utf8.count > InputLimits.identifierBytes {
+            return .failure(.badRequest, "notifications: the app identifier is \(app.utf8.count) bytes, over the limit of \(InputLimits.identifierBytes)")
+        }
+        return respond {
+            var response = ControlResponse()
+            response.notifications = pending ? try store.pendingNotifications(app: request.app)
+                                             : try store.deliveredNotifications(app: request.app, after: after, limit: min(limit, 1000))
+            let apps = request.app.map { [$0] } ?? queue.sync { catalog.apps.keys.sorted() }
+            let states = try store.notificationAppStates()
+            response.notificationApps = apps.map { app in
+                let state = states[app] ?? NotificationAppState(app: app)
+                let status = NotificationAuthorization.decide(appSwitch: state.allowed, hostDefault: core.configuration.allowNotifications,
+                                                              asked: state.askedAt != nil)
+                return NotificationAppReport(app: app, authorization: status.name, allowed: state.allowed,
+                                             askedAt: state.askedAt, askedOptions: state.askedOptions)
+            }
+            return response
         }
     }
 
@@ -321,19 +359,34 @@ final class ControlVerbs: @unchecked Sendable {
         defer { device.invalidate() }
         if var changes = request.device {
             if let app = changes.removeValue(forKey: "app") {
-                guard let value = changes.removeValue(forKey: "refresh") else {
-                    return .failure(.badRequest, "--app goes with --refresh on|off")
+                let refresh = changes.removeValue(forKey: "refresh")
+                let notifications = changes.removeValue(forKey: "notifications")
+                guard refresh != nil || notifications != nil else {
+                    return .failure(.badRequest, "--app goes with --refresh on|off or --notifications on|off|auto")
+                }
+                if let refresh, !["on", "off"].contains(refresh) {
+                    return .failure(.badRequest, "device --app --refresh: expected on or off, got '\(ControlServer.quoted(String(refresh.prefix(64))))'")
+                }
+                if let notifications, !["on", "off", "auto"].contains(notifications) {
+                    return .failure(.badRequest, "device --app --notifications: expected on, off or auto, got '\(ControlServer.quoted(String(notifications.prefix(64))))'")
                 }
                 // A switch of an installed app, as iOS's Settings shows: a row per name would
                 // let a client grow the database without bound.
                 guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
                 do {
-                    var state = try store.appState(app)
-                    state.refreshEnabled = value == "on"
-                    try store.saveAppState(state)
+                    if let refresh {
+                        var state = try store.appState(app)
+                        state.refreshEnabled = refresh == "on"
+                        try store.saveAppState(state)
+                    }
+                    if let notifications {
+                        try store.setNotificationsAllowed(app: app, notifications == "auto" ? nil : notifications == "on")
+                    }
                 } catch {
                     return .failure(.internalError, "\(error)")
                 }
+            } else if changes["notifications"] != nil {
+                return .failure(.badRequest, "--notifications is a per-app switch: it goes with --app (bgtask host --allow-notifications allows every app)")
             }
             for (key, value) in changes {
                 guard DeviceOverrides.keys.contains(key) else {
@@ -357,6 +410,13 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private func clock(_ request: ControlRequest) -> ControlResponse {
+        let response = clockOnQueue(request)
+        // Notifications that became due are delivered before the answer (off the host's queue).
+        if request.advance != nil && response.ok { notifications.evaluateNow() }
+        return response
+    }
+
+    private func clockOnQueue(_ request: ControlRequest) -> ControlResponse {
         queue.sync { () -> ControlResponse in
             let clock = core.clock
             if let seconds = request.advance {

@@ -20,6 +20,7 @@ import _BGTaskSystemShims
 ///   continued-processing tasks in their foreground launches;
 /// - `SchedulingLoop`: when to launch, and the timers for the next decision;
 /// - `Submissions`: requests coming in (launches, extensions, clients), into the store;
+/// - `LocalNotifications`: apps' notification requests, delivered when due (its own queue);
 /// - `ControlVerbs` behind `ControlServer`: the control socket.
 ///
 /// Every part's mutable state is confined to one serial queue (`HostCore.queue`); control
@@ -66,6 +67,12 @@ public final class TaskHost: @unchecked Sendable {
         public var logPrivateValues = false
         /// Serve an APNs-compatible provider endpoint at this address and port (nil: none).
         public var apnsEndpoint: (host: String, port: Int)?
+        /// Local notifications are authorized for every app whose own switch is not off
+        /// (`--allow-notifications`); otherwise denied until the operator allows an app.
+        public var allowNotifications = false
+        /// Post delivered notifications to the desktop (org.freedesktop.Notifications) where a
+        /// session bus is present.
+        public var desktopNotifications = true
 
         public init(pluginsDirectory: URL, stateDirectory: URL) {
             self.pluginsDirectory = pluginsDirectory
@@ -82,6 +89,7 @@ public final class TaskHost: @unchecked Sendable {
     private let scheduling: SchedulingLoop
     private let pushes: PushDelivery
     private let submissions: Submissions
+    private let notifications: LocalNotifications
     private let verbs: ControlVerbs
     private var parts: HostParts?
     private var shuttingDown = false
@@ -103,13 +111,20 @@ public final class TaskHost: @unchecked Sendable {
         pushes = PushDelivery(core: core, catalog: catalog, launches: launches, device: device)
         scheduling = SchedulingLoop(core: core, catalog: catalog, launches: launches, device: device, pushes: pushes)
         submissions = Submissions(core: core, device: device, launches: launches, scheduling: scheduling)
+        var desktop: DesktopNotifier?
+        if configuration.desktopNotifications {
+            let (found, why) = DesktopNotifier.detect(environment: ProcessInfo.processInfo.environment, logger: logger)
+            desktop = found
+            if found == nil { logger.info("desktop notifications: off, \(why)") }
+        }
+        notifications = LocalNotifications(core: core, desktop: desktop)
         verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
-                             submissions: submissions, pushes: pushes)
+                             submissions: submissions, pushes: pushes, notifications: notifications)
         // Events up: a catalog change or an ended launch is a reason to look at the schedule.
-        let (core, catalog, submissions) = (core, catalog, submissions)
+        let (core, catalog, submissions, notifications) = (core, catalog, submissions, notifications)
         catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }
         launches.onEnded = { [weak self] in self?.launchesOrCatalogChanged() }
-        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, launchID: $0) }
+        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0) }
     }
 
     // MARK: Life cycle
@@ -155,6 +170,7 @@ public final class TaskHost: @unchecked Sendable {
             list.append(APNsEndpoint(options: .init(host: address, port: port), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
         }
         list.append(scheduling)
+        list.append(notifications)
         let parts = HostParts(list, logger: core.logger)
         self.parts = parts
         try parts.start()

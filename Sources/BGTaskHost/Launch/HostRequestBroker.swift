@@ -14,6 +14,7 @@ struct HostRequestBroker: LaunchRequestBroker {
     let core: HostCore
     let catalog: AppCatalog
     let submissions: Submissions
+    let notifications: LocalNotifications
     /// The launch whose requests these are.
     let launchID: String
 
@@ -70,6 +71,35 @@ struct HostRequestBroker: LaunchRequestBroker {
         } catch {
             core.logger.error("cannot read pending requests", metadata: ["bundle.id": "\(owner.identifier)", "error": "\(error)"])
             return []
+        }
+    }
+
+    /// Local notifications, for the app (an extension's are its app's). Dates go back to the
+    /// app on its own clock, as pending task requests do.
+    func notifications(_ call: NotificationCall, app: PluginBundle) -> NotificationAnswer {
+        guard let owner = owner(of: app) else {
+            return NotificationAnswer(status: LocalNotifications.hostFailed, message: "the app containing \(app.identifier) is no longer in the plugin directory")
+        }
+        let offset = self.offset
+        do {
+            switch call {
+            case let .authorization(options, request):
+                return NotificationAnswer(authorization: try notifications.authorization(app: owner.identifier, options: options, request: request))
+            case let .add(request):
+                let outcome = notifications.add(request, app: owner.identifier, launchID: launchID)
+                return NotificationAnswer(status: outcome.status, message: outcome.message)
+            case let .list(delivered):
+                let stored = delivered ? try notifications.delivered(app: owner.identifier) : try notifications.pending(app: owner.identifier)
+                return NotificationAnswer(entries: stored.map {
+                    NotificationEntry(request: $0.request, date: (delivered ? $0.deliveredAt : $0.fireDate).map { $0.timeIntervalSince1970 - offset })
+                })
+            case let .remove(delivered, identifiers):
+                try notifications.remove(app: owner.identifier, delivered: delivered, identifiers: identifiers)
+                return NotificationAnswer()
+            }
+        } catch {
+            core.logger.error("notification call failed", metadata: ["bundle.id": "\(owner.identifier)", "error": "\(error)"])
+            return NotificationAnswer(status: LocalNotifications.hostFailed, message: "\(error)")
         }
     }
 }

@@ -249,6 +249,21 @@ struct LaunchLoop {
             try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: nil))
         case .pending(let seq):
             try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
+        case .notificationAuthorization(let seq, _, _), .notificationAdd(let seq, _), .notificationList(let seq, _), .notificationRemove(let seq, _, _):
+            guard let call = NotificationCall(message) else { break }
+            let answer = broker.notifications(call, app: plan.bundle)
+            if case let .add(request) = call, answer.status == 0 { state.notificationsAdded.append(request.identifier) }
+            do {
+                try channel.send(ParentMessage.notificationReply(seq: seq, status: answer.status, message: answer.message,
+                                                                 authorization: answer.authorization.rawValue, notifications: answer.entries))
+            } catch {
+                // A list too large for one frame (64 requests of 16 KiB): answered with an
+                // error rather than never.
+                if error.code == .oversized {
+                    try? channel.send(ParentMessage.notificationReply(seq: seq, status: 101, message: "the list is too large for the launch channel: \(error)",
+                                                                      authorization: answer.authorization.rawValue, notifications: []))
+                }
+            }
         case .log(let level, let text):
             state.log.append(level: level, text)
         case .deviceToken(let seq):

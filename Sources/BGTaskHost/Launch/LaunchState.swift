@@ -34,6 +34,10 @@ struct LaunchState {
         didSet { if submitted.count > InputLimits.recordListEntries { submitted.removeLast(); submittedOmitted += 1 } }
     }
     var submittedOmitted = 0
+    /// Local notifications the app added (the first `InputLimits.recordListEntries`).
+    var notificationsAdded: [String] = [] {
+        didSet { if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast() } }
+    }
     var finished = false
     /// When the child said every task had ended: it must be gone soon after, or it is killed.
     var finishedNs: UInt64?
@@ -142,6 +146,7 @@ struct LaunchState {
         case let .remoteNotificationCompleted(result, at):
             if pushCompletion == nil { pushCompletion = (result, at) }
         case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken: break
+        case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove: break
         }
     }
 
@@ -253,6 +258,7 @@ struct LaunchState {
                 result: pushCompletion.map { Int($0.result) < results.count ? results[Int($0.result)] : "unknown(\($0.result))" },
                 completedMs: ms(pushCompletion?.at))
         }
+        if !notificationsAdded.isEmpty { record.notificationsAdded = notificationsAdded }
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

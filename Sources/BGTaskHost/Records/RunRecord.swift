@@ -150,6 +150,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
             case receivedAt = "received_at", deliveredAfterMs = "delivered_after_ms", completedMs = "completed_ms"
         }
     }
+    /// Identifiers of the local notifications the app added (`UNUserNotificationCenter.add`),
+    /// at most `InputLimits.recordListEntries` (nil: none).
+    public var notificationsAdded: [String]? = nil
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -160,6 +163,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
+        case notificationsAdded = "notifications_added"
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -234,6 +238,7 @@ extension RunRecord: CustomStringConvertible {
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
+        if let added = notificationsAdded { lines.append("  notifications added: \(added.joined(separator: ", "))") }
         if let sandbox {
             let applied = SandboxLayer.names.filter { sandbox[$0]?.applied == true }
             let missing = SandboxLayer.names.filter { sandbox[$0]?.applied == false }

@@ -303,7 +303,10 @@ public final class PendingRequestStore: @unchecked Sendable {
     public func removeApp(_ app: String) throws(BGTaskError) -> Int {
         try write("remove the requests of \(app)") { db in
             try db.execute(sql: "DELETE FROM request WHERE app = ? AND running_launch IS NULL", arguments: [app])
-            return db.changesCount
+            let removed = db.changesCount
+            // An app removed takes its notifications with it (its switches stay, as app_state does).
+            try db.execute(sql: "DELETE FROM notification WHERE app = ?", arguments: [app])
+            return removed
         }
     }
 

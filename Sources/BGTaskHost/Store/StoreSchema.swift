@@ -15,6 +15,9 @@ enum StoreSchema {
         migrator.registerMigration("v3") { db in
             try db.execute(sql: v3)
         }
+        migrator.registerMigration("v4") { db in
+            try db.execute(sql: v4)
+        }
         return migrator
     }
 
@@ -120,5 +123,39 @@ extension StoreSchema {
         );
         CREATE INDEX push_pending ON push(state, received_at) WHERE state = 'pending';
         CREATE INDEX push_app ON push(app, received_at);
+        """
+
+    /// Local notifications: each app's authorization (the operator's switch and whether the app
+    /// asked), and its notification requests, pending (with the next delivery date) or
+    /// delivered. id is the order of addition and of delivery (AUTOINCREMENT: a delivered
+    /// notification's id is the cursor `bgtask notifications --follow` reads after).
+    static let v4 = """
+        CREATE TABLE notification_app (
+            app TEXT PRIMARY KEY NOT NULL,
+            allowed INTEGER,                -- the operator's switch: 1 on, 0 off, NULL not set
+            asked_at REAL,                  -- the app's first requestAuthorization
+            asked_options INTEGER NOT NULL DEFAULT 0
+        );
+
+        CREATE TABLE notification (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            app TEXT NOT NULL,
+            identifier TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'delivered')),
+            request TEXT NOT NULL,          -- JSON NotificationRequest
+            added_at REAL NOT NULL,
+            fire_at REAL,                   -- pending: the next delivery; delivered: when it was due
+            delivered_at REAL,              -- delivered only
+            launch_id TEXT,                 -- the launch that added it
+            CHECK ((state = 'delivered') = (delivered_at IS NOT NULL))
+        );
+        -- One pending and one delivered notification per (app, identifier): adding an identifier
+        -- again replaces the pending request, delivering it again replaces the delivered one.
+        CREATE UNIQUE INDEX notification_pending ON notification(app, identifier) WHERE state = 'pending';
+        CREATE UNIQUE INDEX notification_delivered ON notification(app, identifier) WHERE state = 'delivered';
+        -- What is due, and the next date to wake for: a range of this index.
+        CREATE INDEX notification_due ON notification(fire_at) WHERE state = 'pending';
+        -- An app's lists, and pruning its delivered ones.
+        CREATE INDEX notification_app_state ON notification(app, state, id);
         """
 }

@@ -150,6 +150,9 @@ typedef struct bgtask_request {
 
 typedef void (*bgtask_request_visitor)(void *context, const bgtask_request *request);
 
+/* Called with one JSON text (UTF-8, NUL-terminated, valid during the call). */
+typedef void (*bgtask_json_visitor)(void *context, const char *json);
+
 #define BGTASK_LOG_DEBUG 0
 #define BGTASK_LOG_INFO 1
 #define BGTASK_LOG_ERROR 2
@@ -234,7 +237,49 @@ typedef struct bgtask_host_api {
     /* The completion handler of application(_:didReceiveRemoteNotification:fetchCompletionHandler:)
      * was called with `result` (BGTASK_FETCH_RESULT_*). Later calls are ignored. */
     void (*remote_notification_completed)(bgtask_host *host, uint32_t result);
+
+    /* ---- ABI 1, appended: local notifications ---- */
+    /* (check BGTASK_HAS(api, notification_authorization)) UNUserNotificationCenter. A request
+     * crosses as JSON (UTF-8, at most 16 KiB), the shape of NotificationRequest in
+     * Sources/BGTaskModel/Notifications.swift and docs/abi.md:
+     *   {"identifier":"id","content":{"title":"","subtitle":"","body":"","badge":1,
+     *    "sound":"default","user_info":{},"thread_identifier":"","category_identifier":""},
+     *    "trigger":{"type":"time-interval","time_interval":60,"repeats":false}}
+     * ("trigger" absent: delivered at once; or {"type":"calendar","date_components":{"hour":8,
+     * "minute":30,"weekday":2,"time_zone":"Europe/Paris"},"repeats":true}). Every content key
+     * may be left out. */
+
+    /* The app's authorization, BGTASK_NOTIFICATION_AUTH_* (UNAuthorizationStatus). With
+     * `request` true the app asks for it (requestAuthorization; `options` are
+     * UNAuthorizationOptions' bits): no prompt exists, the host answers with the operator's
+     * decision and records that the app asked. */
+    uint32_t (*notification_authorization)(bgtask_host *host, uint32_t options, bool request);
+    /* Adds (or replaces, by identifier) a request. BGTASK_OK, or BGTASK_E_NOTIFICATIONS_NOT_ALLOWED
+     * (not authorized), BGTASK_E_NOTIFICATION_NO_DATE (calendar components no date matches),
+     * BGTASK_E_INVALID_ARGUMENT (the JSON, a field over its limit: `message` names the field),
+     * BGTASK_E_HOST; the message is written into `message` (NUL-terminated, truncated). As on
+     * iOS, an app keeps at most 64 pending requests: the ones that fire last are discarded. */
+    int32_t (*notification_add)(bgtask_host *host, const char *request_json, char *message, size_t message_size);
+    /* Calls `visitor` once per pending request (BGTASK_NOTIFICATIONS_PENDING, JSON as above,
+     * soonest first) or delivered notification (BGTASK_NOTIFICATIONS_DELIVERED, as
+     * {"date":SECONDS_SINCE_1970,"request":{...}}, newest first), then returns a status. The
+     * string is valid during the call. */
+    int32_t (*notification_list)(bgtask_host *host, uint32_t which, bgtask_json_visitor visitor, void *context);
+    /* Removes pending requests or delivered notifications (`which`) with these identifiers;
+     * `identifiers` NULL removes all of them. Unknown identifiers are ignored. */
+    int32_t (*notification_remove)(bgtask_host *host, uint32_t which, const char *const *identifiers, size_t count);
 } bgtask_host_api;
+
+/* Local notifications: bgtask_host_api.notification_* */
+#define BGTASK_NOTIFICATIONS_PENDING 0u
+#define BGTASK_NOTIFICATIONS_DELIVERED 1u
+/* UNAuthorizationStatus's raw values. */
+#define BGTASK_NOTIFICATION_AUTH_NOT_DETERMINED 0u
+#define BGTASK_NOTIFICATION_AUTH_DENIED 1u
+#define BGTASK_NOTIFICATION_AUTH_AUTHORIZED 2u
+/* Statuses of notification_add, beside bgtask_status's (UNError.Code's meanings). */
+#define BGTASK_E_NOTIFICATIONS_NOT_ALLOWED 110
+#define BGTASK_E_NOTIFICATION_NO_DATE 111
 
 /* UIBackgroundFetchResult's raw values. */
 #define BGTASK_FETCH_RESULT_NEW_DATA 0

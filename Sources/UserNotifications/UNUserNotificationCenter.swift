@@ -1,0 +1,313 @@
+import BGTaskABI
+import BackgroundTasks
+import CBGTaskPluginABI
+import Foundation
+
+/// What the app asks to be allowed (`requestAuthorization(options:)`).
+public struct UNAuthorizationOptions: OptionSet, Sendable {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let badge = UNAuthorizationOptions(rawValue: 1 << 0)
+    public static let sound = UNAuthorizationOptions(rawValue: 1 << 1)
+    public static let alert = UNAuthorizationOptions(rawValue: 1 << 2)
+    public static let carPlay = UNAuthorizationOptions(rawValue: 1 << 3)
+    public static let criticalAlert = UNAuthorizationOptions(rawValue: 1 << 4)
+    public static let providesAppNotificationSettings = UNAuthorizationOptions(rawValue: 1 << 5)
+    public static let provisional = UNAuthorizationOptions(rawValue: 1 << 6)
+    public static let announcement = UNAuthorizationOptions(rawValue: 1 << 7)
+    public static let timeSensitive = UNAuthorizationOptions(rawValue: 1 << 8)
+}
+
+/// The app's authorization: the operator's decision (`bgtask device --app A --notifications`).
+public enum UNAuthorizationStatus: Int, Sendable {
+    case notDetermined = 0
+    case denied = 1
+    case authorized = 2
+    case provisional = 3
+    case ephemeral = 4
+}
+
+public enum UNNotificationSetting: Int, Sendable {
+    case notSupported = 0
+    case disabled = 1
+    case enabled = 2
+}
+
+public enum UNAlertStyle: Int, Sendable {
+    case none = 0
+    case banner = 1
+    case alert = 2
+}
+
+public enum UNShowPreviewsSetting: Int, Sendable {
+    case always = 0
+    case whenAuthenticated = 1
+    case never = 2
+}
+
+/// The app's notification settings: its authorization, and each kind of alert enabled while it
+/// is authorized (the host shows banners, keeps a list, and passes sounds and badges on).
+open class UNNotificationSettings: NSObject, @unchecked Sendable {
+    open private(set) var authorizationStatus: UNAuthorizationStatus
+    open var soundSetting: UNNotificationSetting { enabled }
+    open var badgeSetting: UNNotificationSetting { enabled }
+    open var alertSetting: UNNotificationSetting { enabled }
+    open var notificationCenterSetting: UNNotificationSetting { enabled }
+    open var lockScreenSetting: UNNotificationSetting { enabled }
+    open var carPlaySetting: UNNotificationSetting { .notSupported }
+    open var criticalAlertSetting: UNNotificationSetting { .notSupported }
+    open var announcementSetting: UNNotificationSetting { .notSupported }
+    open var timeSensitiveSetting: UNNotificationSetting { .notSupported }
+    open var scheduledDeliverySetting: UNNotificationSetting { .disabled }
+    open var directMessagesSetting: UNNotificationSetting { .notSupported }
+    open var alertStyle: UNAlertStyle { authorizationStatus == .authorized ? .banner : .none }
+    open var showPreviewsSetting: UNShowPreviewsSetting { .always }
+    open var providesAppNotificationSettings: Bool { false }
+
+    private var enabled: UNNotificationSetting {
+        switch authorizationStatus {
+        case .authorized, .provisional, .ephemeral: .enabled
+        case .denied: .disabled
+        case .notDetermined: .notSupported
+        }
+    }
+
+    init(authorizationStatus: UNAuthorizationStatus) {
+        self.authorizationStatus = authorizationStatus
+        super.init()
+    }
+}
+
+/// How a notification is presented while the app is in the foreground (the delegate's answer).
+public struct UNNotificationPresentationOptions: OptionSet, Sendable {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let badge = UNNotificationPresentationOptions(rawValue: 1 << 0)
+    public static let sound = UNNotificationPresentationOptions(rawValue: 1 << 1)
+    public static let alert = UNNotificationPresentationOptions(rawValue: 1 << 2)
+    public static let list = UNNotificationPresentationOptions(rawValue: 1 << 3)
+    public static let banner = UNNotificationPresentationOptions(rawValue: 1 << 4)
+}
+
+public let UNNotificationDefaultActionIdentifier = "com.apple.UNNotificationDefaultActionIdentifier"
+public let UNNotificationDismissActionIdentifier = "com.apple.UNNotificationDismissActionIdentifier"
+
+/// The user's answer to a notification (never given on Linux: no one taps the banner).
+open class UNNotificationResponse: NSObject, @unchecked Sendable {
+    open private(set) var notification: UNNotification
+    open private(set) var actionIdentifier: String
+
+    init(notification: UNNotification, actionIdentifier: String) {
+        self.notification = notification
+        self.actionIdentifier = actionIdentifier
+        super.init()
+    }
+}
+
+/// The center's delegate. Kept, as apps set it in `didFinishLaunching`; its methods have
+/// defaults and are not called: no notification is presented inside a background launch, and
+/// no user answers one.
+public protocol UNUserNotificationCenterDelegate: NSObjectProtocol {
+    func userNotificationCenter(_ center: UNUserNotificationCenter, willPresent notification: UNNotification,
+                                withCompletionHandler completionHandler: @escaping (UNNotificationPresentationOptions) -> Void)
+    func userNotificationCenter(_ center: UNUserNotificationCenter, didReceive response: UNNotificationResponse,
+                                withCompletionHandler completionHandler: @escaping () -> Void)
+    func userNotificationCenter(_ center: UNUserNotificationCenter, openSettingsFor notification: UNNotification?)
+}
+
+extension UNUserNotificationCenterDelegate {
+    public func userNotificationCenter(_ center: UNUserNotificationCenter, willPresent notification: UNNotification,
+                                       withCompletionHandler completionHandler: @escaping (UNNotificationPresentationOptions) -> Void) {
+        completionHandler([])
+    }
+    public func userNotificationCenter(_ center: UNUserNotificationCenter, didReceive response: UNNotificationResponse,
+                                       withCompletionHandler completionHandler: @escaping () -> Void) {
+        completionHandler()
+    }
+    public func userNotificationCenter(_ center: UNUserNotificationCenter, openSettingsFor notification: UNNotification?) {}
+}
+
+/// The app's notification center: authorization (the operator's decision), requests kept and
+/// delivered by the host whether or not the app runs, and the delivered list.
+///
+/// Every call goes to the host through the ABI and may wait for it (at most 30 s), so the
+/// completion-handler forms call their handler on a global queue, as Apple's do, and the
+/// `async` forms suspend. Outside a launch nothing is allowed and every list is empty.
+open class UNUserNotificationCenter: NSObject, @unchecked Sendable {
+    private static let shared = UNUserNotificationCenter()
+    private let lock = NSLock()
+    private weak var storedDelegate: (any UNUserNotificationCenterDelegate)?
+    private var categories = Set<UNNotificationCategory>()
+
+    private override init() { super.init() }
+
+    /// The app's notification center.
+    open class func current() -> UNUserNotificationCenter { shared }
+
+    open weak var delegate: (any UNUserNotificationCenterDelegate)? {
+        get { lock.withLock { storedDelegate } }
+        set { lock.withLock { storedDelegate = newValue } }
+    }
+
+    open var supportsContentExtensions: Bool { false }
+
+    // MARK: Authorization
+
+    /// Asks for authorization. No prompt exists: the answer is the operator's decision
+    /// (`granted` true when authorized), and the host records that the app asked (an app that
+    /// asked and is not allowed is `.denied`, as after a user's "Don't Allow").
+    open func requestAuthorization(options: UNAuthorizationOptions = [], completionHandler: @escaping @Sendable (Bool, (any Error)?) -> Void) {
+        DispatchQueue.global().async {
+            completionHandler(Host.authorization(options: options, request: true) == .authorized, nil)
+        }
+    }
+
+    open func requestAuthorization(options: UNAuthorizationOptions = []) async throws -> Bool {
+        await withCheckedContinuation { continuation in
+            requestAuthorization(options: options) { granted, _ in continuation.resume(returning: granted) }
+        }
+    }
+
+    open func getNotificationSettings(completionHandler: @escaping @Sendable (UNNotificationSettings) -> Void) {
+        DispatchQueue.global().async {
+            completionHandler(UNNotificationSettings(authorizationStatus: Host.authorization(options: [], request: false)))
+        }
+    }
+
+    open func notificationSettings() async -> UNNotificationSettings {
+        await withCheckedContinuation { continuation in
+            getNotificationSettings { continuation.resume(returning: $0) }
+        }
+    }
+
+    open func setNotificationCategories(_ categories: Set<UNNotificationCategory>) {
+        lock.withLock { self.categories = categories }
+    }
+
+    open func getNotificationCategories(completionHandler: @escaping @Sendable (Set<UNNotificationCategory>) -> Void) {
+        let categories = lock.withLock { self.categories }
+        DispatchQueue.global().async { completionHandler(categories) }
+    }
+
+    open func notificationCategories() async -> Set<UNNotificationCategory> { lock.withLock { categories } }
+
+    // MARK: Requests
+
+    /// Adds a request (replacing one with its identifier). The handler gets nil, a `UNError`
+    /// (`.notificationsNotAllowed` when the app is not authorized, `.notificationInvalidNoDate`
+    /// for a calendar trigger no date matches), or a `CocoaError` naming a field the host
+    /// refuses (`.propertyListWriteInvalid` for a `userInfo` that is not JSON-representable,
+    /// `.coderInvalidValue` for a field over its limit).
+    open func add(_ request: UNNotificationRequest, withCompletionHandler completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        DispatchQueue.global().async {
+            let error = Host.add(request)
+            completionHandler?(error)
+        }
+    }
+
+    open func add(_ request: UNNotificationRequest) async throws {
+        let error: (any Error)? = await withCheckedContinuation { continuation in
+            add(request) { continuation.resume(returning: $0.map { $0 as any Error }) }
+        }
+        if let error { throw error }
+    }
+
+    /// Pending requests, soonest first.
+    open func getPendingNotificationRequests(completionHandler: @escaping @Sendable ([UNNotificationRequest]) -> Void) {
+        DispatchQueue.global().async { completionHandler(Host.list(delivered: false).map(\.request)) }
+    }
+
+    open func pendingNotificationRequests() async -> [UNNotificationRequest] {
+        await withCheckedContinuation { continuation in
+            getPendingNotificationRequests { continuation.resume(returning: $0) }
+        }
+    }
+
+    open func removePendingNotificationRequests(withIdentifiers identifiers: [String]) {
+        Host.remove(delivered: false, identifiers: identifiers)
+    }
+
+    open func removeAllPendingNotificationRequests() {
+        Host.remove(delivered: false, identifiers: nil)
+    }
+
+    // MARK: Delivered
+
+    /// Delivered notifications the host keeps for the app, newest first.
+    open func getDeliveredNotifications(completionHandler: @escaping @Sendable ([UNNotification]) -> Void) {
+        DispatchQueue.global().async {
+            completionHandler(Host.list(delivered: true).map { UNNotification(date: $0.date ?? Date(), request: $0.request) })
+        }
+    }
+
+    open func deliveredNotifications() async -> [UNNotification] {
+        await withCheckedContinuation { continuation in
+            getDeliveredNotifications { continuation.resume(returning: $0) }
+        }
+    }
+
+    open func removeDeliveredNotifications(withIdentifiers identifiers: [String]) {
+        Host.remove(delivered: true, identifiers: identifiers)
+    }
+
+    open func removeAllDeliveredNotifications() {
+        Host.remove(delivered: true, identifiers: nil)
+    }
+
+    /// The app icon's badge: kept nowhere on Linux (there is no icon); accepted.
+    open func setBadgeCount(_ newBadgeCount: Int, withCompletionHandler completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        DispatchQueue.global().async { completionHandler?(nil) }
+    }
+
+    open func setBadgeCount(_ newBadgeCount: Int) async throws {}
+}
+
+/// A category of notifications and its actions (kept by the center; no one acts on a banner
+/// on Linux).
+open class UNNotificationCategory: NSObject, @unchecked Sendable {
+    open private(set) var identifier: String
+    open private(set) var actions: [UNNotificationAction]
+    open private(set) var intentIdentifiers: [String]
+    open private(set) var options: UNNotificationCategoryOptions
+
+    public init(identifier: String, actions: [UNNotificationAction], intentIdentifiers: [String], options: UNNotificationCategoryOptions = []) {
+        self.identifier = identifier
+        self.actions = actions
+        self.intentIdentifiers = intentIdentifiers
+        self.options = options
+        super.init()
+    }
+
+    open override func isEqual(_ object: Any?) -> Bool { (object as? UNNotificationCategory)?.identifier == identifier }
+    open override var hash: Int { identifier.hashValue }
+}
+
+public struct UNNotificationCategoryOptions: OptionSet, Sendable {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let customDismissAction = UNNotificationCategoryOptions(rawValue: 1 << 0)
+    public static let allowInCarPlay = UNNotificationCategoryOptions(rawValue: 1 << 1)
+    public static let hiddenPreviewsShowTitle = UNNotificationCategoryOptions(rawValue: 1 << 2)
+    public static let hiddenPreviewsShowSubtitle = UNNotificationCategoryOptions(rawValue: 1 << 3)
+}
+
+public struct UNNotificationActionOptions: OptionSet, Sendable {
+    public let rawValue: UInt
+    public init(rawValue: UInt) { self.rawValue = rawValue }
+    public static let authenticationRequired = UNNotificationActionOptions(rawValue: 1 << 0)
+    public static let destructive = UNNotificationActionOptions(rawValue: 1 << 1)
+    public static let foreground = UNNotificationActionOptions(rawValue: 1 << 2)
+}
+
+open class UNNotificationAction: NSObject, @unchecked Sendable {
+    open private(set) var identifier: String
+    open private(set) var title: String
+    open private(set) var options: UNNotificationActionOptions
+
+    public init(identifier: String, title: String, options: UNNotificationActionOptions = []) {
+        self.identifier = identifier
+        self.title = title
+        self.options = options
+        super.init()
+    }
+}
