@@ -51,9 +51,8 @@ func refusal(_ body: () throws -> Void) -> BGTaskScheduler.Error.Code? {
             scheduler.device.lowPowerMode = true
             #expect(refusal { try BGTaskScheduler.shared.submit(BGAppRefreshTaskRequest(identifier: "com.example.rules.a")) } == .unavailable)
         }
-        // Uninstalled: as outside a launch.
-        #expect(refusal { try BGTaskScheduler.shared.submit(BGAppRefreshTaskRequest(identifier: "com.example.rules.a")) } == .unavailable)
-        #expect(!BGTaskScheduler.shared.register(forTaskWithIdentifier: "com.example.rules.a", using: nil) { _ in })
+        // (Once uninstalled, `BGTaskScheduler.shared` is as outside a launch, but another test of
+        // this process may have installed its own scheduler by then: not asserted here.)
     }
 
     @Test func theVirtualClockDecidesWhatIsDue() async throws {
