@@ -60,6 +60,12 @@ extension BGTaskCommand {
 
         @Option(name: .customLong("apns-address"), help: ArgumentHelp("The address the APNs endpoint listens on. Default: 127.0.0.1 (loopback only).", valueName: "address"))
         var apnsAddress = "127.0.0.1"
+
+        @Option(name: .customLong("apns-tls-certificate"), help: ArgumentHelp("With --apns-tls-key: serve the APNs endpoint over TLS (ALPN h2, as APNs does), with this PEM certificate chain.", valueName: "pem"), completion: .file())
+        var apnsTLSCertificate: String?
+
+        @Option(name: .customLong("apns-tls-key"), help: ArgumentHelp("The APNs endpoint's PEM private key (with --apns-tls-certificate).", valueName: "pem"), completion: .file())
+        var apnsTLSKey: String?
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
@@ -72,6 +78,8 @@ extension BGTaskCommand {
 
         func validate() throws {
             if let apnsPort, !(0...65535).contains(apnsPort) { throw ValidationError("--apns-port must be 0 to 65535, not \(apnsPort)") }
+            if (apnsTLSCertificate == nil) != (apnsTLSKey == nil) { throw ValidationError("--apns-tls-certificate and --apns-tls-key go together") }
+            if apnsTLSCertificate != nil && apnsPort == nil { throw ValidationError("--apns-tls-certificate needs --apns-port") }
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
             guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
@@ -94,6 +102,7 @@ extension BGTaskCommand {
             configuration.historyPerApp = historyPerApp
             configuration.logPrivateValues = logPrivate
             configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }
+            if let apnsTLSCertificate, let apnsTLSKey { configuration.apnsTLS = (apnsTLSCertificate, apnsTLSKey) }
             configuration.allowNotifications = allowNotifications
             configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }

@@ -178,14 +178,14 @@ import Testing
     /// `curl --http2-prior-knowledge` against the endpoint: the status, the response headers
     /// and the body.
     private func post(_ port: Int, token: String, headers: [String: String], body: String, method: String = "POST",
-                      path: String? = nil) throws -> (status: Int, headers: [String: String], body: String) {
+                      path: String? = nil, tls: Bool = false) throws -> (status: Int, headers: [String: String], body: String) {
         let curl = try #require(
             (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":").map { "\($0)/curl" }
                 .first { FileManager.default.isExecutableFile(atPath: $0) },
             "curl (Debian's, with HTTP/2 through nghttp2) is needed: apt-get install curl")
-        var command = [curl, "-sS", "--http2-prior-knowledge", "-X", method, "-D", "-", "--max-time", "20"]
+        var command = [curl, "-sS"] + (tls ? ["--http2", "-k"] : ["--http2-prior-knowledge"]) + ["-X", method, "-D", "-", "--max-time", "20"]
         for (name, value) in headers.sorted(by: { $0.key < $1.key }) { command += ["-H", "\(name): \(value)"] }
-        command += ["--data-binary", body, "http://127.0.0.1:\(port)\(path ?? "/3/device/\(token)")"]
+        command += ["--data-binary", body, "\(tls ? "https" : "http")://127.0.0.1:\(port)\(path ?? "/3/device/\(token)")"]
         let result = try runCommand(command, timeout: .seconds(30))
         try #require(result.status == 0, "curl failed: \(result.stderr)")
         // Headers, a blank line, then the body.
@@ -259,5 +259,29 @@ import Testing
         }
         // The host served on: a last push is accepted.
         #expect(try post(port, token: token, headers: ["apns-topic": Self.app], body: background).status == 200)
+    }
+
+    /// As APNs serves providers: TLS with ALPN h2 (a self-signed certificate made with openssl).
+    @Test func overTLSWithALPNH2AsAPNsServesIt() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let key = scratch.url.appendingPathComponent("key.pem").path, certificate = scratch.url.appendingPathComponent("cert.pem").path
+        let made = try runCommand(["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+                                   "-days", "1", "-keyout", key, "-out", certificate])
+        try #require(made.status == 0, "openssl: \(made.stderr)")
+        // A file that is not a certificate: the host refuses to start and names it.
+        let refused = try runCLI(["host", "--plugins", scratch.url.appendingPathComponent("none").path, "--state", scratch.state.path,
+                                  "--apns-port", "0", "--apns-tls-certificate", key, "--apns-tls-key", key], timeout: .seconds(30))
+        #expect(refused.status != 0 && refused.stderr.contains(key) && refused.stderr.contains("not a PEM certificate chain"), "\(refused.stderr)")
+
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--apns-port", "0", "--apns-tls-certificate", certificate,
+                                                                "--apns-tls-key", key], installing: [PushTests.pushApp])
+        defer { _ = host.stop() }
+        let port = try boundPort(host)
+        let token = try host.cli(["device-token", Self.app]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let answer = try post(port, token: token, headers: ["apns-topic": Self.app, "apns-push-type": "background", "apns-priority": "5"],
+                              body: #"{"aps":{"content-available":1},"episode":9}"#, tls: true)
+        #expect(answer.status == 200 && answer.headers["bgtask-push-state"] == "delivered", "\(answer)")
+        #expect(try post(port, token: token, headers: [:], body: "{}", tls: true).body.contains("MissingTopic"))
     }
 }

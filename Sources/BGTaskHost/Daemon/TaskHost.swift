@@ -67,6 +67,8 @@ public final class TaskHost: @unchecked Sendable {
         public var logPrivateValues = false
         /// Serve an APNs-compatible provider endpoint at this address and port (nil: none).
         public var apnsEndpoint: (host: String, port: Int)?
+        /// The APNs endpoint's TLS: PEM files of its certificate chain and private key (nil: cleartext).
+        public var apnsTLS: (certificate: String, key: String)?
         /// Local notifications are authorized for every app whose own switch is not off
         /// (`--allow-notifications`); otherwise denied until the operator allows an app.
         public var allowNotifications = false
@@ -167,7 +169,7 @@ public final class TaskHost: @unchecked Sendable {
         var list: [HostPart] = [launches, catalog, server]
         if let (address, port) = configuration.apnsEndpoint {
             let scheduling = self.scheduling
-            list.append(APNsEndpoint(options: .init(host: address, port: port), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
+            list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
         }
         list.append(scheduling)
         list.append(notifications)

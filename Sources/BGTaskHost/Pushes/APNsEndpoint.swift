@@ -5,10 +5,11 @@ import NIOCore
 import NIOHTTP1
 import NIOHTTP2
 import NIOPosix
+import NIOSSL
 
-/// An APNs-compatible provider endpoint (opt-in, `bgtask host --apns-port`): HTTP/2 over
-/// cleartext (prior knowledge, as `curl --http2-prior-knowledge` speaks it) on loopback by
-/// default. `POST /3/device/DEVICE_TOKEN` with APNs's headers (`apns-topic`, `apns-push-type`,
+/// An APNs-compatible provider endpoint (opt-in, `bgtask host --apns-port`) on loopback by
+/// default: HTTP/2 over TLS with ALPN `h2`, as APNs serves it (with `--apns-tls-certificate` and
+/// `--apns-tls-key`), or over cleartext with prior knowledge (`curl --http2-prior-knowledge`). `POST /3/device/DEVICE_TOKEN` with APNs's headers (`apns-topic`, `apns-push-type`,
 /// `apns-priority`, `apns-expiration`, `apns-collapse-id`, `apns-id`) and a JSON payload is
 /// answered as APNs answers it: 200 with `apns-id`, or APNs's status and `{"reason": ...}`. A
 /// provider's own server code can target a Linux device this way. What became of an accepted
@@ -20,6 +21,8 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
     struct Options: Sendable {
         var host: String
         var port: Int
+        /// PEM files of the certificate chain and private key: TLS with ALPN h2 (nil: cleartext).
+        var tls: (certificate: String, key: String)?
     }
 
     private let options: Options
@@ -44,13 +47,19 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
     private(set) var boundPort: Int?
 
     func start() throws(BGTaskError) {
+        let tls = try options.tls.map { (certificate, key) throws(BGTaskError) in try Self.tlsContext(certificate: certificate, key: key) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let handle = { [self] (request: APNsRequest) -> EventLoopFuture<APNsResponse> in self.handle(request) }
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 64)
             .serverChannelOption(ChannelOptions.socket(SocketOptionLevel(SOL_SOCKET), SO_REUSEADDR), value: 1)
             .childChannelInitializer { channel in
-                channel.configureHTTP2Pipeline(mode: .server) { stream in
+                if let tls {
+                    do { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) } catch {
+                        return channel.eventLoop.makeFailedFuture(error)
+                    }
+                }
+                return channel.configureHTTP2Pipeline(mode: .server) { stream in
                     stream.eventLoop.makeCompletedFuture {
                         let sync = stream.pipeline.syncOperations
                         try sync.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
@@ -65,10 +74,29 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
             self.group = group
             boundPort = channel.localAddress?.port
             core.logger.info("APNs endpoint listening", metadata: ["address": "\(options.host):\(boundPort ?? options.port)",
-                                                                   "protocol": "HTTP/2 cleartext (prior knowledge)"])
+                                                                   "protocol": "\(tls == nil ? "HTTP/2 cleartext (prior knowledge)" : "HTTP/2 over TLS (ALPN h2)")"])
         } catch {
             try? group.syncShutdownGracefully()
             throw BGTaskError(.system, "the APNs endpoint cannot listen on \(options.host):\(options.port): \(error)")
+        }
+    }
+
+    /// The server's TLS: the certificate chain and key from PEM files (errors name the file), ALPN h2.
+    static func tlsContext(certificate: String, key: String) throws(BGTaskError) -> NIOSSLContext {
+        let chain: [NIOSSLCertificate]
+        do { chain = try NIOSSLCertificate.fromPEMFile(certificate) } catch {
+            throw BGTaskError(.invalidRequest, file: certificate, "not a PEM certificate chain: \(error)")
+        }
+        guard !chain.isEmpty else { throw BGTaskError(.invalidRequest, file: certificate, "no certificate in the file") }
+        let privateKey: NIOSSLPrivateKey
+        do { privateKey = try NIOSSLPrivateKey(file: key, format: .pem) } catch {
+            throw BGTaskError(.invalidRequest, file: key, "not a PEM private key: \(error)")
+        }
+        var configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(privateKey))
+        configuration.applicationProtocols = ["h2"]
+        configuration.minimumTLSVersion = .tlsv12
+        do { return try NIOSSLContext(configuration: configuration) } catch {
+            throw BGTaskError(.invalidRequest, file: certificate, "the certificate and the key \(key) do not make a TLS context: \(error)")
         }
     }
 
