@@ -66,4 +66,25 @@ import Testing
         #expect(log.contains("bgtime: identifiers 1 2, invalid 0"))
         #expect(record.backgroundTime?.map(\.outcome) == [.ended, .ended])
     }
+
+    /// `backgroundRefreshStatus` follows the host's switches: the app's own, then the device's.
+    @Test func backgroundRefreshStatusFollowsTheHostsSwitches() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [TestBundle(library: "BackgroundTime", info: "Tests/Fixtures/BackgroundTime/Info.plist", name: "BackgroundTime.app")])
+        defer { _ = host.stop() }
+        func status() throws -> String {
+            let result = try host.cli(["simulate-launch", "com.example.bgtime.state", "--force", "--json"])
+            let record = try #require(try? RunRecord.decode(Data(result.stdout.utf8)), "\(result.stderr)")
+            let line = try #require(try record.logText().split(separator: "\n").first { $0.hasPrefix("bgtime: state ") })
+            return String(line.split(separator: " ")[4].dropLast())
+        }
+        #expect(try status() == "2")
+        #expect(try host.cli(["device", "--app", "com.example.bgtime", "--refresh", "off"]).status == 0)
+        #expect(try status() == "1")
+        #expect(try host.cli(["device", "--app", "com.example.bgtime", "--refresh", "on"]).status == 0)
+        #expect(try status() == "2")
+        #expect(try host.cli(["device", "--refresh", "off"]).status == 0)
+        #expect(try status() == "1")
+    }
 }

@@ -374,11 +374,7 @@ final class ControlVerbs: @unchecked Sendable {
                 // let a client grow the database without bound.
                 guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
                 do {
-                    if let refresh {
-                        var state = try store.appState(app)
-                        state.refreshEnabled = refresh == "on"
-                        try store.saveAppState(state)
-                    }
+                    if let refresh { try device.setAppRefresh(app, on: refresh == "on") }
                     if let notifications {
                         try store.setNotificationsAllowed(app: app, notifications == "auto" ? nil : notifications == "on")
                     }

@@ -11,10 +11,26 @@ final class DeviceState: @unchecked Sendable {
     /// The last conditions read, and when (monotonic ns).
     private let cache = LockedValue<(UInt64, DeviceConditions)?>(nil)
     private let unlocked: LockedValue<Bool>
+    /// Apps whose own Background App Refresh switch is off: the store's, kept here so that a
+    /// launch learns its `backgroundRefreshStatus` without a read on its path.
+    private let appRefreshOff: LockedValue<Set<String>>
 
     init(store: PendingRequestStore) {
         self.store = store
         unlocked = LockedValue((try? store.setting("device.locked")) != "on")
+        let states = (try? store.appStates()) ?? [:]
+        appRefreshOff = LockedValue(Set(states.values.filter { !$0.refreshEnabled }.map(\.app)))
+    }
+
+    /// Whether `app`'s own Background App Refresh switch is off.
+    func isAppRefreshOff(_ app: String) -> Bool { appRefreshOff.withLock { $0.contains(app) } }
+
+    /// Sets `app`'s own switch, in the store and here.
+    func setAppRefresh(_ app: String, on: Bool) throws(BGTaskError) {
+        var state = try store.appState(app)
+        state.refreshEnabled = on
+        try store.saveAppState(state)
+        appRefreshOff.withLock { if on { $0.remove(app) } else { $0.insert(app) } }
     }
 
     /// The device conditions, read at most every 100 ms (a burst of submissions must not

@@ -138,7 +138,10 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         plan.environment.merge(LaunchPlan.unifiedLoggingEnvironment(keepingPrivateValues: configuration.logPrivateValues)) { $1 }
         let conditions = device.conditions()
         plan.supportedResources = conditions.supportedResources
-        if !conditions.backgroundRefresh { plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied }
+        // The device's switch, and the app's own (kept in memory: no read on the launch's path).
+        if !conditions.backgroundRefresh || device.isAppRefreshOff(bundle.containingApp ?? bundle.identifier) {
+            plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
+        }
         let control = LaunchControl()
         let store = core.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
@@ -162,13 +165,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                                                "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         let supervisor = self.supervisor
         let broker = makeBroker(launchID)
-        let app = bundle.containingApp ?? bundle.identifier
         let thread = Thread { [weak self, plan] in
-            var plan = plan
-            // The app's own switch (a store read: on the launch's thread, not the host's queue).
-            if plan.backgroundRefreshStatus != LaunchPlan.refreshStatusDenied, (try? store.appState(app))?.refreshEnabled == false {
-                plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
-            }
             let record: RunRecord
             do {
                 record = try supervisor.run(plan, broker: broker, control: control)
