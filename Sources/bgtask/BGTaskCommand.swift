@@ -44,16 +44,39 @@ struct StateOptions: ParsableArguments {
 
     /// A logger at the default level, for code that runs before the options are read.
     static func fallbackLogger() -> Logger {
-        var logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
+        var logger = Logger(label: "bgtask", factory: LogDestination.makeHandler)
         logger.logLevel = ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
         return logger
     }
 
     func makeLogger() -> Logger {
-        var logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
+        var logger = Logger(label: "bgtask", factory: LogDestination.makeHandler)
         let level = ProcessInfo.processInfo.environment["BGTASK_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:))
         logger.logLevel = verbose ? .debug : level ?? .warning
         return logger
+    }
+}
+
+/// Where the CLI and the host log: stderr as text, or the journal in its structured form when
+/// stderr is a journal stream (systemd's `JOURNAL_STREAM` rule; `BGTASK_LOG_FORMAT=text` or
+/// `journal` forces one), decided once per process.
+enum LogDestination {
+    /// The journal's socket, opened once; nil for stderr.
+    static let journal: JournalSocket? = {
+        let (destination, warning) = JournalLogHandler.destination(
+            environment: ProcessInfo.processInfo.environment, stderr: .standardError())
+        if let warning { printError(warning) }
+        guard case .journal(let path) = destination else { return nil }
+        do { return try JournalSocket.open(path: path) } catch {
+            let logger = Logger(label: "bgtask") { StreamLogHandler.standardError(label: $0) }
+            logger.warning("cannot log to the journal, logging to stderr instead: \(error)")
+            return nil
+        }
+    }()
+
+    @Sendable static func makeHandler(label: String) -> any LogHandler {
+        guard let journal else { return StreamLogHandler.standardError(label: label) }
+        return JournalLogHandler(socket: journal)
     }
 }
 
