@@ -85,11 +85,19 @@ import _BGTaskSystemShims
         // Four connections, each served (it answered), then idle: the cap is reached.
         var held: [Int32] = []
         defer { held.forEach { close($0) } }
-        for _ in 0..<4 {
+        // The readiness probe's connection (HostProcess.start) may not have been let go by the
+        // host yet on a loaded machine: a connection refused for that is retried, for a while.
+        let servedBy = Date().addingTimeInterval(10)
+        while held.count < 4 {
             let fd = try connectControl(scratch.state)
-            held.append(fd)
             try sendFrame(#"{"verb":"status"}"#, to: fd)
-            #expect(try readAnswer(fd)?.ok == true)
+            if try readAnswer(fd)?.ok == true {
+                held.append(fd)
+                continue
+            }
+            close(fd)
+            try #require(Date() < servedBy, "only \(held.count) of 4 connections were served")
+            usleep(50_000)
         }
         // The fifth is answered with the named error and closed.
         // (Every socket here is closed as soon as it is done with: SupervisorTests, running
@@ -102,10 +110,15 @@ import _BGTaskSystemShims
         close(over)
 
         // 200 more, all refused: no thread each (1,000 idle connections once made 1,005 threads).
-        for _ in 0..<200 {
+        for index in 0..<200 {
             let fd = try connectControl(scratch.state)
-            #expect(try readAnswer(fd)?.error?.code == "too-many-connections")
+            let code = try readAnswer(fd, timeout: 3)?.error?.code
             close(fd)
+            // One failure says it all; 200 would wait out 200 timeouts.
+            guard code == "too-many-connections" else {
+                Issue.record("connection \(index) over the cap: \(code ?? "no answer")")
+                break
+            }
         }
         let during = try threads(of: host.pid)
         #expect(during <= baseline + 4 + 4, "the host has \(during) threads with 4 connections served (\(baseline) before)")
