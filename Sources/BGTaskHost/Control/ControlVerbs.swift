@@ -76,7 +76,7 @@ final class ControlVerbs: @unchecked Sendable {
             return queue.sync {
                 var response = ControlResponse()
                 let list = (try? store.pushes(app: request.app, limit: request.limit ?? 50)) ?? []
-                response.pushes = list.map { pushes.report(id: $0.id) ?? PushReport($0) }
+                response.pushes = list.map(pushes.report)
                 return response
             }
         case .deviceToken:
@@ -320,7 +320,7 @@ final class ControlVerbs: @unchecked Sendable {
             let now = core.clock.now
             var response = ControlResponse()
             // A push's apns-id: what became of it.
-            if UUID(uuidString: identifier) != nil, let report = pushes.report(id: UUID(uuidString: identifier)!.uuidString) {
+            if let id = UUID(uuidString: identifier), let report = pushes.report(id: id.uuidString) {
                 response.pushes = [report]
                 return response
             }

@@ -78,7 +78,7 @@ final class PushDelivery: @unchecked Sendable {
         guard core.queue.sync(execute: { catalog.apps[push.app] != nil }) else {
             return .failure(PushRefusal(410, "Unregistered", "no app \(push.app.prefix(255)) is installed (no valid bundle in \(core.configuration.pluginsDirectory.path))"))
         }
-        if let existing = try? core.store.push(id: push.id), existing != nil {
+        if ((try? core.store.push(id: push.id)) ?? nil) != nil {
             return .failure(PushRefusal(400, "BadMessageId", "a push with apns-id \(push.id) was received already"))
         }
         do {
@@ -97,7 +97,11 @@ final class PushDelivery: @unchecked Sendable {
 
     /// A push's report, with what holds it back when it is pending. On the queue.
     func report(id: String) -> PushReport? {
-        guard let push = (try? core.store.push(id: id)) ?? nil else { return nil }
+        ((try? core.store.push(id: id)) ?? nil).map(report)
+    }
+
+    /// The report of a push already read from the store. On the queue.
+    func report(_ push: StoredPush) -> PushReport {
         guard push.state == .pending else { return PushReport(push) }
         if case let .hold(blockers) = decide(push, conditions: device.conditions()) { return PushReport(push, blockers: blockers) }
         return PushReport(push)
