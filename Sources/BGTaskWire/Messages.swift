@@ -106,6 +106,9 @@ public enum ChildMessage: Sendable, Equatable {
     case notificationAdd(seq: UInt64, request: NotificationRequest)
     case notificationList(seq: UInt64, delivered: Bool)
     case notificationRemove(seq: UInt64, delivered: Bool, identifiers: [String]?)
+    /// Background URL sessions: a `TransferCall` as JSON (BGTaskModel/Transfers.swift), answered
+    /// with `transferReply`. The host decodes and checks it (`TransferCall.problem`).
+    case transferCall(seq: UInt64, json: String)
 }
 
 /// Messages the parent sends to its child.
@@ -129,6 +132,11 @@ public enum ParentMessage: Sendable, Equatable {
     /// `message`), the app's authorization (BGTASK_NOTIFICATION_AUTH_*), and for a list its
     /// entries.
     case notificationReply(seq: UInt64, status: Int32, message: String?, authorization: UInt32, notifications: [NotificationEntry])
+    /// The answer to `transferCall`: a status (BGTASK_OK, or BGTASK_E_* with `message`) and a
+    /// `TransferReply` as JSON.
+    case transferReply(seq: UInt64, status: Int32, message: String?, json: String?)
+    /// A `TransferEvent` as JSON, for a session this launch attached to.
+    case transferEvent(json: String)
 }
 
 extension LaunchAssignment: Equatable {}

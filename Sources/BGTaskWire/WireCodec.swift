@@ -398,6 +398,7 @@ extension ChildMessage: WireMessage {
         case let .notificationList(seq, delivered): writer.u8(32); writer.u64(seq); writer.bool(delivered)
         case let .notificationRemove(seq, delivered, identifiers):
             writer.u8(33); writer.u64(seq); writer.bool(delivered); writer.optional(identifiers) { $0.array($1) { $0.string($1) } }
+        case let .transferCall(seq, json): writer.u8(40); writer.u64(seq); writer.string(json)
         }
     }
 
@@ -440,6 +441,7 @@ extension ChildMessage: WireMessage {
                                             identifiers: try reader.optional("identifiers") { (r: inout WireReader) throws(ChannelError) in
                                                 try r.array("identifiers") { (e: inout WireReader) throws(ChannelError) in try e.string("identifier") }
                                             })
+        case 40: self = .transferCall(seq: try reader.u64("seq"), json: try reader.string("json"))
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }
@@ -467,6 +469,13 @@ extension ParentMessage: WireMessage {
             writer.optional(message) { $0.string($1) }
             writer.u32(authorization)
             writer.array(notifications) { $1.write(to: &$0) }
+        case let .transferReply(seq, status, message, json):
+            writer.u8(40)
+            writer.u64(seq)
+            writer.i32(status)
+            writer.optional(message) { $0.string($1) }
+            writer.optional(json) { $0.string($1) }
+        case let .transferEvent(json): writer.u8(41); writer.string(json)
         }
     }
 
@@ -492,6 +501,12 @@ extension ParentMessage: WireMessage {
                 message: try reader.optional("message") { (r: inout WireReader) throws(ChannelError) in try r.string("message") },
                 authorization: try reader.u32("authorization"),
                 notifications: try reader.array("notifications") { (r: inout WireReader) throws(ChannelError) in try NotificationEntry(from: &r) })
+        case 40:
+            self = .transferReply(
+                seq: try reader.u64("seq"), status: try reader.i32("status"),
+                message: try reader.optional("message") { (r: inout WireReader) throws(ChannelError) in try r.string("message") },
+                json: try reader.optional("json") { (r: inout WireReader) throws(ChannelError) in try r.string("json") })
+        case 41: self = .transferEvent(json: try reader.string("json"))
         case let tag: throw ChannelError(.malformed, "no parent message has tag \(tag)")
         }
     }

@@ -171,6 +171,31 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         }
         return status
     }
+    api.transfer_call = { _, json, reply, context in
+        func answer(_ text: String) { text.withCString { reply?(context, $0) } }
+        guard let json else {
+            answer(#"{"error":"invalid transfer call: NULL"}"#)
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        // Read at most one byte past the limit: a longer text is refused without copying it.
+        let length = strnlen(json, TransferLimits.callBytes + 1)
+        guard length <= TransferLimits.callBytes else {
+            answer(TransferErrorText.json("invalid transfer call: the call's JSON is over the limit of \(InputLimits.bytes(TransferLimits.callBytes))"))
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        guard let text = String(validating: UnsafeRawBufferPointer(start: json, count: length), as: UTF8.self) else {
+            answer(TransferErrorText.json("invalid transfer call: the JSON is not UTF-8"))
+            return Int32(BGTASK_E_INVALID_ARGUMENT.rawValue)
+        }
+        let reply = runner.askTransfers { .transferCall(seq: $0, json: text) }
+        if reply.status == 0 {
+            answer(reply.json ?? "{}")
+        } else {
+            answer(TransferErrorText.json(reply.message ?? "the host failed (status \(reply.status))"))
+        }
+        return reply.status
+    }
+    api.transfer_events = { _, handler, context in runner.setTransferEvents(handler, context) }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)
@@ -226,3 +251,12 @@ extension bgtask_request {
     }
 }
 
+
+
+/// `{"error":"..."}` for a transfer call that failed.
+enum TransferErrorText {
+    static func json(_ message: String) -> String {
+        let data = (try? JSONEncoder.transferJSON.encode(["error": message])) ?? Data(#"{"error":"?"}"#.utf8)
+        return String(decoding: data, as: UTF8.self)
+    }
+}

@@ -371,6 +371,33 @@ final class Runner: @unchecked Sendable {
         return (waiter.status, waiter.message, waiter.authorization, waiter.notifications)
     }
 
+    /// Sends a background-session call and waits for the parent's `transferReply`.
+    func askTransfers(_ make: (UInt64) -> ChildMessage) -> (status: Int32, message: String?, json: String?) {
+        let waiter = exchange(make)
+        return (waiter.status, waiter.message, waiter.json)
+    }
+
+    func resolveTransfers(seq: UInt64, status: Int32, message: String?, json: String?) {
+        guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
+        waiter.status = status
+        waiter.message = message
+        waiter.json = json
+        waiter.semaphore.signal()
+    }
+
+    /// The plugin's receiver of transfer events (`transfer_events`), called on the reader thread.
+    private var transferEventHandler: (handler: bgtask_json_visitor, context: UnsafeMutableRawPointer?)?
+
+    func setTransferEvents(_ handler: bgtask_json_visitor?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock { transferEventHandler = handler.map { ($0, context) } }
+    }
+
+    /// A `TransferEvent` from the parent: to the plugin's receiver, if it set one.
+    func transferEvent(_ json: String) {
+        guard let receiver = lock.withLock({ transferEventHandler }) else { return }
+        json.withCString { receiver.handler(receiver.context, $0) }
+    }
+
     /// Sends the message `make` builds with a new sequence number and waits (at most 30 s) for
     /// the reply with that number.
     private func exchange(_ make: (UInt64) -> ChildMessage) -> ReplyWaiter {
@@ -434,4 +461,5 @@ final class ReplyWaiter: @unchecked Sendable {
     var requests: [TaskRequest] = []
     var authorization: UInt32 = 0
     var notifications: [NotificationEntry] = []
+    var json: String?
 }

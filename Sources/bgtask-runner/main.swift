@@ -92,6 +92,10 @@ startThread {
             runner.resolve(seq: seq, status: status, message: text, requests: requests)
         case let .notificationReply(seq, status, text, authorization, notifications):
             runner.resolveNotifications(seq: seq, status: status, message: text, authorization: authorization, notifications: notifications)
+        case let .transferReply(seq, status, text, json):
+            runner.resolveTransfers(seq: seq, status: status, message: text, json: json)
+        case let .transferEvent(json):
+            runner.transferEvent(json)
         case let .startTask(task):
             runner.add(task)
         case .close:

@@ -30,6 +30,7 @@ struct WireCodecTests {
         .notificationAdd(seq: 18, request: NotificationRequest(identifier: "bare", content: NotificationContent())),
         .notificationList(seq: 19, delivered: true), .notificationList(seq: 20, delivered: false),
         .notificationRemove(seq: 21, delivered: false, identifiers: nil), .notificationRemove(seq: 22, delivered: true, identifiers: ["a", "ü"]),
+        .transferCall(seq: 23, json: #"{"op":"attach","session":"com.example.bg"}"#), .transferCall(seq: 24, json: ""),
     ]
 
     static let notification = NotificationRequest(
@@ -83,6 +84,9 @@ struct WireCodecTests {
         .notificationReply(seq: 3, status: 0, message: nil, authorization: 2,
                            notifications: [NotificationEntry(request: notification, date: 1_800_000_000.5),
                                            NotificationEntry(request: calendarNotification, date: nil)]),
+        .transferReply(seq: 4, status: 0, message: nil, json: #"{"transfers":[]}"#),
+        .transferReply(seq: 5, status: 100, message: "create: url: 'ftp://x' is not an absolute http or https URL", json: nil),
+        .transferEvent(json: #"{"event":"progress"}"#),
     ]
 
     @Test func everyMessageCrossesTheChannelUnchanged() throws {

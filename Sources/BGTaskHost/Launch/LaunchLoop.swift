@@ -264,6 +264,9 @@ struct LaunchLoop {
                                                                       authorization: answer.authorization.rawValue, notifications: []))
                 }
             }
+        case .transferCall(let seq, _):
+            // Background URL sessions: answered by the host's transfers part (issue 16).
+            try? channel.send(ParentMessage.transferReply(seq: seq, status: SubmissionRules.Status.unavailable.rawValue, message: "background transfers are not available in this host", json: nil))
         case .log(let level, let text):
             state.log.append(level: level, text)
         case .deviceToken(let seq):

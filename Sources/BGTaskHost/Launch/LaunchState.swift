@@ -146,7 +146,7 @@ struct LaunchState {
         case let .remoteNotificationCompleted(result, at):
             if pushCompletion == nil { pushCompletion = (result, at) }
         case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken: break
-        case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove: break
+        case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove, .transferCall: break
         }
     }
 

@@ -268,6 +268,25 @@ typedef struct bgtask_host_api {
     /* Removes pending requests or delivered notifications (`which`) with these identifiers;
      * `identifiers` NULL removes all of them. Unknown identifiers are ignored. */
     int32_t (*notification_remove)(bgtask_host *host, uint32_t which, const char *const *identifiers, size_t count);
+
+    /* ---- ABI 1, appended: background URL sessions (check BGTASK_HAS(api, transfer_call)) ---- */
+    /* The host carries a background session's tasks (URLSessionConfiguration.background):
+     * calls and answers cross as JSON (UTF-8), the shapes of TransferCall, TransferReply and
+     * TransferEvent in Sources/BGTaskModel/Transfers.swift (docs/abi.md):
+     *   {"op":"create","request":{"session":"com.example.bg","taskIdentifier":1,"kind":"download",
+     *    "url":"https://example.com/f","method":"GET","headers":[],"discretionary":false,
+     *    "sendsLaunchEvents":true,"allowsCellularAccess":true,"allowsExpensiveNetworkAccess":true,
+     *    "allowsConstrainedNetworkAccess":true,"requestTimeout":60,"resourceTimeout":604800}}
+     *   {"op":"cancel","id":"..."}   {"op":"attach","session":"..."}   {"op":"delivered","id":"..."}
+     *   {"op":"events-handled","session":"..."}
+     * Sends a call (at most 64 KiB) and waits for the host's answer: BGTASK_OK with the
+     * TransferReply's JSON passed to `reply` (valid during the call; `reply` may be NULL), or a
+     * bgtask_status with the reason passed to `reply` as {"error":"..."}. */
+    int32_t (*transfer_call)(bgtask_host *host, const char *call_json, bgtask_json_visitor reply, void *context);
+    /* Sets the function the runner calls, on its reader thread, with each TransferEvent's JSON
+     * for the sessions this launch attached to ("progress", "finished"). NULL stops them. The
+     * function must not block: hand the event to a queue. */
+    void (*transfer_events)(bgtask_host *host, bgtask_json_visitor handler, void *context);
 } bgtask_host_api;
 
 /* Local notifications: bgtask_host_api.notification_* */
