@@ -49,6 +49,7 @@ let package = Package(
         .library(name: "BackgroundTime", type: .dynamic, targets: ["BackgroundTime"]),
         .library(name: "PushApp", type: .dynamic, targets: ["PushApp"]),
         .library(name: "Podcasts", type: .dynamic, targets: ["Podcasts"]),
+        .library(name: "Downloader", type: .dynamic, targets: ["Downloader"]),
         .library(name: "Hostile", type: .dynamic, targets: ["Hostile"]),
         .library(name: "ABIGrowth", type: .dynamic, targets: ["ABIGrowth"]),
         .library(name: "UnifiedLogging5", type: .dynamic, targets: ["UnifiedLogging5"]),
@@ -77,9 +78,11 @@ let package = Package(
         ),
         // Apple's module name for the UIKit API that background execution uses (the application
         // object, its delegate, background time): app code importing it compiles unchanged.
+        // Sees every URLSession the app makes (hook.c), so a background session's events reach it.
+        .target(name: "_BGTaskURLSessionHook"),
         .target(
             name: "UIKit",
-            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskModel", "_BGTaskURLSessionHook"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         // Apple's module name, so that `import os` compiles unchanged. It depends on nothing of
@@ -172,6 +175,10 @@ let package = Package(
         .target(
             name: "Podcasts", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications"], path: "Tests/Fixtures/Podcasts",
             exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        .target(
+            name: "Downloader", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/Downloader",
+            exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
         ),
         .target(
             name: "IOSApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/IOSApp",

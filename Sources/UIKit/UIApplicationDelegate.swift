@@ -31,10 +31,10 @@ extension UIApplicationDelegate {
     }
     public func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data) {}
     public func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error) {}
+    /// Without it, the launch ends once the session's waiting events are delivered (when the app
+    /// makes the session) or when its time runs out.
     public func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
-                            completionHandler: @escaping () -> Void) {
-        completionHandler()
-    }
+                            completionHandler: @escaping () -> Void) {}
 }
 
 extension UIApplication {
@@ -62,6 +62,7 @@ extension UIApplication {
             _ = delegate.application(application, willFinishLaunchingWithOptions: options)
             _ = delegate.application(application, didFinishLaunchingWithOptions: options)
             if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
+            if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
         }
     }
 }

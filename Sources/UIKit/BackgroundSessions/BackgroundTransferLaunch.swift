@@ -1,0 +1,44 @@
+import BGTaskModel
+import BackgroundTasks
+import Foundation
+
+/// A launch for `background-transfer`: the host has finished transfers of these sessions
+/// waiting. For each, as iOS does: background time, then
+/// `application(_:handleEventsForBackgroundURLSession:completionHandler:)` on the main queue.
+/// The app recreates the session (its events are then delivered to it) and calls the completion
+/// handler, which ends the background time: the launch ends when every session's handler was
+/// called, or when its time runs out (then the handler's background time is ended for it: an
+/// app is suspended, not killed, for not calling it).
+@MainActor
+enum BackgroundTransferLaunch {
+    static func deliver(_ eventJSON: String?, to delegate: any UIApplicationDelegate, of application: UIApplication) {
+        guard let eventJSON, let event = try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(eventJSON.utf8)) else { return }
+        for identifier in event.sessions {
+            let assertion = AssertionBox()
+            let once = OnceFlag()
+            let complete: @Sendable () -> Void = {
+                guard once.first() else { return }
+                BackgroundSessions.shared.eventsHandled(identifier)
+                application.endBackgroundTask(assertion.identifier)
+            }
+            assertion.identifier = application.beginBackgroundTask(withName: "background-transfer \(identifier)") { complete() }
+            BackgroundSessions.shared.expectEvents(identifier, complete: complete)
+            DispatchQueue.main.async {
+                MainActor.assumeIsolated {
+                    delegate.application(application, handleEventsForBackgroundURLSession: identifier, completionHandler: complete)
+                }
+            }
+        }
+    }
+}
+
+private final class AssertionBox: @unchecked Sendable {
+    var identifier = UIBackgroundTaskIdentifier.invalid
+}
+
+/// The first call of a completion handler (later ones are ignored, as iOS ignores them).
+final class OnceFlag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var called = false
+    func first() -> Bool { lock.withLock { defer { called = true }; return !called } }
+}
