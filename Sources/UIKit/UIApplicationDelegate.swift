@@ -20,6 +20,12 @@ public protocol UIApplicationDelegate: NSObjectProtocol {
     /// session with `identifier`, and call it from `urlSessionDidFinishEvents(forBackgroundURLSession:)`.
     func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
                      completionHandler: @escaping () -> Void)
+    /// A foreground launch (`bgtask open`) became active, after launching.
+    func applicationDidBecomeActive(_ application: UIApplication)
+    /// A foreground launch is leaving the foreground: `applicationWillResignActive`, then
+    /// `applicationDidEnterBackground`, where an app takes background time to finish its work.
+    func applicationWillResignActive(_ application: UIApplication)
+    func applicationDidEnterBackground(_ application: UIApplication)
 }
 
 extension UIApplicationDelegate {
@@ -31,6 +37,9 @@ extension UIApplicationDelegate {
     }
     public func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data) {}
     public func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error) {}
+    public func applicationDidBecomeActive(_ application: UIApplication) {}
+    public func applicationWillResignActive(_ application: UIApplication) {}
+    public func applicationDidEnterBackground(_ application: UIApplication) {}
     /// Without it, the launch ends once the session's waiting events are delivered (when the app
     /// makes the session) or when its time runs out.
     public func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
@@ -61,6 +70,8 @@ extension UIApplication {
             // Their Bool is for URL launches on iOS; a background launch goes on either way.
             _ = delegate.application(application, willFinishLaunchingWithOptions: options)
             _ = delegate.application(application, didFinishLaunchingWithOptions: options)
+            ApplicationState.follow(delegate, of: application)
+            if launch.role == .foreground { ApplicationState.becameActive(delegate, of: application) }
             if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
             if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
         }

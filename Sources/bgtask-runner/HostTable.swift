@@ -196,6 +196,7 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         return reply.status
     }
     api.transfer_events = { _, handler, context in runner.setTransferEvents(handler, context) }
+    api.set_state_handler = { _, handler, context in runner.setStateHandler(handler, context) }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

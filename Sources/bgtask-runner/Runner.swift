@@ -180,9 +180,23 @@ final class Runner: @unchecked Sendable {
         if now { begin(task) }
     }
 
+    /// A foreground launch leaves the foreground: the app hears it (`set_state_handler`) before
+    /// the launch may end, so it can take background time as an app entering the background does.
     func close() {
-        lock.withLock { closed = true }
+        let handler: (bgtask_state_handler, UnsafeMutableRawPointer?)? = lock.withLock {
+            let wasOpen = !closed
+            closed = true
+            return wasOpen && assignment.role == .foreground ? stateHandler : nil
+        }
+        if let (handler, context) = handler { handler(context, UInt32(BGTASK_APP_STATE_BACKGROUND)) }
         signalEndIfDone()
+    }
+
+    /// The plugin's receiver of state changes (`set_state_handler`).
+    private var stateHandler: (bgtask_state_handler, UnsafeMutableRawPointer?)?
+
+    func setStateHandler(_ handler: bgtask_state_handler?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock { stateHandler = handler.map { ($0, context) } }
     }
 
     /// Starts one task on the main queue, or reports it not registered.

@@ -88,3 +88,32 @@ import Testing
         #expect(try status() == "1")
     }
 }
+
+/// An opened app leaving the foreground, as iOS tells it: `applicationDidBecomeActive` after
+/// launching, then `applicationWillResignActive`, `applicationDidEnterBackground` (and their
+/// notifications) when it leaves, where it takes background time to save; the launch ends only
+/// after that work.
+@Suite struct ApplicationStateTests {
+    @Test func anOpenedAppHearsItEnterTheBackgroundAndSavesUnderBackgroundTime() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [TestBundle(library: "BackgroundTime", info: "Tests/Fixtures/BackgroundTime/Info.plist", name: "BackgroundTime.app")])
+        defer { host.stop() }
+        let opened = try host.cli(["open", "com.example.bgtime", "--wait", "--json"])
+        let record = try RunRecord.decode(Data(opened.stdout.utf8))
+        #expect(record.termination == .exited, "\(record)")
+        let lines = try record.logText().split(separator: "\n").map(String.init).filter { $0.hasPrefix("bgtime: ") }
+        let expected = [
+            "bgtime: didFinishLaunching, delegate set: true",
+            "bgtime: didBecomeActive, state 0",
+            "bgtime: willResignActive",
+            "bgtime: didEnterBackground, state 2, remaining under 60 s: true",
+            "bgtime: didEnterBackgroundNotification",
+            "bgtime: saved",
+        ]
+        #expect(lines == expected, "\(lines)")
+        let names = record.backgroundTime?.map { $0.name ?? "" } ?? []
+        #expect(names.contains("enter-background") && names.contains("save"), "\(names)")
+        #expect(record.backgroundTime?.allSatisfy { $0.outcome == .ended } == true, "\(record.backgroundTime ?? [])")
+    }
+}

@@ -56,4 +56,27 @@ final class AppDelegate: UIResponder, UIApplicationDelegate {
         }
         return true
     }
+
+    // An opened app (`bgtask open`): active after launching; when it leaves the foreground it
+    // saves its work under background time taken in applicationDidEnterBackground, the classic
+    // pattern.
+    func applicationDidBecomeActive(_ application: UIApplication) {
+        print("bgtime: didBecomeActive, state \(application.applicationState.rawValue)")
+        NotificationCenter.default.addObserver(forName: UIApplication.didEnterBackgroundNotification, object: nil, queue: nil) { _ in
+            print("bgtime: didEnterBackgroundNotification")
+        }
+    }
+
+    func applicationWillResignActive(_ application: UIApplication) {
+        print("bgtime: willResignActive")
+    }
+
+    func applicationDidEnterBackground(_ application: UIApplication) {
+        print("bgtime: didEnterBackground, state \(application.applicationState.rawValue), remaining under 60 s: \(application.backgroundTimeRemaining < 60)")
+        let save = application.beginBackgroundTask(withName: "save")
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) {
+            print("bgtime: saved")
+            UIApplication.shared.endBackgroundTask(save)
+        }
+    }
 }

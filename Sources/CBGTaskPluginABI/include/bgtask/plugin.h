@@ -152,6 +152,8 @@ typedef void (*bgtask_request_visitor)(void *context, const bgtask_request *requ
 
 /* Called with one JSON text (UTF-8, NUL-terminated, valid during the call). */
 typedef void (*bgtask_json_visitor)(void *context, const char *json);
+/* The app's state changed (set_state_handler): BGTASK_APP_STATE_*. */
+typedef void (*bgtask_state_handler)(void *context, uint32_t state);
 
 #define BGTASK_LOG_DEBUG 0
 #define BGTASK_LOG_INFO 1
@@ -287,6 +289,14 @@ typedef struct bgtask_host_api {
      * for the sessions this launch attached to ("progress", "finished"). NULL stops them. The
      * function must not block: hand the event to a queue. */
     void (*transfer_events)(bgtask_host *host, bgtask_json_visitor handler, void *context);
+
+    /* ---- ABI 1, appended: the app's state (check BGTASK_HAS(api, set_state_handler)) ---- */
+    /* Sets the function the runner calls with the app's new state (BGTASK_APP_STATE_*) when it
+     * changes: a foreground launch leaving the foreground (BGTASK_APP_STATE_BACKGROUND). It is
+     * called on the runner's reader thread before the launch may end, so it can take background
+     * time (begin_background_time) and hand the rest to the main queue; it must not block.
+     * NULL stops the calls. */
+    void (*set_state_handler)(bgtask_host *host, bgtask_state_handler handler, void *context);
 } bgtask_host_api;
 
 /* Local notifications: bgtask_host_api.notification_* */
