@@ -128,7 +128,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask",
             dependencies: [
-                "BGTaskHost", "BGTaskLogLine",
+                "BGTaskHost", "BGTaskLogLine", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

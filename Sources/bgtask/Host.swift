@@ -1,6 +1,9 @@
 import ArgumentParser
 import BGTaskHost
 import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
 
 extension BGTaskCommand {
     struct Host: ParsableCommand {
@@ -90,6 +93,28 @@ extension BGTaskCommand {
             }
         }
 
+        /// `BGTASK_EXIT_WITH_PARENT=PID` (the test suite sets it): shut down gracefully, as on
+        /// SIGTERM, when process PID ends, so a test process that dies cannot leave its hosts
+        /// behind. Watched through a pidfd (PR_SET_PDEATHSIG follows the spawning thread, which a
+        /// thread pool may end while the process lives on).
+        static func exitWithParent(logger: Logger) -> DispatchSourceRead? {
+            guard let text = ProcessInfo.processInfo.environment["BGTASK_EXIT_WITH_PARENT"], let parent = pid_t(text), parent > 1 else { return nil }
+            let descriptor = bgtask_pidfd_open(parent)
+            guard descriptor >= 0 else {
+                logger.warning("BGTASK_EXIT_WITH_PARENT=\(text): no such process; shutting down")
+                kill(getpid(), SIGTERM)
+                return nil
+            }
+            let source = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .global())
+            source.setEventHandler {
+                logger.info("process \(parent) (BGTASK_EXIT_WITH_PARENT) ended: shutting down")
+                kill(getpid(), SIGTERM)
+            }
+            source.setCancelHandler { close(descriptor) }
+            source.resume()
+            return source
+        }
+
         func run() throws {
             var configuration = TaskHost.Configuration(
                 pluginsDirectory: URL(fileURLWithPath: plugins).standardizedFileURL,
@@ -122,6 +147,8 @@ extension BGTaskCommand {
             configuration.cgroupRoot = try limits.cgroupRoot(logger: logger)
             configuration.processLimit = limits.processLimit
             configuration.confine = !limits.noSandbox
+            let parentWatch = Self.exitWithParent(logger: logger)
+            defer { parentWatch?.cancel() }
             do {
                 let host = try TaskHost(configuration: configuration, logger: logger)
                 try host.run()

@@ -44,6 +44,8 @@ final class HostProcess: @unchecked Sendable {
         let args = [Products.cli, "host", "--plugins", plugins.path, "--state", scratch.state.path] + arguments
         let argv = args.map { strdup($0) } + [nil]
         var variables = ProcessInfo.processInfo.environment
+        // The host ends with this test process, whatever kills it.
+        variables["BGTASK_EXIT_WITH_PARENT"] = String(getpid())
         for (key, value) in environment { variables[key] = value }
         let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
@@ -365,5 +367,41 @@ struct HostTestError: Error, CustomStringConvertible {
             if !dropped { usleep(20_000) }
         }
         #expect(dropped, "a removed bundle's pending requests are dropped")
+    }
+}
+
+@Suite struct HostLifetimeTests {
+    /// `BGTASK_EXIT_WITH_PARENT=PID`: the host shuts down gracefully when that process ends (the
+    /// suite's own hosts name the test process, so none outlives a crashed test run).
+    @Test func aHostEndsWithTheProcessItWasToldToFollow() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        var sleeper: pid_t = 0
+        let argv = [strdup("/bin/sleep"), strdup("60"), nil]
+        defer { argv.forEach { free($0) } }
+        #expect(posix_spawn(&sleeper, "/bin/sleep", nil, nil, argv, environ) == 0)
+        var sleeperReaped = false
+        defer {
+            if !sleeperReaped {
+                kill(sleeper, SIGKILL)
+                var status: Int32 = 0
+                waitpid(sleeper, &status, 0)
+            }
+        }
+        let host = try HostProcess(scratch: scratch)
+        host.environment["BGTASK_EXIT_WITH_PARENT"] = String(sleeper)
+        try host.start()
+        defer { host.stop() }
+        usleep(200_000)
+        #expect(bgtask_has_exited(host.pid) == 0, "the host runs while the process it follows does")
+        kill(sleeper, SIGKILL)
+        var status: Int32 = 0
+        waitpid(sleeper, &status, 0)
+        sleeperReaped = true
+        let deadline = Date().addingTimeInterval(20)
+        while bgtask_has_exited(host.pid) == 0 && Date() < deadline { usleep(20_000) }
+        #expect(bgtask_has_exited(host.pid) != 0, "the host outlived the process it follows")
+        let log = (try? String(contentsOfFile: host.logPath, encoding: .utf8)) ?? ""
+        #expect(log.contains("(BGTASK_EXIT_WITH_PARENT) ended: shutting down"), "\(log)")
     }
 }
