@@ -65,6 +65,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-http2", from: "1.36.0"),
         // TLS for the APNs endpoint (with ALPN h2, as APNs speaks it to provider libraries).
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
+        // ES256 verification of APNs provider tokens (JWT) on the endpoint.
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.0.0"),
     ],
     targets: [
         // MARK: The ABI and the SDK
@@ -116,6 +118,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         .executableTarget(
@@ -204,7 +207,8 @@ let package = Package(
         .testTarget(name: "UnifiedLoggingTests", dependencies: ["os", "BGTaskLogLine"]),
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
+            dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                           .product(name: "Crypto", package: "swift-crypto")]
         ),
     ]
 )

@@ -69,6 +69,12 @@ extension BGTaskCommand {
 
         @Option(name: .customLong("apns-tls-key"), help: ArgumentHelp("The APNs endpoint's PEM private key (with --apns-tls-certificate).", valueName: "pem"), completion: .file())
         var apnsTLSKey: String?
+
+        @Option(name: .customLong("apns-auth-key"), help: ArgumentHelp("Require provider tokens (JWT, ES256) on the APNs endpoint, signed with this key: KEY_ID:FILE, the provider's .p8 file (or its public key, PEM). Repeat for more keys. Without it every request is accepted.", valueName: "key-id:file"))
+        var apnsAuthKeys: [String] = []
+
+        @Option(name: .customLong("apns-team-id"), help: ArgumentHelp("With --apns-auth-key: the team identifier a provider token's iss must name.", valueName: "team"))
+        var apnsTeamID: String?
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
@@ -82,6 +88,11 @@ extension BGTaskCommand {
         func validate() throws {
             if let apnsPort, !(0...65535).contains(apnsPort) { throw ValidationError("--apns-port must be 0 to 65535, not \(apnsPort)") }
             if (apnsTLSCertificate == nil) != (apnsTLSKey == nil) { throw ValidationError("--apns-tls-certificate and --apns-tls-key go together") }
+            for key in apnsAuthKeys {
+                let parts = key.split(separator: ":", maxSplits: 1)
+                if parts.count != 2 || parts[0].isEmpty || parts[1].isEmpty { throw ValidationError("--apns-auth-key takes KEY_ID:FILE, not '\(key)'") }
+            }
+            if apnsTeamID != nil && apnsAuthKeys.isEmpty { throw ValidationError("--apns-team-id needs --apns-auth-key") }
             if apnsTLSCertificate != nil && apnsPort == nil { throw ValidationError("--apns-tls-certificate needs --apns-port") }
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
             guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
@@ -128,6 +139,11 @@ extension BGTaskCommand {
             configuration.logPrivateValues = logPrivate
             configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }
             if let apnsTLSCertificate, let apnsTLSKey { configuration.apnsTLS = (apnsTLSCertificate, apnsTLSKey) }
+            for key in apnsAuthKeys {
+                let parts = key.split(separator: ":", maxSplits: 1).map(String.init)
+                configuration.apnsProviderKeys[parts[0]] = parts[1]
+            }
+            configuration.apnsTeamID = apnsTeamID
             configuration.allowNotifications = allowNotifications
             configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }

@@ -1,3 +1,4 @@
+import Crypto
 @testable import BGTaskHost
 import BGTaskModel
 import Foundation
@@ -283,5 +284,61 @@ import Testing
                               body: #"{"aps":{"content-available":1},"episode":9}"#, tls: true)
         #expect(answer.status == 200 && answer.headers["bgtask-push-state"] == "delivered", "\(answer)")
         #expect(try post(port, token: token, headers: [:], body: "{}", tls: true).body.contains("MissingTopic"))
+    }
+
+    /// Token-based provider authentication (`--apns-auth-key`, `--apns-team-id`): a JWT signed
+    /// with ES256 by the provider's key goes through; no token, another key, another team, a
+    /// forged signature or a token over an hour old is refused as APNs refuses it.
+    @Test func providerTokensAreCheckedAsAPNsChecksThem() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let key = P256.Signing.PrivateKey(), stranger = P256.Signing.PrivateKey()
+        let keyFile = scratch.url.appendingPathComponent("AuthKey_ABC123DEFG.p8")
+        try key.pemRepresentation.write(to: keyFile, atomically: true, encoding: .utf8)
+        // A key file that holds no key: the host refuses to start and names it.
+        let bad = scratch.url.appendingPathComponent("bad.p8")
+        try "not a key".write(to: bad, atomically: true, encoding: .utf8)
+        let refused = try runCLI(["host", "--plugins", scratch.url.appendingPathComponent("none").path, "--state", scratch.state.path,
+                                  "--apns-port", "0", "--apns-auth-key", "K:\(bad.path)"], timeout: .seconds(30))
+        #expect(refused.status != 0 && refused.stderr.contains(bad.path) && refused.stderr.contains("no P-256 key"), "\(refused.stderr)")
+
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--apns-port", "0", "--apns-auth-key", "ABC123DEFG:\(keyFile.path)",
+                                                                "--apns-team-id", "TEAM123456"], installing: [PushTests.pushApp])
+        defer { _ = host.stop() }
+        let port = try boundPort(host)
+        let token = try host.cli(["device-token", Self.app]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let body = #"{"aps":{"content-available":1},"episode":11}"#
+        func jwt(_ signer: P256.Signing.PrivateKey, kid: String = "ABC123DEFG", iss: String = "TEAM123456", iat: Double = Date().timeIntervalSince1970,
+                 alg: String = "ES256") throws -> String {
+            func encode(_ data: Data) -> String {
+                data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+            }
+            let header = encode(try JSONSerialization.data(withJSONObject: ["alg": alg, "kid": kid]))
+            let claims = encode(try JSONSerialization.data(withJSONObject: ["iss": iss, "iat": Int(iat)]))
+            let signature = try signer.signature(for: Data("\(header).\(claims)".utf8))
+            return "\(header).\(claims).\(encode(signature.rawRepresentation))"
+        }
+        let valid = try jwt(key)
+        let accepted = try post(port, token: token, headers: ["apns-topic": Self.app, "authorization": "bearer \(valid)"], body: body)
+        #expect(accepted.status == 200, "\(accepted)")
+        let forged = valid.dropLast(4) + (valid.hasSuffix("AAAA") ? "BBBB" : "AAAA")
+        let cases: [(String?, String)] = [
+            (nil, "MissingProviderToken"),
+            ("bearer \(try jwt(stranger))", "InvalidProviderToken"),
+            ("bearer \(try jwt(key, kid: "OTHERKEY00"))", "InvalidProviderToken"),
+            ("bearer \(try jwt(key, iss: "OTHERTEAM0"))", "InvalidProviderToken"),
+            ("bearer \(try jwt(key, alg: "HS256"))", "InvalidProviderToken"),
+            ("bearer \(forged)", "InvalidProviderToken"),
+            ("bearer not.a.jwt", "InvalidProviderToken"),
+            ("basic \(valid)", "InvalidProviderToken"),
+            ("bearer \(try jwt(key, iat: Date().timeIntervalSince1970 - 3700))", "ExpiredProviderToken"),
+            ("bearer \(try jwt(key, iat: Date().timeIntervalSince1970 + 3600))", "InvalidProviderToken"),
+        ]
+        for (authorization, reason) in cases {
+            var headers = ["apns-topic": Self.app]
+            if let authorization { headers["authorization"] = authorization }
+            let answer = try post(port, token: token, headers: headers, body: body)
+            #expect(answer.status == 403 && answer.body.contains("\"reason\":\"\(reason)\""), "\(reason): \(answer.status) \(answer.body)")
+        }
     }
 }

@@ -69,6 +69,9 @@ public final class TaskHost: @unchecked Sendable {
         public var apnsEndpoint: (host: String, port: Int)?
         /// The APNs endpoint's TLS: PEM files of its certificate chain and private key (nil: cleartext).
         public var apnsTLS: (certificate: String, key: String)?
+        /// Provider token keys (key identifier → PEM file) and team: token authentication on.
+        public var apnsProviderKeys: [String: String] = [:]
+        public var apnsTeamID: String?
         /// Local notifications are authorized for every app whose own switch is not off
         /// (`--allow-notifications`); otherwise denied until the operator allows an app.
         public var allowNotifications = false
@@ -169,7 +172,7 @@ public final class TaskHost: @unchecked Sendable {
         var list: [HostPart] = [launches, catalog, server]
         if let (address, port) = configuration.apnsEndpoint {
             let scheduling = self.scheduling
-            list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
+            list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
         }
         list.append(scheduling)
         list.append(notifications)

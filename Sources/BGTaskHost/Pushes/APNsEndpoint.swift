@@ -23,6 +23,10 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
         var port: Int
         /// PEM files of the certificate chain and private key: TLS with ALPN h2 (nil: cleartext).
         var tls: (certificate: String, key: String)?
+        /// Provider token keys by key identifier (PEM files), and the team: when there are
+        /// keys, every request must carry a valid provider token (`APNsProviderAuth`).
+        var providerKeys: [String: String] = [:]
+        var teamID: String?
     }
 
     private let options: Options
@@ -30,6 +34,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
     private let pushes: PushDelivery
     private let evaluate: @Sendable () -> Void
     private var group: MultiThreadedEventLoopGroup?
+    private var auth: APNsProviderAuth?
     private var channel: Channel?
     /// A push is handled off the event loop (it writes the store and waits for the host's queue).
     private let work = DispatchQueue(label: "bgtask.apns", attributes: .concurrent)
@@ -48,6 +53,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
 
     func start() throws(BGTaskError) {
         let tls = try options.tls.map { (certificate, key) throws(BGTaskError) in try Self.tlsContext(certificate: certificate, key: key) }
+        if !options.providerKeys.isEmpty { auth = try APNsProviderAuth(keyFiles: options.providerKeys, teamID: options.teamID) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let handle = { [self] (request: APNsRequest) -> EventLoopFuture<APNsResponse> in self.handle(request) }
         let bootstrap = ServerBootstrap(group: group)
@@ -118,6 +124,9 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
         guard request.method == .POST else { return .refused(405, "MethodNotAllowed", id: request.apnsID) }
         let parts = request.path.split(separator: "/", omittingEmptySubsequences: false)
         guard parts.count == 4, parts[0].isEmpty, parts[1] == "3", parts[2] == "device" else { return .refused(404, "BadPath", id: request.apnsID) }
+        if let auth, let refusal = auth.check(authorization: request.headers.first(name: "authorization")) {
+            return .refused(403, refusal.rawValue, id: request.apnsID)
+        }
         let token = String(parts[3]).lowercased()
         guard token.count == 64, token.allSatisfy(\.isHexDigit) else { return .refused(400, "BadDeviceToken", id: request.apnsID) }
         if request.bodyTooLarge { return .refused(413, "PayloadTooLarge", id: request.apnsID) }
