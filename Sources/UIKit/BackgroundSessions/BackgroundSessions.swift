@@ -251,7 +251,11 @@ final class BackgroundSessions: @unchecked Sendable {
         }
         queue.async {
             guard let link = self.lock.withLock({ self.links[event.transfer.id] }) else {
-                self.lock.withLock { self.early[event.transfer.id] = event.transfer }
+                // Its task's protocol has not started yet (kept for it), or it was delivered
+                // (a late progress event: the bound keeps such leftovers from piling up).
+                self.lock.withLock {
+                    if self.early.count < 1024 || self.early[event.transfer.id] != nil { self.early[event.transfer.id] = event.transfer }
+                }
                 return
             }
             self.apply(event.transfer, to: link, finished: event.event == "finished" || event.transfer.state.isFinished)
