@@ -65,6 +65,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-http2", from: "1.36.0"),
         // TLS for the APNs endpoint (with ALPN h2, as APNs speaks it to provider libraries).
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
+        // Background URL sessions' transfers (issue 16): an HTTP client on SwiftNIO (the event
+        // loops above), streaming bodies with backpressure, HTTP/1.1 and HTTP/2, TLS through
+        // swift-nio-ssl, pooled connections, redirects (docs/transfers.md, "Why AsyncHTTPClient").
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.26.0"),
     ],
     targets: [
         // MARK: The ABI and the SDK
@@ -116,6 +120,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ]
         ),
         .executableTarget(
@@ -204,7 +209,13 @@ let package = Package(
         .testTarget(name: "UnifiedLoggingTests", dependencies: ["os", "BGTaskLogLine"]),
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
+            dependencies: [
+                "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                // The transfer tests' own HTTP/1.1 server (TransferTestServer.swift).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
         ),
     ]
 )
