@@ -54,9 +54,13 @@ import Testing
 
         func caller(launchID: String = "launch-1", receivesEvents: Bool = true) -> TransferCaller {
             let events = self.events
-            return TransferCaller(app: TransferTests.app, bundle: bundle, launchID: launchID, send: receivesEvents ? { json in
-                if let event = try? JSONDecoder().decode(TransferEvent.self, from: Data(json.utf8)) { events.withLock { $0.append(event) } }
-            } : nil)
+            var send: (@Sendable (String) -> Void)?
+            if receivesEvents {
+                send = { json in
+                    if let event = try? JSONDecoder().decode(TransferEvent.self, from: Data(json.utf8)) { events.withLock { $0.append(event) } }
+                }
+            }
+            return TransferCaller(app: TransferTests.app, bundle: bundle, launchID: launchID, send: send)
         }
 
         func call(_ call: TransferCall, launchID: String = "launch-1", receivesEvents: Bool = true) -> TransferCallAnswer {

@@ -82,7 +82,8 @@ struct HostRequestBroker: LaunchRequestBroker {
         guard let owner = owner(of: app) else {
             return .failure(TransferCallAnswer.unavailable, "the app containing \(app.identifier) is no longer in the plugin directory")
         }
-        let send: (@Sendable (String) -> Void)? = control.map { control in { control.sendTransferEvent($0) } }
+        var send: (@Sendable (String) -> Void)?
+        if let control { send = { json in control.sendTransferEvent(json) } }
         return transfers.answer(call, from: TransferCaller(app: owner.identifier, bundle: app, launchID: launchID, send: send))
     }
 

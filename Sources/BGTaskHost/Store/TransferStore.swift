@@ -129,10 +129,6 @@ extension PendingRequestStore {
                 try info.error.map(json), info.file, transfer.notBefore]
     }
 
-    private static func json<T: Encodable>(_ value: T) throws -> String {
-        String(decoding: try JSONEncoder.transferJSON.encode(value), as: UTF8.self)
-    }
-
     static func transfer(_ row: Row) throws -> StoredTransfer {
         let request = try JSONDecoder().decode(TransferRequest.self, from: Data((row["request"] as String).utf8))
         var info = TransferInfo(id: row["id"], app: row["app"], request: request,

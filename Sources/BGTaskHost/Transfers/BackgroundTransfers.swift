@@ -356,7 +356,8 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
             bodyLength: transfer.info.bytesExpectedToSend, inlineLimit: TransferLimits.inlineBodyBytes)
         logger.debug("transfer attempt", metadata: ["transfer.id": "\(id)", "attempt": "\(transfer.info.attempts)"])
         let handle = engine.start(attempt) { [weak self] event in
-            self?.queue.async { self?.handle(event, of: id, generation: mine) }
+            guard let self else { return }
+            self.queue.async { self.handle(event, of: id, generation: mine) }
         }
         // Its events hop onto this queue: none is handled before the attempt is kept.
         attempts[id] = Attempt(handle: handle, generation: mine)

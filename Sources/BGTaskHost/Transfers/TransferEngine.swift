@@ -453,7 +453,7 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
             case .connectTimeout: return retry(TransferError.timedOutCode, "connecting timed out")
             case .readTimeout, .writeTimeout: return retry(TransferError.timedOutCode, "the connection timed out")
             case .remoteConnectionClosed: return retry(TransferError.networkConnectionLostCode, "the server closed the connection before the response ended")
-            case .invalidURL, .emptyHost, .emptyScheme, .unsupportedScheme:
+            case .invalidURL, .emptyHost, .emptyScheme:
                 return .failed(TransferError(code: -1000, message: "bad URL: \(client)"), retry: false, restart: false)
             case .redirectCycleDetected, .redirectLimitReached:
                 return .failed(TransferError(code: -1007, message: "too many redirects (\(client))"), retry: false, restart: false)
