@@ -107,6 +107,8 @@ enum DownloadDelivery {
     /// Opens (making it, when `create`) the app's downloads directory: its descriptor, or -1.
     private static func openDirectory(app: String, stateDirectory: URL, create: Bool, uid: UInt32?) -> (fd: Int32, errno: Int32) {
         let container = stateDirectory.appendingPathComponent("containers/\(app)").path
+        // An app that never ran has no container yet (nor, on a new host, any container).
+        if create { mkdir(stateDirectory.appendingPathComponent("containers").path, 0o755) }
         if create, mkdir(container, 0o755) == 0, let uid { chown(container, uid, uid) }
         var directory = open(container, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard directory >= 0 else { return (-1, errno) }
