@@ -65,8 +65,13 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-http2", from: "1.36.0"),
         // TLS for the APNs endpoint (with ALPN h2, as APNs speaks it to provider libraries).
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
-        // ES256 verification of APNs provider tokens (JWT) on the endpoint.
+        // ES256 verification of APNs provider tokens (JWT) on the endpoint (and the transfer
+        // tests' SHA-256).
         .package(url: "https://github.com/apple/swift-crypto", from: "3.0.0"),
+        // Background URL sessions' transfers (issue 16): an HTTP client on SwiftNIO (the event
+        // loops above), streaming bodies with backpressure, HTTP/1.1 and HTTP/2, TLS through
+        // swift-nio-ssl, pooled connections, redirects (docs/transfers.md, "Why AsyncHTTPClient").
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.26.0"),
     ],
     targets: [
         // MARK: The ABI and the SDK
@@ -119,6 +124,7 @@ let package = Package(
                 .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ]
         ),
         .executableTarget(
@@ -207,8 +213,14 @@ let package = Package(
         .testTarget(name: "UnifiedLoggingTests", dependencies: ["os", "BGTaskLogLine"]),
         .testTarget(
             name: "BGTaskHostTests",
-            dependencies: ["BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
-                           .product(name: "Crypto", package: "swift-crypto")]
+            dependencies: [
+                "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                .product(name: "Crypto", package: "swift-crypto"),
+                // The transfer tests' own HTTP/1.1 server (TransferTestServer.swift).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
         ),
     ]
 )

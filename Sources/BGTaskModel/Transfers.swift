@@ -198,7 +198,7 @@ public struct TransferInfo: Codable, Sendable, Equatable {
     /// owned by the app; valid until the app is told (`delivered`).
     public var file: String?
     /// `data` and `upload`, `completed`: the response body, when small enough to cross the
-    /// channel (`TransferLimits.inlineBodyBytes`); a larger one is in `file`.
+    /// channel (`TransferLimits.inlineBodyBytes`: base64 in JSON must fit one channel frame).
     public var body: Data?
     public var error: TransferError?
     public var createdAt: Double
@@ -319,7 +319,7 @@ public enum TransferLimits {
     /// A `TransferCall`'s JSON.
     public static let callBytes = 64 * 1024
     /// A response body carried in `TransferInfo.body` (data and upload tasks).
-    public static let inlineBodyBytes = 256 * 1024
+    public static let inlineBodyBytes = 128 * 1024
     /// Transfers per app not yet delivered.
     public static let activePerApp = 1000
 }

@@ -43,8 +43,11 @@ open class BGTask: NSObject, @unchecked Sendable {
             return
         }
         HostConnection.current.untrack(taskID)
-        if let (api, host) = HostConnection.current.connection {
-            api.set_task_completed(host, taskID, success)
+        let taskID = taskID
+        HostConnection.current.handOver {
+            if let (api, host) = HostConnection.current.connection {
+                api.set_task_completed(host, taskID, success)
+            }
         }
     }
 

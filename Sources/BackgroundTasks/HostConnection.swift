@@ -74,4 +74,29 @@ package final class HostConnection: @unchecked Sendable {
     func noteRepeatedCompletion(_ taskID: UInt64, success: Bool) {
         lock.withLock { repeatedCompletionObserver }?(taskID, success)
     }
+
+    // MARK: Work handed over before a launch may end
+
+    private var handOvers: [@Sendable (@escaping @Sendable () -> Void) -> Void] = []
+
+    /// Adds work to finish before the app tells the runner something that may end the launch (a
+    /// task completed, background time ended); the work calls its argument when done, on any
+    /// thread. How UIKit makes sure the background-session tasks the app just resumed have
+    /// reached the host before its process goes.
+    package func beforeEnding(_ work: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
+        lock.withLock { handOvers.append(work) }
+    }
+
+    /// Runs `then` once every hand-over has finished: at once, on this thread, when there are
+    /// none (every app that makes no background session).
+    package func handOver(then: @escaping @Sendable () -> Void) {
+        let works = lock.withLock { handOvers }
+        guard !works.isEmpty else { return then() }
+        let group = DispatchGroup()
+        for work in works {
+            group.enter()
+            work { group.leave() }
+        }
+        group.notify(queue: .global(), execute: then)
+    }
 }

@@ -120,8 +120,11 @@ open class UIApplication: UIResponder {
 
     /// Ends an assertion; `.invalid`, and one already ended, are ignored. Any thread.
     public nonisolated func endBackgroundTask(_ identifier: UIBackgroundTaskIdentifier) {
-        guard identifier != .invalid, let (api, host) = HostConnection.current.connection, api.has(\.end_background_time) else { return }
-        api.end_background_time(host, UInt64(truncatingIfNeeded: identifier.rawValue))
+        guard identifier != .invalid, HostConnection.current.connection?.api.has(\.end_background_time) == true else { return }
+        HostConnection.current.handOver {
+            guard let (api, host) = HostConnection.current.connection else { return }
+            api.end_background_time(host, UInt64(truncatingIfNeeded: identifier.rawValue))
+        }
     }
 }
 

@@ -270,8 +270,8 @@ extension BGTaskCommand {
     }
 
     struct Why: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Explain why a request has not run: every condition holding it back.")
-        @Argument(help: "The task identifier of the request.") var identifier: String
+        static let configuration = CommandConfiguration(abstract: "Explain why a request has not run: every condition holding it back (or, given a push's or a transfer's id, where it stands).")
+        @Argument(help: "The task identifier of the request, or a push's or a transfer's id.") var identifier: String
         @Option(name: .long, help: "The app, when several submitted the identifier.") var app: String?
         @OptionGroup var host: HostOptions
 
@@ -280,6 +280,10 @@ extension BGTaskCommand {
             if let push = response.pushes?.first {
                 if host.json { return try host.printJSON(push) }
                 return print(push.text)
+            }
+            if let transfer = response.transfers?.first {
+                if host.json { return try host.printJSON(transfer) }
+                return print(transfer.explanation)
             }
             guard let report = response.why else { return }
             if host.json { return try host.printJSON(report) }

@@ -30,3 +30,176 @@ import Testing
         #expect(log.contains("downloader: complete file0 error -1004"), "\(log)")
     }
 }
+
+/// The Downloader app (Apple's DownloadManager pattern, unchanged) under a real host and the
+/// suite's loopback HTTP server: transfers the host carries for it, delivered to its delegate
+/// while it runs and by relaunching it when it does not.
+@Suite struct BackgroundSessionHostTests {
+    static let app = "com.example.downloader"
+    static let session = "com.example.downloader.background"
+
+    /// A host with the Downloader installed, told `config`; the server started.
+    static func started(_ scratch: Scratch, _ config: (TransferTestServer) -> [String: Any], throttle: Int? = nil,
+                        arguments: [String] = ["--clock", "virtual"]) throws -> (HostProcess, TransferTestServer) {
+        let server = TransferTestServer()
+        server.throttle = throttle
+        try server.start()
+        let host = try HostProcess(scratch: scratch, arguments: arguments)
+        let staged = try scratch.bundle("Downloader", info: BackgroundSessionTests.downloader.info, name: "staged-Downloader.app")
+        try BackgroundSessionTests.configure(staged, config(server))
+        try FileManager.default.moveItem(at: staged, to: host.plugins.appendingPathComponent("Downloader.app"))
+        try host.start()
+        return (host, server)
+    }
+
+    static func fnv(_ data: Data) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in data { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        return String(hash, radix: 16)
+    }
+
+    static func launch(_ host: HostProcess, _ task: String) throws {
+        let result = try host.cli(["simulate-launch", "\(app).\(task)", "--force", "--type", "refresh"])
+        try #require(result.status == 0, "\(result.stderr)")
+    }
+
+    /// The first record (newest last) matching `predicate`, waiting for it.
+    static func record(_ host: HostProcess, timeout: TimeInterval = 60, where predicate: (RunRecord) -> Bool) throws -> RunRecord {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if let found = (try host.send(ControlRequest(.history, limit: 50)).records ?? []).first(where: predicate) { return found }
+            usleep(50_000)
+        }
+        throw HostTestError("no such record within \(Int(timeout)) s: \((try? host.send(ControlRequest(.history, limit: 50)).records) ?? []); transfers \((try? transfers(host)) ?? []); host log \((try? String(contentsOfFile: host.logPath, encoding: .utf8))?.suffix(3000) ?? "")")
+    }
+
+    static func transfers(_ host: HostProcess) throws -> [TransferReport] {
+        try host.send(ControlRequest(.transfers, app: app)).transfers ?? []
+    }
+
+    /// While the app runs: progress, then the file (moved by the delegate before it returned),
+    /// then the completion, with the server's response on the task.
+    @Test func aDownloadIsDeliveredToTheRunningApp() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let size = 300_000
+        let (host, server) = try Self.started(scratch, { ["downloads": [$0.url("/bytes/\(size)")]] }, throttle: 600_000)
+        defer { host.stop(); server.stop() }
+        try Self.launch(host, "wait")
+        let record = try Self.record(host) { $0.task("\(Self.app).wait") != nil }
+        #expect(record.task("\(Self.app).wait")?.outcome == .succeeded, "\(record)")
+        let log = try record.logText()
+        #expect(log.contains("downloader: progress file0 "), "progress reached the delegate: \(log)")
+        #expect(log.contains("downloader: finished file0 status 200 bytes \(size) fnv \(Self.fnv(TransferTestServer.bytes(size)))"), "\(log)")
+        #expect(log.contains("downloader: complete file0 ok status 200"), "\(log)")
+        let transfer = try #require(try Self.transfers(host).first)
+        #expect(transfer.state == .delivered && transfer.bytesReceived == Int64(size), "\(transfer)")
+        #expect(record.transfers?.delivered.contains(transfer.id) == true, "the record names it: \(String(describing: record.transfers))")
+    }
+
+    /// The app starts a download and exits; the host carries it, then launches the app for
+    /// `background-transfer`: handleEvents, the recreated session receives the file, then
+    /// urlSessionDidFinishEvents, whose completion handler ends the launch.
+    @Test func aDownloadOutlivesTheAppAndRelaunchesItToDeliver() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let size = 200_000
+        let (host, server) = try Self.started(scratch, { ["downloads": [$0.url("/bytes/\(size)")]] }, throttle: 400_000)
+        defer { host.stop(); server.stop() }
+        try Self.launch(host, "start")
+        let started = try Self.record(host) { $0.task("\(Self.app).start") != nil }
+        #expect(started.task("\(Self.app).start")?.outcome == .succeeded)
+        let relaunch = try Self.record(host) { $0.reason == "background-transfer" }
+        #expect(relaunch.termination == .exited, "\(relaunch)")
+        let log = try relaunch.logText()
+        let lines = log.split(separator: "\n").filter { $0.hasPrefix("downloader: ") && !$0.hasPrefix("downloader: progress") }.map(String.init)
+        let expected = [
+            "downloader: handleEvents \(Self.session)",
+            "downloader: finished file0 status 200 bytes \(size) fnv \(Self.fnv(TransferTestServer.bytes(size)))",
+            "downloader: complete file0 ok status 200",
+            "downloader: didFinishEvents \(Self.session)",
+        ]
+        #expect(lines.map { $0.replacingOccurrences(of: #" in /.*$"#, with: "", options: .regularExpression) } == expected, "\(log)")
+        let transfer = try #require(try Self.transfers(host).first)
+        #expect(transfer.state == .delivered)
+        #expect(relaunch.transfers?.delivered == [transfer.id], "\(String(describing: relaunch.transfers))")
+    }
+
+    /// SIGKILL the host mid-download: the restarted host resumes it with a Range request, and
+    /// the relaunched app gets every byte, once.
+    @Test func aHostKilledMidDownloadResumesItAndTheAppGetsEveryByte() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let size = 600_000
+        let (host, server) = try Self.started(scratch, { ["downloads": [$0.url("/bytes/\(size)")]] }, throttle: 200_000)
+        defer { server.stop() }
+        try Self.launch(host, "start")
+        _ = try Self.record(host) { $0.task("\(Self.app).start") != nil }
+        let deadline = Date().addingTimeInterval(20)
+        while (try? Self.transfers(host).first?.bytesReceived ?? 0) ?? 0 < 100_000 && Date() < deadline { usleep(50_000) }
+        host.crash()
+        let again = try HostProcess(scratch: scratch)
+        try again.start()
+        defer { again.stop() }
+        let relaunch = try Self.record(again) { $0.reason == "background-transfer" }
+        let log = try relaunch.logText()
+        #expect(log.contains("downloader: finished file0 status 200 bytes \(size) fnv \(Self.fnv(TransferTestServer.bytes(size)))"), "\(log)")
+        let ranges = server.requests.compactMap { $0.header("Range") }
+        #expect(ranges.count == 1 && ranges[0].hasPrefix("bytes=") && ranges[0] != "bytes=0-", "resumed with a Range: \(ranges)")
+        let transfer = try #require(try Self.transfers(again).first)
+        #expect(transfer.resumed && transfer.state == .delivered, "\(transfer)")
+        #expect(log.components(separatedBy: "downloader: finished file0").count == 2, "delivered once: \(log)")
+    }
+
+    /// An upload from a file in the container: the server's answer reaches the delegate as data.
+    @Test func anUploadsAnswerReachesTheDelegate() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (host, server) = try Self.started(scratch, { ["upload": $0.url("/upload")] })
+        defer { host.stop(); server.stop() }
+        try Self.launch(host, "upload")
+        let record = try Self.record(host) { $0.task("\(Self.app).upload") != nil }
+        let log = try record.logText()
+        #expect(log.contains(#"downloader: answer upload {"length":100000,"sha256":""#), "\(log)")
+        #expect(log.contains("downloader: complete upload ok status 200"), "\(log)")
+        #expect(server.requests.contains { $0.method == "PUT" && $0.uri == "/upload" })
+    }
+
+    /// A server error is a completed download with its status; cancelling one reaches the host.
+    @Test func aServerErrorIsACompletedTaskAndACancelReachesTheHost() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (host, server) = try Self.started(scratch, { ["downloads": [$0.url("/status/500"), $0.url("/bytes/2000000")], "cancel": "file1", "cancelAfterBytes": 1] },
+                                              throttle: 100_000)
+        defer { host.stop(); server.stop() }
+        try Self.launch(host, "cancel")
+        let record = try Self.record(host) { $0.task("\(Self.app).cancel") != nil }
+        let log = try record.logText()
+        #expect(log.contains("downloader: finished file0 status 500 bytes 11"), "\(log)")
+        #expect(log.contains("downloader: complete file0 ok status 500"), "\(log)")
+        #expect(log.contains("downloader: cancelling file1"), "\(log)")
+        #expect(log.contains("downloader: complete file1 error -999"), "\(log)")
+        let states = Dictionary(try Self.transfers(host).map { ($0.url.hasSuffix("/status/500") ? "error" : "big", $0.state) }) { a, _ in a }
+        #expect(states["error"] == .delivered, "\(states)")
+        #expect(states["big"] == .cancelled || states["big"] == .delivered, "\(states)")
+    }
+
+    /// A discretionary download waits while the device is on battery (`transfers` says why),
+    /// and goes when power returns.
+    @Test func aDiscretionaryDownloadWaitsForPower() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (host, server) = try Self.started(scratch, { ["downloads": [$0.url("/bytes/10000")], "discretionary": true] })
+        defer { host.stop(); server.stop() }
+        _ = try host.cli(["device", "--power", "off"])
+        try Self.launch(host, "start")
+        _ = try Self.record(host) { $0.task("\(Self.app).start") != nil }
+        usleep(300_000)
+        let held = try #require(try Self.transfers(host).first)
+        #expect(held.state == .waiting && held.heldBy?.contains("power") == true, "\(held)")
+        #expect(server.requests.isEmpty, "nothing was fetched on battery")
+        _ = try host.cli(["device", "--power", "on"])
+        let relaunch = try Self.record(host) { $0.reason == "background-transfer" }
+        #expect(try relaunch.logText().contains("downloader: finished file0 status 200 bytes 10000"))
+    }
+}

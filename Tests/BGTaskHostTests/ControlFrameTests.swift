@@ -564,6 +564,9 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var apps = ControlResponse()
         apps.notificationApps = []
         #expect(!apps.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 22, "a new ControlResponse field: add it to isBareOK")
+        var transfers = ControlResponse()
+        transfers.transfers = []
+        #expect(!transfers.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 23, "a new ControlResponse field: add it to isBareOK")
     }
 }

@@ -12,7 +12,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
-            "notifications", "pending-notifications", "push", "pushes", "device-token",
+            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }
@@ -35,8 +35,8 @@ import Testing
             "no-external-power", "no-network", "data-protected", "penalty", "rate-limit", "app-running", "concurrency",
             "handler-not-registered",
         ])
-        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification].map(\.rawValue)
-            == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification"])
+        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification, .backgroundTransfer].map(\.rawValue)
+            == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification", "background-transfer"])
     }
 
     @Test func aRequestKeepsAnUnknownVerbAsSent() throws {

@@ -111,6 +111,8 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case pendingNotifications = "pending-notifications"
     case push, pushes
     case deviceToken = "device-token"
+    /// Background URL sessions' transfers (`bgtask transfers`).
+    case transfers
 }
 
 /// `push`: a payload and APNs's headers (`bgtask push`).
@@ -315,6 +317,8 @@ public struct ControlResponse: Codable, Sendable {
     public var deviceToken: String?
     /// A refused push: APNs's reason (`BadPriority`, `PayloadTooLarge`, ...).
     public var apnsReason: String?
+    /// `transfers` (and `why` with a transfer's id): each transfer and where it stands.
+    public var transfers: [TransferReport]?
 
     public init(ok: Bool = true) { self.ok = ok }
 
@@ -323,7 +327,7 @@ public struct ControlResponse: Codable, Sendable {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
             && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
-            && notifications == nil && notificationApps == nil
+            && notifications == nil && notificationApps == nil && transfers == nil
     }
 
     public static func failure(_ code: ControlErrorCode, _ message: String) -> ControlResponse {

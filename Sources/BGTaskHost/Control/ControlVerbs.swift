@@ -15,6 +15,8 @@ final class ControlVerbs: @unchecked Sendable {
     private let submissions: Submissions
     private let pushes: PushDelivery
     private let notifications: LocalNotifications
+    /// Background transfers (set when the host is wired).
+    var transfers: BackgroundTransfers?
 
     init(core: HostCore, catalog: AppCatalog, device: DeviceState, launches: LaunchCoordinator,
          scheduling: SchedulingLoop, submissions: Submissions, pushes: PushDelivery, notifications: LocalNotifications) {
@@ -84,6 +86,24 @@ final class ControlVerbs: @unchecked Sendable {
             guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
         case .notifications, .pendingNotifications: return notifications(request, pending: verb == .pendingNotifications)
+        case .transfers:
+            guard let transfers else { return .failure(.unavailable, "this host carries no background transfers") }
+            let limit = request.limit ?? 100
+            guard limit >= 1 else { return .failure(.badRequest, "transfers: limit must be at least 1, not \(limit)") }
+            return respond {
+                var response = ControlResponse()
+                var reports = try store.transfers(app: request.app, limit: min(limit, 1000)).map(transfers.report)
+                // Listed without what a launch is told (bodies stay out of the control socket).
+                var (fitting, omitted) = (reports, 0)
+                while fitting.count > 1, ((try? JSONEncoder.control.encode(fitting).count) ?? 0) > ControlFrame.maximumPayload / 2 {
+                    fitting.removeLast()
+                    omitted += 1
+                }
+                reports = fitting
+                response.transfers = reports
+                if omitted > 0 { (response.truncated, response.omitted) = (true, omitted) }
+                return response
+            }
         }
     }
 
@@ -322,6 +342,11 @@ final class ControlVerbs: @unchecked Sendable {
             // A push's apns-id: what became of it.
             if let id = UUID(uuidString: identifier), let report = pushes.report(id: id.uuidString) {
                 response.pushes = [report]
+                return response
+            }
+            // A transfer's id: where it stands.
+            if let id = UUID(uuidString: identifier), let report = transfers?.report(id: id.uuidString) {
+                response.transfers = [report]
                 return response
             }
             if let launch = launches.launch(running: identifier, app: request.app) {

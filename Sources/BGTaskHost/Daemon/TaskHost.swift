@@ -95,6 +95,7 @@ public final class TaskHost: @unchecked Sendable {
     private let pushes: PushDelivery
     private let submissions: Submissions
     private let notifications: LocalNotifications
+    private let transfers: BackgroundTransfers
     private let verbs: ControlVerbs
     private var parts: HostParts?
     private var shuttingDown = false
@@ -123,13 +124,22 @@ public final class TaskHost: @unchecked Sendable {
             if found == nil { logger.info("desktop notifications: off, \(why)") }
         }
         notifications = LocalNotifications(core: core, desktop: desktop)
+        let device = self.device
+        transfers = BackgroundTransfers(.init(
+            store: store, clock: clock, stateDirectory: configuration.stateDirectory,
+            identities: configuration.confine && geteuid() == 0 ? AppIdentities(stateDirectory: configuration.stateDirectory) : nil,
+            conditions: { device.conditions() }, logger: logger))
+        scheduling.transfers = transfers
         verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
                              submissions: submissions, pushes: pushes, notifications: notifications)
+        verbs.transfers = transfers
+        let scheduling = self.scheduling
+        transfers.onChange = { scheduling.requestEvaluation() }
         // Events up: a catalog change or an ended launch is a reason to look at the schedule.
-        let (core, catalog, submissions, notifications) = (core, catalog, submissions, notifications)
+        let (core, catalog, submissions, notifications, transfers) = (core, catalog, submissions, notifications, transfers)
         catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }
         launches.onEnded = { [weak self] in self?.launchesOrCatalogChanged() }
-        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0) }
+        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0, transfers: transfers) }
     }
 
     // MARK: Life cycle
@@ -174,6 +184,8 @@ public final class TaskHost: @unchecked Sendable {
             let scheduling = self.scheduling
             list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
         }
+        // Before scheduling: its first pass sees the transfers a previous host left.
+        list.append(transfers)
         list.append(scheduling)
         list.append(notifications)
         let parts = HostParts(list, logger: core.logger)

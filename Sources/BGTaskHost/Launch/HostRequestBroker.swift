@@ -17,6 +17,8 @@ struct HostRequestBroker: LaunchRequestBroker {
     let notifications: LocalNotifications
     /// The launch whose requests these are.
     let launchID: String
+    /// Background URL sessions (nil: the host carries none).
+    var transfers: BackgroundTransfers? = nil
 
     private var offset: TimeInterval {
         core.clock.mode == .virtual ? core.clock.now.timeIntervalSince(Date()) : 0
@@ -72,6 +74,17 @@ struct HostRequestBroker: LaunchRequestBroker {
             core.logger.error("cannot read pending requests", metadata: ["bundle.id": "\(owner.identifier)", "error": "\(error)"])
             return []
         }
+    }
+
+    /// Background URL sessions' calls, for the app (an extension's transfers are its app's).
+    func transfer(_ call: TransferCall, app: PluginBundle, launchID: String, control: LaunchControl?) -> TransferCallAnswer {
+        guard let transfers else { return .failure(TransferCallAnswer.unavailable, "background transfers are not available in this host") }
+        guard let owner = owner(of: app) else {
+            return .failure(TransferCallAnswer.unavailable, "the app containing \(app.identifier) is no longer in the plugin directory")
+        }
+        var send: (@Sendable (String) -> Void)?
+        if let control { send = { json in control.sendTransferEvent(json) } }
+        return transfers.answer(call, from: TransferCaller(app: owner.identifier, bundle: app, launchID: launchID, send: send))
     }
 
     /// Local notifications, for the app (an extension's are its app's). Dates go back to the

@@ -16,6 +16,8 @@ public final class LaunchControl: @unchecked Sendable {
         case startTask(TaskAssignment)
         /// Foreground launches: no more tasks will come.
         case close
+        /// Background URL sessions: a `TransferEvent`'s JSON for the launch (`ParentMessage.transferEvent`).
+        case transferEvent(json: String)
     }
 
     /// What a running launch reports, for its host's live views and decisions.
@@ -51,6 +53,7 @@ public final class LaunchControl: @unchecked Sendable {
     public func shutdown(reason: String) { post(.shutdown(reason: reason)) }
     public func startTask(_ task: TaskAssignment) { post(.startTask(task)) }
     public func close() { post(.close) }
+    public func sendTransferEvent(_ json: String) { post(.transferEvent(json: json)) }
 
     private func post(_ command: Command) {
         lock.withLock { commands.append(command) }

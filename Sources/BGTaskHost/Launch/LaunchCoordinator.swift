@@ -124,6 +124,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             : forced
         var limits = LaunchLimits.defaults(for: role == .foreground ? [.continuedProcessing] : tasks.map(\.kind))
         if push != nil { limits.budget = PushRules.handlerBudget }
+        // handleEventsForBackgroundURLSession has what a push's handler has (iOS: about 30 s).
+        if reason == .backgroundTransfer { limits.budget = PushRules.handlerBudget }
         if let budget = configuration.budget { limits.budget = budget }
         if let grace = configuration.grace { limits.grace = grace }
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }

@@ -179,6 +179,10 @@ struct LaunchLoop {
                 if state.expiredAtNs == nil { state.expiredAtNs = now }
                 try? channel.send(ParentMessage.expire(task: nil, reason: reason))
                 killAt = min(killAt ?? UInt64.max, now + grace)
+            case let .transferEvent(json):
+                do { try channel.send(ParentMessage.transferEvent(json: json)) } catch {
+                    logger.warning("a transfer event did not fit the launch channel", metadata: ["error": "\(error)"])
+                }
             }
         }
     }
@@ -264,9 +268,28 @@ struct LaunchLoop {
                                                                       authorization: answer.authorization.rawValue, notifications: []))
                 }
             }
-        case .transferCall(let seq, _):
-            // Background URL sessions: answered by the host's transfers part (issue 16).
-            try? channel.send(ParentMessage.transferReply(seq: seq, status: SubmissionRules.Status.unavailable.rawValue, message: "background transfers are not available in this host", json: nil))
+        case .transferCall(let seq, let json):
+            // Background URL sessions: the host's transfers part answers (BackgroundTransfers).
+            // The runner bounds the call, but a hostile child can send anything: checked again.
+            let answer: TransferCallAnswer
+            if json.utf8.count > TransferLimits.callBytes {
+                answer = .failure(TransferCallAnswer.invalidArgument, "the call is \(json.utf8.count) bytes, over the limit of \(TransferLimits.callBytes)")
+            } else if let call = try? JSONDecoder().decode(TransferCall.self, from: Data(json.utf8)) {
+                if let problem = call.problem {
+                    answer = .failure(TransferCallAnswer.invalidArgument, problem)
+                } else {
+                    answer = broker.transfer(call, app: plan.bundle, launchID: plan.launchID, control: control)
+                }
+            } else {
+                answer = .failure(TransferCallAnswer.invalidArgument, "the call is not a TransferCall's JSON")
+            }
+            if let delivered = answer.delivered { state.transfersDelivered.append(delivered) }
+            let reply = answer.reply.flatMap { try? JSONEncoder.transferJSON.encode($0) }.map { String(decoding: $0, as: UTF8.self) }
+            do {
+                try channel.send(ParentMessage.transferReply(seq: seq, status: answer.status, message: answer.message, json: reply))
+            } catch {
+                try? channel.send(ParentMessage.transferReply(seq: seq, status: TransferCallAnswer.failed, message: "the answer does not fit the launch channel: \(error)", json: nil))
+            }
         case .log(let level, let text):
             state.log.append(level: level, text)
         case .deviceToken(let seq):

@@ -71,6 +71,8 @@ public struct LaunchReason: RawRepresentable, Hashable, Sendable, ExpressibleByS
     public static let benchmark: LaunchReason = "benchmark"
     /// A background push (`bgtask push`, or the APNs endpoint).
     public static let remoteNotification: LaunchReason = "remote-notification"
+    /// Background URL sessions' transfers ended while the app was not running.
+    public static let backgroundTransfer: LaunchReason = "background-transfer"
 }
 
 /// Everything needed to start one launch.

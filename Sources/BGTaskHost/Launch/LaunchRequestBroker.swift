@@ -11,6 +11,38 @@ public protocol LaunchRequestBroker: Sendable {
     func deviceToken(app: PluginBundle) -> Result<String, SubmissionRules.Rejection>
     /// A local-notification call (`UNUserNotificationCenter`) and its answer.
     func notifications(_ call: NotificationCall, app: PluginBundle) -> NotificationAnswer
+    /// A background URL session's call (already checked with `TransferCall.problem`), from
+    /// launch `launchID` whose `control` carries the session's events to it.
+    func transfer(_ call: TransferCall, app: PluginBundle, launchID: String, control: LaunchControl?) -> TransferCallAnswer
+}
+
+extension LaunchRequestBroker {
+    /// Without a host (`bgtask run`) nothing carries transfers.
+    public func transfer(_ call: TransferCall, app: PluginBundle, launchID: String, control: LaunchControl?) -> TransferCallAnswer {
+        .failure(TransferCallAnswer.unavailable, "unavailable: background transfers need a running host (bgtask host)")
+    }
+}
+
+/// The answer to a `TransferCall`: a status (0; `invalidArgument` with the field named;
+/// `unavailable`; `failed`), the reply, and the transfer a `delivered` call delivered.
+public struct TransferCallAnswer: Sendable, Equatable {
+    public var status: Int32 = 0
+    public var message: String?
+    public var reply: TransferReply?
+    public var delivered: String?
+
+    public init(status: Int32 = 0, message: String? = nil, reply: TransferReply? = nil, delivered: String? = nil) {
+        self.status = status
+        self.message = message
+        self.reply = reply
+        self.delivered = delivered
+    }
+
+    public static func failure(_ status: Int32, _ message: String) -> TransferCallAnswer { TransferCallAnswer(status: status, message: message) }
+    /// BGTASK_E_INVALID_ARGUMENT.
+    public static let invalidArgument: Int32 = 100
+    public static let unavailable: Int32 = 1
+    public static let failed: Int32 = 101
 }
 
 /// What a launch asks of the notification center.

@@ -35,6 +35,10 @@ struct LaunchState {
     }
     var submittedOmitted = 0
     /// Local notifications the app added (the first `InputLimits.recordListEntries`).
+    /// Background transfers the app was told of (`delivered`) in the launch.
+    var transfersDelivered: [String] = [] {
+        didSet { if transfersDelivered.count > InputLimits.recordListEntries { transfersDelivered.removeLast() } }
+    }
     var notificationsAdded: [String] = [] {
         didSet { if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast() } }
     }
@@ -259,6 +263,13 @@ struct LaunchState {
                 completedMs: ms(pushCompletion?.at))
         }
         if !notificationsAdded.isEmpty { record.notificationsAdded = notificationsAdded }
+        var sessions: [String]?
+        if plan.reason == .backgroundTransfer, let json = plan.eventJSON {
+            sessions = (try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(json.utf8)))?.sessions
+        }
+        if !transfersDelivered.isEmpty || sessions != nil {
+            record.transfers = RunRecord.TransfersRecord(delivered: transfersDelivered, sessions: sessions)
+        }
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }

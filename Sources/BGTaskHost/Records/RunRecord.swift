@@ -153,6 +153,19 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// Identifiers of the local notifications the app added (`UNUserNotificationCenter.add`),
     /// at most `InputLimits.recordListEntries` (nil: none).
     public var notificationsAdded: [String]? = nil
+    /// Background URL sessions: the transfers the app was told of in the launch, and for a
+    /// `background-transfer` launch the sessions it was launched for (nil: none).
+    public var transfers: TransfersRecord? = nil
+
+    public struct TransfersRecord: Codable, Sendable, Equatable {
+        /// Transfer ids delivered (`delivered` calls), at most `InputLimits.recordListEntries`.
+        public var delivered: [String]
+        public var sessions: [String]?
+        public init(delivered: [String], sessions: [String]? = nil) {
+            self.delivered = delivered
+            self.sessions = sessions
+        }
+    }
 
     enum CodingKeys: String, CodingKey {
         case app, reason, tasks, termination, signal, error, pid, log, registered, submitted
@@ -163,7 +176,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
-        case notificationsAdded = "notifications_added"
+        case notificationsAdded = "notifications_added", transfers
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -239,6 +252,10 @@ extension RunRecord: CustomStringConvertible {
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
         if let added = notificationsAdded { lines.append("  notifications added: \(added.joined(separator: ", "))") }
+        if let transfers {
+            if let sessions = transfers.sessions { lines.append("  launched for background sessions: \(sessions.joined(separator: ", "))") }
+            if !transfers.delivered.isEmpty { lines.append("  transfers delivered: \(transfers.delivered.joined(separator: ", "))") }
+        }
         if let sandbox {
             let applied = SandboxLayer.names.filter { sandbox[$0]?.applied == true }
             let missing = SandboxLayer.names.filter { sandbox[$0]?.applied == false }

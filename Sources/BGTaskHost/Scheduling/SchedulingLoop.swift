@@ -18,6 +18,8 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
     private var conditionsTimer: DispatchSourceTimer?
     private var lastConditions: DeviceConditions?
     private let evaluationQueued = LockedValue(false)
+    /// Background transfers: held ones re-evaluated, and launches for finished ones, in each pass.
+    var transfers: BackgroundTransfers?
 
     init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState, pushes: PushDelivery) {
         self.core = core
@@ -84,6 +86,19 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
         }
         // Background pushes: after the task requests, in what launch slots are left.
         if let lift = pushes.deliverDue(conditions) { wakeAt = min(wakeAt ?? lift, lift) }
+        if let transfers {
+            let (catalog, launches) = (self.catalog, self.launches)
+            let launcher = TransferLauncher(
+                runningLaunches: Set(launches.running.keys), isAppRunning: { launches.launch(of: $0) != nil },
+                freeSlots: max(0, core.configuration.maximumConcurrentLaunches - launches.count),
+                start: { app, eventJSON in
+                    guard let bundle = catalog.apps[app] else { return nil }
+                    return launches.start(bundle, requests: [], reason: .backgroundTransfer, eventJSON: eventJSON)
+                })
+            let (lift, watch) = transfers.evaluate(conditions, launcher: launcher)
+            if let lift { wakeAt = min(wakeAt ?? lift, lift) }
+            watchConditions = watchConditions || watch
+        }
         armDueTimer(wakeAt)
         armConditionsTimer(watchConditions)
     }

@@ -18,6 +18,9 @@ enum StoreSchema {
         migrator.registerMigration("v4") { db in
             try db.execute(sql: v4)
         }
+        migrator.registerMigration("v5") { db in
+            try db.execute(sql: v5)
+        }
         return migrator
     }
 
@@ -157,5 +160,48 @@ extension StoreSchema {
         CREATE INDEX notification_due ON notification(fire_at) WHERE state = 'pending';
         -- An app's lists, and pruning its delivered ones.
         CREATE INDEX notification_app_state ON notification(app, state, id);
+        """
+}
+
+extension StoreSchema {
+    /// Background URL sessions' transfers (Store/TransferStore.swift): one row per task an app
+    /// handed the host, from `create` to `delivered` (kept as a record, bounded per app).
+    /// Written durably at creation, at the first response (the validator a resume needs), and
+    /// when it ends, is cancelled or is delivered; bytes received are written lazily (on resume
+    /// the spool file's length is the truth).
+    static let v5 = """
+        CREATE TABLE transfer (
+            id TEXT PRIMARY KEY NOT NULL,   -- a UUID
+            app TEXT NOT NULL,              -- the owner: the app (an extension's transfer is its app's)
+            bundle TEXT NOT NULL,           -- the bundle whose launch created it (app or extension)
+            session TEXT NOT NULL,
+            task_identifier INTEGER NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('download', 'upload', 'data')),
+            request TEXT NOT NULL,          -- JSON TransferRequest, as the app handed it
+            state TEXT NOT NULL CHECK (state IN ('waiting', 'running', 'completed', 'failed', 'cancelled', 'delivered')),
+            held_by TEXT,                   -- while waiting: the condition holding it back
+            bytes_received INTEGER NOT NULL DEFAULT 0,
+            bytes_expected INTEGER NOT NULL DEFAULT -1,
+            bytes_sent INTEGER NOT NULL DEFAULT 0,
+            bytes_expected_to_send INTEGER NOT NULL DEFAULT 0,
+            validator TEXT,                 -- ETag or Last-Modified of the partial body (If-Range)
+            spool TEXT,                     -- the host-private partial file (STATE/transfers/ID.part)
+            response TEXT,                  -- JSON TransferResponse
+            body BLOB,                      -- data and upload tasks: the response body (bounded)
+            error TEXT,                     -- JSON TransferError
+            file TEXT,                      -- download, completed: the file in the app's container
+            not_before REAL,                -- earliestBeginDate on the host's clock
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            resumed INTEGER NOT NULL DEFAULT 0,
+            launched_for TEXT,              -- the background-transfer launch started for its events
+            delivered_in_launch TEXT,       -- the launch the app was told in
+            delivered_at REAL
+        );
+        -- An app's sessions and lists, and the active-per-app count.
+        CREATE INDEX transfer_app ON transfer(app, state, created_at);
+        -- What a starting host resumes, and what waits for a launch.
+        CREATE INDEX transfer_active ON transfer(state) WHERE state != 'delivered';
         """
 }

@@ -78,6 +78,7 @@ final class BackgroundSessions: @unchecked Sendable {
         guard let configuration = session.configuration as? BackgroundSessionConfiguration,
               let identifier = configuration.identifier else { return }
         subscribe()
+        registerHandOver()
         queue.async { self.attach(session, identifier: identifier) }
     }
 
@@ -164,19 +165,24 @@ final class BackgroundSessions: @unchecked Sendable {
         }
     }
 
-    /// The app cancelled the task (Foundation reports the cancellation to its delegate).
-    func stop(_ urlProtocol: BackgroundTransferProtocol) {
+    /// The app cancelled the task: the host stops it, and Foundation reports the cancellation
+    /// to the delegate. False when the task's end was already delivered or is being delivered
+    /// (then there is nothing to cancel and nothing more to report).
+    @discardableResult
+    func stop(_ urlProtocol: BackgroundTransferProtocol) -> Bool {
         let link: Link? = lock.withLock {
-            guard let link = links.values.first(where: { $0.urlProtocol === urlProtocol }), !link.done else { return nil }
+            guard !urlProtocol.ended, let link = links.values.first(where: { $0.urlProtocol === urlProtocol }), !link.done else { return nil }
             link.done = true
+            urlProtocol.ended = true
             links.removeValue(forKey: link.id)
             return link
         }
-        guard let link else { return }
+        guard let link else { return lock.withLock { !urlProtocol.ended } }
         queue.async {
             _ = Host.call(.cancel(id: link.id))
             _ = Host.call(.delivered(id: link.id))
         }
+        return true
     }
 
     private func transferRequest(for task: URLSessionTask, in session: URLSession, identifier: String) throws(HostError) -> TransferRequest {
@@ -230,6 +236,41 @@ final class BackgroundSessions: @unchecked Sendable {
             throw HostError(status: 101, message: "could not write the upload's body to \(file.path): \(error)")
         }
         return file.path
+    }
+
+    // MARK: Handing tasks over before the launch ends
+
+    private var handOverRegistered = false
+
+    /// A task resumed reaches the host on its session's work queue, a moment after `resume()`
+    /// returns; an app that resumes downloads and at once completes its task must not lose
+    /// them when its process ends. Before a task completes (or background time ends), every
+    /// background session's work queue is drained: Foundation runs `getAllTasks`'s handler on
+    /// that queue after the work `resume()` queued, which hands the task to the host.
+    private func registerHandOver() {
+        let first = lock.withLock { () -> Bool in
+            defer { handOverRegistered = true }
+            return !handOverRegistered
+        }
+        guard first else { return }
+        HostConnection.current.beforeEnding { done in BackgroundSessions.shared.drain(then: done) }
+    }
+
+    /// Calls `then` once each background session's work queue has run what was queued before
+    /// (Foundation runs `getAllTasks`'s handler on the delegate queue after a turn of the work
+    /// queue), or after 5 s: a host that does not answer cannot hold the app's completion.
+    /// Asynchronous: the app may be completing its task on that very delegate queue.
+    func drain(then: @escaping @Sendable () -> Void) {
+        let live = lock.withLock { sessions.values.compactMap(\.session) }
+        let once = OnceFlag()
+        let finish: @Sendable () -> Void = { if once.first() { then() } }
+        let group = DispatchGroup()
+        for session in live {
+            group.enter()
+            session.getAllTasks { _ in group.leave() }
+        }
+        group.notify(queue: .global(), execute: finish)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 5, execute: finish)
     }
 
     // MARK: Events
@@ -298,6 +339,7 @@ final class BackgroundSessions: @unchecked Sendable {
         let proceed = lock.withLock { () -> Bool in
             guard !link.done else { return false }
             link.done = true
+            link.urlProtocol?.ended = true
             return true
         }
         guard proceed else { return }
@@ -312,12 +354,12 @@ final class BackgroundSessions: @unchecked Sendable {
                 urlProtocol.client?.urlProtocol(urlProtocol, didReceive: http, cacheStoragePolicy: .notAllowed)
             }
         }
+        // The host forgets the transfer once the app has it: told before the delegate hears the
+        // task completed, since the app may end its launch (and its process) right then.
         let delivered: @Sendable () -> Void = { [self] in
             lock.withLock { _ = links.removeValue(forKey: info.id) }
-            queue.async {
-                _ = Host.call(.delivered(id: info.id))
-                self.markDelivered(info.id, session: link.sessionIdentifier)
-            }
+            _ = Host.call(.delivered(id: info.id))
+            queue.async { self.markDelivered(info.id, session: link.sessionIdentifier) }
         }
         switch info.state {
         case .completed where info.kind == .download:
@@ -331,22 +373,22 @@ final class BackgroundSessions: @unchecked Sendable {
                     // Valid until the method returns, as on iOS.
                     try? FileManager.default.removeItem(at: location)
                 }
-                task.delegate?.urlSession(session, task: task, didCompleteWithError: nil)
                 delivered()
+                task.delegate?.urlSession(session, task: task, didCompleteWithError: nil)
             }
         case .completed:
+            delivered()
             if let urlProtocol {
                 if let body = info.body, !body.isEmpty { urlProtocol.client?.urlProtocol(urlProtocol, didLoad: body) }
                 urlProtocol.client?.urlProtocolDidFinishLoading(urlProtocol)
             }
-            session.delegateQueue.addOperation { delivered() }
         default:
             let error = info.error ?? TransferError(code: TransferError.unknownCode, message: "the transfer ended as \(info.state.rawValue)")
             var userInfo: [String: Any] = [NSLocalizedDescriptionKey: error.message, "NSErrorFailingURLStringKey": info.url]
             if let url { userInfo[NSURLErrorFailingURLErrorKey] = url }
             let failure = URLError(URLError.Code(rawValue: error.code) ?? .unknown, userInfo: userInfo)
+            delivered()
             if let urlProtocol { urlProtocol.client?.urlProtocol(urlProtocol, didFailWithError: failure) }
-            session.delegateQueue.addOperation { delivered() }
         }
     }
 

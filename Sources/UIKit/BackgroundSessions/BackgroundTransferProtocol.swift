@@ -9,8 +9,18 @@ final class BackgroundTransferProtocol: URLProtocol {
     override class func canInit(with task: URLSessionTask) -> Bool { true }
     override class func canonicalRequest(for request: URLRequest) -> URLRequest { request }
 
+    /// The task's end is being delivered (or was): a `cancel()` from now on must not add a
+    /// cancellation to it. Set and read under BackgroundSessions' lock.
+    var ended = false
+
     override func startLoading() { BackgroundSessions.shared.start(self) }
-    override func stopLoading() { BackgroundSessions.shared.stop(self) }
+
+    override func stopLoading() {
+        // Foundation reports the cancellation through the client right after this returns: a
+        // task whose end was already given to the delegate has none to report (Foundation
+        // still counts a delivered download as running; docs/sdk.md).
+        if !BackgroundSessions.shared.stop(self) { client = nil }
+    }
 }
 
 /// What swift-corelibs-foundation keeps to itself about a task: the session that made it and an

@@ -19,10 +19,12 @@ func say(_ text: String) {
 
 /// The test's instructions: the URLs to fetch and how.
 struct Config: Decodable {
-    var downloads: [String] = []
+    var downloads: [String]?
     var upload: String?
     var discretionary: Bool?
     var cancelAfterBytes: Int64?
+    /// Which task `cancelAfterBytes` cancels (its taskDescription).
+    var cancel: String?
 
     static func load() -> Config {
         guard let url = Bundle.main.url(forResource: "config", withExtension: "json"),
@@ -75,6 +77,7 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
     var whenAllComplete: (() -> Void)?
     private var running = 0
     private var cancelAfter: Int64?
+    private var cancelTask: String?
 
     lazy var session: URLSession = {
         let configuration = URLSessionConfiguration.background(withIdentifier: Self.identifier)
@@ -85,7 +88,8 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
 
     func startDownloads(_ config: Config) {
         cancelAfter = config.cancelAfterBytes
-        for (index, address) in config.downloads.enumerated() {
+        cancelTask = config.cancel
+        for (index, address) in (config.downloads ?? []).enumerated() {
             guard let url = URL(string: address) else { continue }
             let task = session.downloadTask(with: url)
             task.taskDescription = "file\(index)"
@@ -115,7 +119,7 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
     func urlSession(_ session: URLSession, downloadTask: URLSessionDownloadTask, didWriteData bytesWritten: Int64,
                     totalBytesWritten: Int64, totalBytesExpectedToWrite: Int64) {
         say("progress \(downloadTask.taskDescription ?? "") \(totalBytesWritten)/\(totalBytesExpectedToWrite)")
-        if let cancelAfter, totalBytesWritten >= cancelAfter {
+        if let cancelAfter, totalBytesWritten >= cancelAfter, downloadTask.taskDescription == cancelTask {
             self.cancelAfter = nil
             say("cancelling \(downloadTask.taskDescription ?? "")")
             downloadTask.cancel()
