@@ -148,6 +148,10 @@ let package = Package(
             dependencies: [
                 "BGTaskHost", "BGTaskModel", "BGTaskWire", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                // The transfer section's loopback file server (sendfile).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]

@@ -82,6 +82,8 @@ enum Products {
     static var cli: String { directory.appendingPathComponent("bgtask").path }
     static var runner: String { directory.appendingPathComponent("bgtask-runner").path }
     static var benchLibrary: String { directory.appendingPathComponent("libBenchPlugin.so").path }
+    /// The Downloader fixture (a background URL session), for the transfer section.
+    static var downloaderLibrary: String { directory.appendingPathComponent("libDownloader.so").path }
     /// `release` or `debug`.
     static var configuration: String { directory.lastPathComponent }
 
@@ -100,7 +102,7 @@ enum Products {
     /// (the host), the runner and the bench plugin are separate products. Builds them (a second
     /// or so each when up to date) unless `rebuild` is false and they exist.
     static func ensure(rebuild: Bool) throws {
-        let needed = [("bgtask", cli), ("bgtask-runner", runner), ("BenchPlugin", benchLibrary)]
+        let needed = [("bgtask", cli), ("bgtask-runner", runner), ("BenchPlugin", benchLibrary), ("Downloader", downloaderLibrary)]
         for (product, path) in needed {
             let missing = access(path, R_OK) != 0
             guard rebuild || missing else { continue }

@@ -127,6 +127,8 @@ extension BGTaskCommand {
         }
 
         func run() throws {
+            // Before any thread exists: every thread inherits the mask (TaskHost.run waits for them).
+            TaskHost.blockShutdownSignals()
             var configuration = TaskHost.Configuration(
                 pluginsDirectory: URL(fileURLWithPath: plugins).standardizedFileURL,
                 stateDirectory: options.stateDirectory.standardizedFileURL)

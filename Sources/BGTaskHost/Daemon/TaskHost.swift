@@ -100,7 +100,6 @@ public final class TaskHost: @unchecked Sendable {
     private var parts: HostParts?
     private var shuttingDown = false
     private var finished = false
-    private var signalSources: [DispatchSourceSignal] = []
     private let stopped = DispatchSemaphore(value: 0)
 
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
@@ -147,18 +146,37 @@ public final class TaskHost: @unchecked Sendable {
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully: running launches are expired,
     /// killed after their grace if need be, and recorded.
     public func run() throws(BGTaskError) {
+        let shutdownSignals = Self.blockShutdownSignals()
         try start()
-        for signalNumber in [SIGINT, SIGTERM] {
-            signal(signalNumber, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: core.queue)
-            source.setEventHandler { [self] in
+        // One thread takes SIGINT and SIGTERM, whichever thread the kernel would have given
+        // them to: every thread of the host blocks them (the mask is inherited, and it was set
+        // before any part started a thread), so they stay pending for this sigwait. (A
+        // dispatch signal source lost them when the kernel picked a thread of SwiftNIO's.)
+        let waiter = Thread { [self] in
+            var waitedFor = shutdownSignals
+            while true {
+                var signalNumber: Int32 = 0
+                guard sigwait(&waitedFor, &signalNumber) == 0 else { continue }
                 core.logger.info("signal received: shutting down", metadata: ["signal": "\(signalNumber)"])
-                beginShutdown()
+                core.queue.async { self.beginShutdown() }
             }
-            source.resume()
-            signalSources.append(source)
         }
+        waiter.name = "bgtask-signals"
+        waiter.start()
         stopped.wait()
+    }
+
+    /// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread it starts from
+    /// now on), and returns the set: `bgtask host` calls it first thing, before any thread
+    /// exists, and `run()` waits for them with sigwait. Launches unblock every signal.
+    @discardableResult
+    public static func blockShutdownSignals() -> sigset_t {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGTERM)
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+        return set
     }
 
     /// Starts serving without blocking (tests drive a host this way too): the launches a dead
