@@ -17,7 +17,7 @@ struct BGTaskBench: ParsableCommand {
             """)
 
     enum Section: String, CaseIterable, ExpressibleByArgument {
-        case launch, limits, submit, pending
+        case launch, limits, submit, pending, e2e, scale, confinement
     }
 
     @Flag(help: "Fewer iterations and 100,000 pending requests instead of 1,000,000 (under 2 minutes).")
@@ -35,7 +35,7 @@ struct BGTaskBench: ParsableCommand {
     @Flag(help: "Keep the scratch directory.")
     var keep = false
 
-    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending).")
+    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, e2e, scale, confinement).")
     var only: [Section] = []
 
     @Option(name: .customLong("profile-launches"), help: ArgumentHelp(
@@ -100,6 +100,9 @@ struct BGTaskBench: ParsableCommand {
             case .limits: try runner.limits()
             case .submit: try runner.submit()
             case .pending: try runner.pending()
+            case .e2e: try runner.endToEnd()
+            case .scale: try runner.scale()
+            case .confinement: try runner.confinement()
             }
             progress("\(section.rawValue): done in \(String(format: "%.1f", seconds(since: t0))) s")
         }
