@@ -91,6 +91,11 @@ public struct LaunchSupervisor: Sendable {
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
+        // The host records the launch while the above is prepared; no child before that.
+        if let control, !control.waitForAdmission() {
+            throw BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")
+        }
+
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
         // process instead of init, so they can be found and killed.
         _ = bgtask_set_child_subreaper()
