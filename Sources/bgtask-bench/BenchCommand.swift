@@ -109,6 +109,10 @@ struct BGTaskBench: ParsableCommand {
 
         let total = seconds(since: begun)
         report.set("duration_s", total, 1)
+        // Other work on the machine skews every figure: how loaded it was when the run ended.
+        let loadAtEnd = ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "").split(separator: " ").prefix(3).joined(separator: " ")
+        report.set("loadavg_at_end", .string(loadAtEnd))
+        report.note("load average at the end \(loadAtEnd) (at the start \(machine.load)); 2 cores: above 1 another process shared them")
         report.note("bench wall time \(String(format: "%.1f", total)) s (\(quick ? "--quick" : "full run")), build excluded")
         let text = header + "\n\n" + report.table + "\n"
         if json {

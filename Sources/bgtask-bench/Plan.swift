@@ -45,7 +45,7 @@ struct Iterations {
     var e2ePush: Int = 100
     /// Launches supervised at once, and their budget (s).
     var scaleSizes: [Int] = [10, 100, 1000]
-    var scaleBudget: Double = 10
+    var scaleBudget: Double = 15
     /// Launches per confinement variant.
     var confinementLatency: Int = 300
 
@@ -61,5 +61,5 @@ struct Iterations {
         submitApps: 1000, submitThreads: 4, submitClients: 32, submitSeconds: 3, resubmitSeconds: 2,
         pending: 100_000, pendingApps: 10_000, lookups: 200, idleSeconds: 3,
         e2eLatency: 100, e2eApps: 50, e2eRounds: 1, e2eSimulate: 20, e2ePush: 20,
-        scaleSizes: [10, 50], scaleBudget: 4, confinementLatency: 60)
+        scaleSizes: [10, 50], scaleBudget: 6, confinementLatency: 60)
 }
