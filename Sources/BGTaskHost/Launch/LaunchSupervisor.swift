@@ -20,7 +20,8 @@ public struct LaunchSupervisor: Sendable {
     /// How often resident memory is sampled when a memory limit is set (sampler mechanism),
     /// while it grows. While it does not, the interval is the time a burst at
     /// `memoryBurstBytesPerSecond` would take to carry the launch from its resident memory to
-    /// 10 % over its limit, at most `maximumMemorySampleInterval`: a launch that sleeps far
+    /// 10 % over its limit, at most `maximumMemorySampleInterval` (after the launch's first
+    /// `maximumMemorySampleInterval`, sampled every `memorySampleInterval`): a launch that sleeps far
     /// below its limit costs the host a few samples a second instead of 200 (at a thousand
     /// launches, the difference between a host that keeps its deadlines and one that cannot).
     public var memorySampleInterval: Duration = .milliseconds(5)

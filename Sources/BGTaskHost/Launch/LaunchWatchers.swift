@@ -72,6 +72,10 @@ struct MemorySampler {
     /// While resident memory does not grow (see `LaunchSupervisor.memorySampleInterval`).
     let maximumInterval: UInt64
     let burstBytesPerNs: Double
+    /// The launch's first `maximumInterval` is sampled every `sampleInterval` whatever it does:
+    /// a process that is loading grows in steps the steady rule would miss (and most launches
+    /// are over by then).
+    let relaxAfterNs: UInt64
     let descendantInterval: UInt64
     let checkInterval: UInt64
     private(set) var nextSampleNs: UInt64 = 0
@@ -92,6 +96,7 @@ struct MemorySampler {
         self.sampleInterval = sampleInterval
         self.maximumInterval = max(sampleInterval, maximumInterval)
         self.burstBytesPerNs = burstBytesPerNs
+        relaxAfterNs = startNs + max(sampleInterval, maximumInterval)
         self.descendantInterval = descendantInterval
         self.checkInterval = checkInterval
         nextDescendantWalkNs = startNs + descendantInterval
@@ -140,7 +145,7 @@ struct MemorySampler {
             let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
             let untilHalfHeadroom = Double(limit - rss) / 2 / bytesPerNs
             interval = UInt64(min(Double(sampleInterval), max(500_000, untilHalfHeadroom)))
-        } else if rss < limit, burstBytesPerNs.isFinite, burstBytesPerNs > 0 {
+        } else if rss < limit, now >= relaxAfterNs, burstBytesPerNs.isFinite, burstBytesPerNs > 0 {
             // Not growing: as long as a burst at the fastest rate needs to reach 10 % over the limit.
             let untilOvershoot = (Double(limit) * 1.1 - Double(rss)) / burstBytesPerNs
             interval = UInt64(min(Double(maximumInterval), max(Double(sampleInterval), untilOvershoot)))
