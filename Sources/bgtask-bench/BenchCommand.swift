@@ -38,6 +38,10 @@ struct BGTaskBench: ParsableCommand {
     @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, e2e, scale, confinement).")
     var only: [Section] = []
 
+    @Option(name: .customLong("scale-sizes"), parsing: .upToNextOption, help: ArgumentHelp(
+        "Launches at once in the scale section (default 10 100 1000; 10 50 with --quick).", valueName: "n"))
+    var scaleSizes: [Int] = []
+
     @Option(name: .customLong("profile-launches"), help: ArgumentHelp(
         "Only run this many no-op zygote launches back to back and print their rate: a steady load to profile (perf record -p, -a).",
         valueName: "n"))
@@ -49,7 +53,8 @@ struct BGTaskBench: ParsableCommand {
     var profileSubmissions: Double?
 
     func run() throws {
-        let iterations = quick ? Iterations.quickRun : Iterations.full
+        var iterations = quick ? Iterations.quickRun : Iterations.full
+        if !scaleSizes.isEmpty { iterations.scaleSizes = scaleSizes }
         try Products.ensure(rebuild: !noBuild)
         let begun = monotonicNs()
         if Products.configuration != "release" {

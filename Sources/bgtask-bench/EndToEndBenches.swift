@@ -457,18 +457,35 @@ extension SectionRunner {
             Variant(name: "without the uid switch", key: "no_uid", confined: true, uid: false, environment: [:]),
             Variant(name: "none (--no-sandbox)", key: "none", confined: false, uid: false, environment: [:]),
         ]
-        var results: [(Variant, Samples, Double)] = []
+        // Every variant's zygote started (with its environment) first, then launches in rounds
+        // over the variants, so that a machine that slows down or speeds up during the run moves
+        // every variant alike (sequential blocks of each gave negative layer costs on a loaded
+        // machine).
+        var benches: [LaunchBench] = []
+        defer { benches.forEach { $0.stop() } }
         for variant in variants {
-            progress("confinement: \(variant.name): \(n.confinementLatency) launches, \(n.launchThroughput) sequential")
             for (key, value) in variant.environment { setenv(key, value, 1) }
             defer { for key in variant.environment.keys { unsetenv(key) } }
             let bench = try LaunchBench(root: root.appendingPathComponent("confinement-\(variant.key)"), launcher: .zygote,
                                         confined: variant.confined, switchUID: variant.uid)
-            defer { bench.stop() }
-            let latency = try bench.latency(n.confinementLatency).start
-            let sequential = try bench.throughput(n.launchThroughput, threads: 1)
-            results.append((variant, latency, sequential.perSecond))
+            benches.append(bench)
+            for _ in 0..<3 { _ = try bench.noop() } // starts its zygote with this environment
         }
+        let rounds = 10
+        progress("confinement: \(variants.count) variants, \(rounds) rounds of \(n.confinementLatency / rounds) launches each (latency), then of \(n.launchThroughput / rounds) back to back (rate)")
+        var latencies = Array(repeating: Samples(), count: variants.count)
+        var elapsed = Array(repeating: 0.0, count: variants.count)
+        var counted = Array(repeating: 0, count: variants.count)
+        for _ in 0..<rounds {
+            for (index, bench) in benches.enumerated() {
+                for _ in 0..<(n.confinementLatency / rounds) { latencies[index].append(try bench.noop().record.tasks[0].startedMs! * 1000) }
+                let t0 = monotonicNs()
+                for _ in 0..<(n.launchThroughput / rounds) { _ = try bench.noop() }
+                elapsed[index] += seconds(since: t0)
+                counted[index] += n.launchThroughput / rounds
+            }
+        }
+        let results: [(Variant, Samples, Double)] = variants.indices.map { (variants[$0], latencies[$0], Double(counted[$0]) / elapsed[$0]) }
         let all = results[0].1.p50
         report.row("fork floor p50 (this run)", us(floor), target: "floor")
         for (variant, latency, rate) in results {
