@@ -58,7 +58,10 @@ public struct InterruptedLaunch: Sendable, Equatable {
 
 /// The host's durable state in one SQLite database (`STATE/bgtask.sqlite`, WAL mode): pending
 /// requests, launches and their run records, per-app state, and settings (device overrides,
-/// the virtual clock). Every write is durable when the call returns.
+/// the virtual clock). Every write is durable when the call returns: synced (submissions,
+/// cancellations, settings), or, for the launch bookkeeping (`beginLaunch`, `setLaunchPID`,
+/// `finishLaunch` with a state), durable against the host's crash and synced by the next
+/// synced commit (`writeUnsynced`).
 ///
 /// Thread-safe; any thread may call. Implemented with GRDB.
 public final class PendingRequestStore: @unchecked Sendable {
