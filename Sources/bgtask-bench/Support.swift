@@ -262,7 +262,9 @@ final class HostProcess {
         environment.removeValue(forKey: "BGTASK_STATE")
         environment.merge(self.environment) { $1 }
         let started = monotonicNs()
-        pid = try spawn([Products.cli, "host", "--plugins", plugins.path, "--state", state.path] + arguments,
+        // BGTASK_BENCH_HOST: another build's `bgtask` (its runner beside it) for an A/B run.
+        let cli = ProcessInfo.processInfo.environment["BGTASK_BENCH_HOST"].flatMap { $0.isEmpty ? nil : $0 } ?? Products.cli
+        pid = try spawn([cli, "host", "--plugins", plugins.path, "--state", state.path] + arguments,
                         stdout: fd, stderr: fd, environment: environment)
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {
