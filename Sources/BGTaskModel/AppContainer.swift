@@ -46,6 +46,12 @@ public enum AppContainer {
     /// (--no-sandbox): they make no PID namespace (which comes before the launch is known).
     public static let pidNamespaceSwitch = "BGTASK_PID_NAMESPACE"
 
+    /// Layers a launch leaves off, comma-separated (`landlock`, `seccomp`), in the environment of
+    /// a zygote or runner: the benchmark's switch to price one layer at a time
+    /// (`bgtask-bench --only confinement`). Never set by the host; a launch that leaves a layer
+    /// off says so in its record's `sandbox`, as for --no-sandbox.
+    public static let sandboxLayersSwitch = "BGTASK_SANDBOX_LAYERS_OFF"
+
     /// A harmless placeholder with room for any path: "/" spelled with PATH_MAX - 1 slashes.
     public static let reservedValue = String(repeating: "/", count: Int(PATH_MAX) - 1)
 

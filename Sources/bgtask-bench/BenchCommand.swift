@@ -17,7 +17,7 @@ struct BGTaskBench: ParsableCommand {
             """)
 
     enum Section: String, CaseIterable, ExpressibleByArgument {
-        case launch, limits, submit, pending, transfer
+        case launch, limits, submit, pending, e2e, scale, confinement, transfer
     }
 
     @Flag(help: "Fewer iterations and 100,000 pending requests instead of 1,000,000 (under 2 minutes).")
@@ -35,8 +35,12 @@ struct BGTaskBench: ParsableCommand {
     @Flag(help: "Keep the scratch directory.")
     var keep = false
 
-    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, transfer).")
+    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, e2e, scale, confinement, transfer).")
     var only: [Section] = []
+
+    @Option(name: .customLong("scale-sizes"), parsing: .upToNextOption, help: ArgumentHelp(
+        "Launches at once in the scale section (default 10 100 1000; 10 50 with --quick).", valueName: "n"))
+    var scaleSizes: [Int] = []
 
     @Option(name: .customLong("profile-launches"), help: ArgumentHelp(
         "Only run this many no-op zygote launches back to back and print their rate: a steady load to profile (perf record -p, -a).",
@@ -49,7 +53,8 @@ struct BGTaskBench: ParsableCommand {
     var profileSubmissions: Double?
 
     func run() throws {
-        let iterations = quick ? Iterations.quickRun : Iterations.full
+        var iterations = quick ? Iterations.quickRun : Iterations.full
+        if !scaleSizes.isEmpty { iterations.scaleSizes = scaleSizes }
         try Products.ensure(rebuild: !noBuild)
         let begun = monotonicNs()
         if Products.configuration != "release" {
@@ -100,6 +105,9 @@ struct BGTaskBench: ParsableCommand {
             case .limits: try runner.limits()
             case .submit: try runner.submit()
             case .pending: try runner.pending()
+            case .e2e: try runner.endToEnd()
+            case .scale: try runner.scale()
+            case .confinement: try runner.confinement()
             case .transfer: try runner.transfer()
             }
             progress("\(section.rawValue): done in \(String(format: "%.1f", seconds(since: t0))) s")
@@ -107,6 +115,10 @@ struct BGTaskBench: ParsableCommand {
 
         let total = seconds(since: begun)
         report.set("duration_s", total, 1)
+        // Other work on the machine skews every figure: how loaded it was when the run ended.
+        let loadAtEnd = ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "").split(separator: " ").prefix(3).joined(separator: " ")
+        report.set("loadavg_at_end", .string(loadAtEnd))
+        report.note("load average at the end \(loadAtEnd) (at the start \(machine.load)); 2 cores: above 1 another process shared them")
         report.note("bench wall time \(String(format: "%.1f", total)) s (\(quick ? "--quick" : "full run")), build excluded")
         let text = header + "\n\n" + report.table + "\n"
         if json {

@@ -134,8 +134,9 @@ final class LaunchBench: @unchecked Sendable {
     let launcher: Launcher
 
     /// `confined`: as `bgtask host` runs launches (Landlock, seccomp, no_new_privs, and the
-    /// app's own uid when this process is root); false: as `--no-sandbox` does.
-    init(root: URL, launcher: Launcher, confined: Bool = true) throws {
+    /// app's own uid when this process is root); false: as `--no-sandbox` does. `switchUID`
+    /// false: confined but as this process's uid (the `uid` layer alone off).
+    init(root: URL, launcher: Launcher, confined: Bool = true, switchUID: Bool = true) throws {
         self.root = root
         self.launcher = launcher
         let url = root.appendingPathComponent("Bench.app")
@@ -146,7 +147,7 @@ final class LaunchBench: @unchecked Sendable {
         var supervisor = LaunchSupervisor(runnerPath: Products.runner, logger: logger)
         if launcher == .zygote { supervisor.zygote = Zygote(runnerPath: Products.runner, logger: logger, confine: confined) }
         supervisor.confine = confined
-        if confined && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: root) }
+        if confined && switchUID && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: root) }
         self.supervisor = supervisor
     }
 

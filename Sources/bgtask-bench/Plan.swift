@@ -36,6 +36,18 @@ struct Iterations {
     var lookups: Int
     /// seconds of each idle CPU measurement.
     var idleSeconds: Double
+    /// End to end through a host: submissions one at a time, apps due at once (and rounds of
+    /// them), simulate-launch round trips, pushes.
+    var e2eLatency: Int = 500
+    var e2eApps: Int = 200
+    var e2eRounds: Int = 3
+    var e2eSimulate: Int = 100
+    var e2ePush: Int = 100
+    /// Launches supervised at once, and their budget (s).
+    var scaleSizes: [Int] = [10, 100, 1000]
+    var scaleBudget: Double = 15
+    /// Launches per confinement variant.
+    var confinementLatency: Int = 300
 
     static let full = Iterations(
         quick: false, forkLatency: 5000, forkThroughput: 3000, launchLatency: 500, launchThroughput: 300,
@@ -47,5 +59,7 @@ struct Iterations {
         quick: true, forkLatency: 1000, forkThroughput: 600, launchLatency: 100, launchThroughput: 100,
         timerFloor: 20, expiry: 12, watchdog: 20, jetsam: 10, sqliteBatchedRows: 50_000, sqliteSingleSeconds: 1.5,
         submitApps: 1000, submitThreads: 4, submitClients: 32, submitSeconds: 3, resubmitSeconds: 2,
-        pending: 100_000, pendingApps: 10_000, lookups: 200, idleSeconds: 3)
+        pending: 100_000, pendingApps: 10_000, lookups: 200, idleSeconds: 3,
+        e2eLatency: 100, e2eApps: 50, e2eRounds: 1, e2eSimulate: 20, e2ePush: 20,
+        scaleSizes: [10, 50], scaleBudget: 6, confinementLatency: 60)
 }

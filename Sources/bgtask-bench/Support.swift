@@ -241,15 +241,18 @@ final class HostProcess {
     let state: URL
     let log: URL
     let arguments: [String]
+    /// Variables added to this process's environment for the host.
+    let environment: [String: String]
     private(set) var pid: pid_t = 0
     /// Seconds from spawn until the control socket answered.
     private(set) var startSeconds: Double = 0
 
-    init(plugins: URL, state: URL, log: URL, arguments: [String]) {
+    init(plugins: URL, state: URL, log: URL, arguments: [String], environment: [String: String] = [:]) {
         self.plugins = plugins
         self.state = state
         self.log = log
         self.arguments = arguments
+        self.environment = environment
     }
 
     var client: ControlClient { ControlClient(stateDirectory: state) }
@@ -259,8 +262,11 @@ final class HostProcess {
         defer { close(fd) }
         var environment = ProcessInfo.processInfo.environment
         environment.removeValue(forKey: "BGTASK_STATE")
+        environment.merge(self.environment) { $1 }
         let started = monotonicNs()
-        pid = try spawn([Products.cli, "host", "--plugins", plugins.path, "--state", state.path] + arguments,
+        // BGTASK_BENCH_HOST: another build's `bgtask` (its runner beside it) for an A/B run.
+        let cli = ProcessInfo.processInfo.environment["BGTASK_BENCH_HOST"].flatMap { $0.isEmpty ? nil : $0 } ?? Products.cli
+        pid = try spawn([cli, "host", "--plugins", plugins.path, "--state", state.path] + arguments,
                         stdout: fd, stderr: fd, environment: environment)
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {

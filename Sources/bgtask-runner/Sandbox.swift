@@ -155,10 +155,15 @@ enum Sandbox {
             ? SandboxLayer(applied: true, detail: "set")
             : SandboxLayer(applied: false, detail: "prctl: \(String(cString: strerror(errno)))")
 
-        if preparedRuleset < 0 { prepareRuleset() }
+        let switchedOff = layersSwitchedOff()
+        if preparedRuleset < 0 && !switchedOff.contains("landlock") { prepareRuleset() }
         var error = [CChar](repeating: 0, count: 512)
         var abi = Int(preparedABI)
-        if preparedRuleset < 0 {
+        if switchedOff.contains("landlock") {
+            if preparedRuleset >= 0 { close(preparedRuleset) }
+            preparedRuleset = -1
+            layers["landlock"] = SandboxLayer(applied: false, detail: "left off by \(AppContainer.sandboxLayersSwitch) (a benchmark's switch)")
+        } else if preparedRuleset < 0 {
             layers["landlock"] = SandboxLayer(applied: false, detail: preparationError ?? "landlock: not available in this kernel")
         } else {
             let readWrite = [assignment.dataDirectory] + assignment.appGroups.map(\.directory)
@@ -177,10 +182,20 @@ enum Sandbox {
         }
 
         error = [CChar](repeating: 0, count: 512)
+        if switchedOff.contains("seccomp") {
+            layers["seccomp"] = SandboxLayer(applied: false, detail: "left off by \(AppContainer.sandboxLayersSwitch) (a benchmark's switch)")
+            return layers
+        }
         layers["seccomp"] = bgtask_apply_syscall_filter(&error, error.count) == 0
             ? SandboxLayer(applied: true, detail: "deny-list filter, native ABI only")
             : SandboxLayer(applied: false, detail: text(error))
         return layers
+    }
+
+    /// The layers `AppContainer.sandboxLayersSwitch` names (unset: none).
+    private static func layersSwitchedOff() -> Set<Substring> {
+        guard let value = getenv(AppContainer.sandboxLayersSwitch) else { return [] }
+        return Set(String(cString: value).split(separator: ","))
     }
 
     private static func text(_ buffer: [CChar]) -> String {

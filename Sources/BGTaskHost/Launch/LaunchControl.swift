@@ -33,6 +33,35 @@ public final class LaunchControl: @unchecked Sendable {
     private var commands: [Command] = []
     private var pipeFDs: [Int32] = [-1, -1]
     public var onStart: (@Sendable (Int32) -> Void)?
+
+    /// Admission: a host that records each launch before its process exists (durable against
+    /// its own crash) starts the supervising thread first, so that the thread's preparation
+    /// (containers, channel, log) overlaps the recording, and admits the launch once recorded.
+    /// The supervisor waits for it just before it starts the child. Unused (nil) otherwise.
+    private let admission = NSCondition()
+    private var admitted: Bool?
+    private var needsAdmission = false
+
+    /// Before the supervising thread starts: it must wait for `admit`.
+    public func requireAdmission() { admission.withLock { needsAdmission = true } }
+
+    /// The launch may start (true) or must not (false: it could not be recorded). Any thread.
+    public func admit(_ allowed: Bool) {
+        admission.withLock {
+            admitted = allowed
+            admission.broadcast()
+        }
+    }
+
+    /// On the supervising thread: whether the launch may start (true when no admission was
+    /// required), waiting for `admit` if need be.
+    public func waitForAdmission() -> Bool {
+        admission.withLock {
+            guard needsAdmission else { return true }
+            while admitted == nil { admission.wait() }
+            return admitted!
+        }
+    }
     /// Called on the supervising thread for each event; must not block.
     public var onEvent: (@Sendable (Event) -> Void)?
 

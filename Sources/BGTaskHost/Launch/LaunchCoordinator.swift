@@ -108,6 +108,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         running.values.first { $0.tasks.contains { $0.identifier == identifier } && (app == nil || $0.app == app) }
     }
     func isBackingOff(_ app: String) -> Bool { retryAfter[app] != nil }
+    /// The apps `isBackingOff` names, as a value.
+    var backingOff: Set<String> { Set(retryAfter.keys) }
 
     /// Forgets start failures whose backoff is over.
     func pruneBackoffs(now: Date = Date()) { retryAfter = retryAfter.filter { $0.value > now } }
@@ -147,13 +149,6 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         let control = LaunchControl()
         let store = core.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
-        do {
-            // Records carry real time (the virtual clock only steers scheduling decisions).
-            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
-        } catch {
-            core.logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
-            return launchID
-        }
         let queue = core.queue
         control.onEvent = { [weak self] event in
             guard let self else { return }
@@ -163,8 +158,11 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
             control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
-        core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
-                                               "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
+        // The supervising thread starts first and prepares the launch (containers, channel, log)
+        // while the launch is recorded here; it starts the child only once admitted, so the
+        // record still comes before the process (a thread's start is a hand-off to another
+        // thread, the slowest step on a loaded machine: it overlaps the recording).
+        control.requireAdmission()
         let supervisor = self.supervisor
         let broker = makeBroker(launchID)
         let thread = Thread { [weak self, plan] in
@@ -181,6 +179,18 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         }
         thread.name = "bgtask.launch.\(launchID)"
         thread.start()
+        do {
+            // Records carry real time (the virtual clock only steers scheduling decisions).
+            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
+            control.admit(true)
+        } catch {
+            // Not started: its thread ends with a `launch-failed` record, and the app backs off.
+            control.admit(false)
+            core.logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
+            return launchID
+        }
+        core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
+                                               "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         return launchID
     }
 
@@ -205,7 +215,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             core.logger.error("could not start a launch; retrying later", metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
         } else {
             do {
-                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp))
+                // The record and the app's state in one transaction (launch bookkeeping: not
+                // synced, see `finishLaunch`).
                 var state = try store.appState(record.app)
                 state.lastLaunchAt = clock.now
                 state.lastLaunchID = record.launchID
@@ -217,7 +228,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                     state.penaltyLevel = 0
                     state.penaltyUntil = nil
                 }
-                try store.saveAppState(state)
+                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp, state: state))
             } catch {
                 core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
             }

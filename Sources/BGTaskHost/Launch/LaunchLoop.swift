@@ -50,6 +50,7 @@ struct LaunchLoop {
         grace = UInt64(plan.limits.grace.nanoseconds)
         memory = MemorySampler(
             limit: plan.limits.memoryLimitBytes, startNs: state.startNs, sampleInterval: UInt64(supervisor.memorySampleInterval.nanoseconds),
+            maximumInterval: UInt64(supervisor.maximumMemorySampleInterval.nanoseconds), burstBytesPerNs: supervisor.memoryBurstBytesPerSecond / 1e9,
             descendantInterval: UInt64(supervisor.descendantSampleInterval.nanoseconds), checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
         sampling = plan.limits.memoryLimitBytes > 0 && state.cgroup == nil
         disk = DiskReserveWatch(

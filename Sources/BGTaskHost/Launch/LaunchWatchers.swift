@@ -69,6 +69,13 @@ struct DiskReserveWatch {
 struct MemorySampler {
     let limit: UInt64
     let sampleInterval: UInt64
+    /// While resident memory does not grow (see `LaunchSupervisor.memorySampleInterval`).
+    let maximumInterval: UInt64
+    let burstBytesPerNs: Double
+    /// The launch's first `maximumInterval` is sampled every `sampleInterval` whatever it does:
+    /// a process that is loading grows in steps the steady rule would miss (and most launches
+    /// are over by then).
+    let relaxAfterNs: UInt64
     let descendantInterval: UInt64
     let checkInterval: UInt64
     private(set) var nextSampleNs: UInt64 = 0
@@ -83,9 +90,13 @@ struct MemorySampler {
     /// confinement (after its namespace is made), "no namespace" is not taken as final.
     private(set) var app: pid_t?
 
-    init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, descendantInterval: UInt64, checkInterval: UInt64) {
+    init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, maximumInterval: UInt64 = 0, burstBytesPerNs: Double = .infinity,
+         descendantInterval: UInt64, checkInterval: UInt64) {
         self.limit = limit
         self.sampleInterval = sampleInterval
+        self.maximumInterval = max(sampleInterval, maximumInterval)
+        self.burstBytesPerNs = burstBytesPerNs
+        relaxAfterNs = startNs + max(sampleInterval, maximumInterval)
         self.descendantInterval = descendantInterval
         self.checkInterval = checkInterval
         nextDescendantWalkNs = startNs + descendantInterval
@@ -134,6 +145,10 @@ struct MemorySampler {
             let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
             let untilHalfHeadroom = Double(limit - rss) / 2 / bytesPerNs
             interval = UInt64(min(Double(sampleInterval), max(500_000, untilHalfHeadroom)))
+        } else if rss < limit, now >= relaxAfterNs, burstBytesPerNs.isFinite, burstBytesPerNs > 0 {
+            // Not growing: as long as a burst at the fastest rate needs to reach 10 % over the limit.
+            let untilOvershoot = (Double(limit) * 1.1 - Double(rss)) / burstBytesPerNs
+            interval = UInt64(min(Double(maximumInterval), max(Double(sampleInterval), untilOvershoot)))
         }
         lastSample = (now, rss)
         nextSampleNs = now + interval

@@ -74,10 +74,14 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
         var wakeAt: Date?
         launches.pruneBackoffs()
         do {
-            let decision = try Scheduler(eligibility: eligibility(conditions)).decide(
-                from: core.store, catalog: catalog.apps, running: launches.runningApps,
-                runningCount: launches.count, maximumLaunches: core.configuration.maximumConcurrentLaunches,
-                backingOff: launches.isBackingOff)
+            let scheduler = Scheduler(eligibility: eligibility(conditions))
+            let (apps, running, runningCount, maximum) = (catalog.apps, launches.runningApps, launches.count, core.configuration.maximumConcurrentLaunches)
+            let backingOff = launches.backingOff
+            // Every read of the pass in one snapshot (one read transaction).
+            let decision = try core.store.withSnapshot { source throws(BGTaskError) in
+                try scheduler.decide(from: source, catalog: apps, running: running, runningCount: runningCount,
+                                     maximumLaunches: maximum, backingOff: { backingOff.contains($0) })
+            }
             for (bundle, requests) in decision.launches { launches.start(bundle, requests: requests, reason: .scheduled) }
             wakeAt = decision.wakeAt
             watchConditions = watchConditions || decision.watchConditions

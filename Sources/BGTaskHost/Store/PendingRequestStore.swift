@@ -58,7 +58,10 @@ public struct InterruptedLaunch: Sendable, Equatable {
 
 /// The host's durable state in one SQLite database (`STATE/bgtask.sqlite`, WAL mode): pending
 /// requests, launches and their run records, per-app state, and settings (device overrides,
-/// the virtual clock). Every write is durable when the call returns.
+/// the virtual clock). Every write is durable when the call returns: synced (submissions,
+/// cancellations, settings), or, for the launch bookkeeping (`beginLaunch`, `setLaunchPID`,
+/// `finishLaunch` with a state), durable against the host's crash and synced by the next
+/// synced commit (`writeUnsynced`).
 ///
 /// Thread-safe; any thread may call. Implemented with GRDB.
 public final class PendingRequestStore: @unchecked Sendable {
@@ -91,7 +94,7 @@ public final class PendingRequestStore: @unchecked Sendable {
             // lose the last commits on power loss. FULL syncs the WAL at every commit: a write
             // call returns only once the transaction is on disk.
             try pool.writeWithoutTransaction { db in
-                try db.execute(sql: "PRAGMA synchronous = FULL")
+                try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
             }
             let migrator = StoreSchema.migrator
             let superseded = try pool.read { db in try migrator.hasBeenSuperseded(db) }
@@ -313,34 +316,36 @@ public final class PendingRequestStore: @unchecked Sendable {
     // MARK: Launches
 
     /// Records a launch as running and marks the pending requests of `app` with identifiers in
-    /// `tasks` as running in it. Durable before the child is started.
+    /// `tasks` as running in it, before the child is started. Not synced (`writeUnsynced`): it
+    /// survives the host's crash, which is what it is for (the launch is then recovered as
+    /// `host-lost` and its requests made pending again); a power loss, which ends the launch's
+    /// processes too, may lose it, and the requests are then still pending, as they would be
+    /// after that recovery.
     public func beginLaunch(
         id: String, app: String, reason: String, tasks: [TaskAssignment], at date: Date
     ) throws(BGTaskError) {
         let path = databaseURL.path
-        try write("begin launch \(id) of \(app)") { db in
-            if try Bool.fetchOne(db, sql: "SELECT 1 FROM launch WHERE id = ?", arguments: [id]) != nil {
+        try writeUnsynced("begin launch \(id) of \(app)") { db in
+            if try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM launch WHERE id = ?"), arguments: [id]) != nil {
                 throw BGTaskError(.invalidRequest, file: path, "begin launch \(id) of \(app): a launch with this id is already recorded")
             }
-            try db.execute(
-                sql: """
+            try db.cachedStatement(sql: """
                     INSERT INTO launch (id, app, reason, pid, started_at, state, tasks)
                     VALUES (?, ?, ?, NULL, ?, 'running', ?)
-                    """,
-                arguments: [id, app, reason, date.timeIntervalSince1970, try Self.json(tasks)])
+                    """).execute(arguments: [id, app, reason, date.timeIntervalSince1970, try Self.json(tasks)])
             for identifier in Set(tasks.map(\.identifier)) {
-                try db.execute(
-                    sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL",
-                    arguments: [id, app, identifier])
+                try db.cachedStatement(sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL")
+                    .execute(arguments: [id, app, identifier])
             }
         }
     }
 
-    /// Remembers the runner's pid of a running launch (for cleanup after a host crash).
+    /// Remembers the runner's pid of a running launch (for cleanup after a host crash). Not
+    /// synced, as `beginLaunch`: a power loss ends the runner too.
     public func setLaunchPID(id: String, pid: Int32) throws(BGTaskError) {
         let path = databaseURL.path
-        try write("set the pid of launch \(id)") { db in
-            try db.execute(sql: "UPDATE launch SET pid = ? WHERE id = ?", arguments: [pid, id])
+        try writeUnsynced("set the pid of launch \(id)") { db in
+            try db.cachedStatement(sql: "UPDATE launch SET pid = ? WHERE id = ?").execute(arguments: [pid, id])
             if db.changesCount == 0 {
                 throw BGTaskError(.invalidRequest, file: path, "set the pid of launch \(id): no such launch is recorded")
             }
@@ -352,15 +357,24 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// `keepHistory`, prunes the app's history to its newest `keepHistory` ended launches in the
     /// same transaction (`pruneHistory`).
     /// Returns the ids of the launches pruned (their logs can go too).
+    ///
+    /// With `state`, the app's state is saved in the same transaction (as `saveAppState`), and
+    /// the commit is not synced (`writeUnsynced`): the host's launch bookkeeping, which survives
+    /// the host's crash; a power loss may lose it, and the launch is then recovered as `host-lost`
+    /// with its requests pending again (at least once, as after any crash during a launch).
+    /// Without `state`, the commit is synced.
     @discardableResult
-    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil) throws(BGTaskError) -> [String] {
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, state: AppState? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
-        return try write("finish launch \(record.launchID) of \(record.app)") { db in
+        let body = { (db: Database) throws -> [String] in
             try Self.end(db, record, file: path)
-            try db.execute(sql: "DELETE FROM request WHERE running_launch = ?", arguments: [record.launchID])
+            try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
+            if let state { try Self.saveAppState(db, state) }
             guard let keepHistory else { return [] }
             return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
         }
+        let operation = "finish launch \(record.launchID) of \(record.app)"
+        return state == nil ? try write(operation, body) : try writeUnsynced(operation, body)
     }
 
     /// Launches recorded as running: the host died during them.
@@ -539,7 +553,10 @@ public final class PendingRequestStore: @unchecked Sendable {
     }
 
     public func saveAppState(_ state: AppState) throws(BGTaskError) {
-        try write("save the state of \(state.app)") { db in
+        try write("save the state of \(state.app)") { db in try Self.saveAppState(db, state) }
+    }
+
+    static func saveAppState(_ db: Database, _ state: AppState) throws {
             try db.execute(
                 sql: """
                     INSERT INTO app_state (app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered)
@@ -554,7 +571,6 @@ public final class PendingRequestStore: @unchecked Sendable {
                     state.penaltyUntil?.timeIntervalSince1970, state.lastLaunchAt?.timeIntervalSince1970,
                     state.lastLaunchID, try state.lastRegistered.map { try Self.json($0) },
                 ])
-        }
     }
 
     /// Small named settings: device overrides, the virtual clock. nil deletes.
@@ -605,6 +621,35 @@ extension PendingRequestStore {
     func write<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
             return try pool.write(body)
+        } catch {
+            throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
+        }
+    }
+
+    /// One write transaction whose commit is not synced (`synchronous = NORMAL` for it alone, in
+    /// WAL mode): it is in the WAL, in the kernel's page cache, when this returns, so it survives
+    /// the host's crash (SIGKILL included: SQLite replays the WAL), and it reaches the disk with
+    /// the next synced commit (every submission's) or the kernel's writeback; only a power loss
+    /// or a kernel crash before then loses it. For writes whose loss the host recovers from and
+    /// that no client was told are durable (the launch bookkeeping); never for a submission.
+    func writeUnsynced<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
+        do {
+            return try pool.writeWithoutTransaction { db in
+                try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute()
+                do {
+                    var result: T?
+                    try db.inTransaction(.immediate) {
+                        result = try body(db)
+                        return .commit
+                    }
+                    try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
+                    return result!
+                } catch {
+                    // Every other write expects FULL: restored whatever happened.
+                    try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
+                    throw error
+                }
+            }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
@@ -691,13 +736,12 @@ extension PendingRequestStore {
     static func end(_ db: Database, _ record: RunRecord, file: String) throws {
         let text = String(decoding: try record.jsonData(), as: UTF8.self)
         let endedAt = record.startedAt.timeIntervalSince1970 + record.wallMs / 1000
-        if let app = try String.fetchOne(db, sql: "SELECT app FROM launch WHERE id = ?", arguments: [record.launchID]) {
+        if let app = try String.fetchOne(db.cachedStatement(sql: "SELECT app FROM launch WHERE id = ?"), arguments: [record.launchID]) {
             guard app == record.app else {
                 throw BGTaskError(.invalidRequest, file: file, "end launch \(record.launchID): it is a launch of \(app), the record is of \(record.app)")
             }
-            try db.execute(
-                sql: "UPDATE launch SET state = 'ended', record = ?, ended_at = ?, pid = coalesce(pid, nullif(?, 0)) WHERE id = ?",
-                arguments: [text, endedAt, record.pid, record.launchID])
+            try db.cachedStatement(sql: "UPDATE launch SET state = 'ended', record = ?, ended_at = ?, pid = coalesce(pid, nullif(?, 0)) WHERE id = ?")
+                .execute(arguments: [text, endedAt, record.pid, record.launchID])
         } else {
             let tasks = record.tasks.enumerated().map { index, task in
                 TaskAssignment(task: UInt64(index + 1), identifier: task.identifier, kind: task.type)

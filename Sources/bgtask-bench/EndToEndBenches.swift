@@ -1,0 +1,531 @@
+import BGTaskHost
+import BGTaskModel
+import Foundation
+import GRDB
+import Glibc
+import _BGTaskSystemShims
+
+// MARK: Stamps the BenchPlugin writes
+
+/// What the BenchPlugin writes when one of its handlers is entered (`struct stamp` in
+/// Tests/Fixtures/BenchPlugin/bench.c): CLOCK_MONOTONIC is the same clock in every PID
+/// namespace, so it compares with this process's own.
+struct Stamp {
+    enum What: UInt64 { case handler = 1, expiration = 2, push = 3 }
+    var what: UInt64
+    var monotonicNs: UInt64
+    var realtimeNs: UInt64
+}
+
+/// `DATA_DIRECTORY/bench-stamp` of one app, as a FIFO this process holds open (read and write,
+/// so a launch's writer never finds it without a reader): a read wakes the moment the handler
+/// writes, with no polling. The host gives the container (and this FIFO) to the app's uid at
+/// its first launch.
+final class StampFIFO {
+    let fd: Int32
+    let app: String
+
+    init(container: URL, app: String) throws {
+        self.app = app
+        try FileManager.default.createDirectory(at: container, withIntermediateDirectories: true)
+        let path = container.appendingPathComponent("bench-stamp").path
+        unlink(path)
+        guard mkfifo(path, 0o666) == 0 else { throw BenchError("mkfifo \(path): \(String(cString: strerror(errno)))") }
+        chmod(path, 0o666)
+        fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { throw BenchError("open \(path): \(String(cString: strerror(errno)))") }
+    }
+
+    deinit { close(fd) }
+
+    /// The stamps waiting now (without blocking).
+    func take() -> [Stamp] {
+        var stamps: [Stamp] = []
+        var buffer = [UInt64](repeating: 0, count: 3 * 64)
+        while true {
+            let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard got > 0 else { break }
+            for i in 0..<(got / 24) { stamps.append(Stamp(what: buffer[3 * i], monotonicNs: buffer[3 * i + 1], realtimeNs: buffer[3 * i + 2])) }
+            if got < buffer.count * 8 { break }
+        }
+        return stamps
+    }
+
+    /// The next stamp, waiting at most `timeoutMs`.
+    func next(timeoutMs: Int32) -> Stamp? {
+        if let first = pending.first { pending.removeFirst(); return first }
+        let deadline = monotonicNs() + UInt64(timeoutMs) * 1_000_000
+        while true {
+            pending = take()
+            if let first = pending.first { pending.removeFirst(); return first }
+            let now = monotonicNs()
+            guard now < deadline else { return nil }
+            var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
+            _ = poll(&fds, 1, Int32((deadline - now) / 1_000_000) + 1)
+        }
+    }
+    private var pending: [Stamp] = []
+}
+
+/// Waits for stamps on many FIFOs at once: every stamp of `what` until `count` arrived or
+/// `timeout` passed; returns them with their app.
+func collectStamps(_ fifos: [StampFIFO], what: Stamp.What, count: Int, timeout: Double) -> [(app: String, stamp: Stamp)] {
+    var collected: [(app: String, stamp: Stamp)] = []
+    let deadline = monotonicNs() + UInt64(timeout * 1e9)
+    var fds = fifos.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+    while collected.count < count {
+        let now = monotonicNs()
+        guard now < deadline else { break }
+        for i in fds.indices { fds[i].revents = 0 }
+        let ready = poll(&fds, nfds_t(fds.count), Int32(min(1000, (deadline - now) / 1_000_000 + 1)))
+        guard ready > 0 else { continue }
+        for (i, entry) in fds.enumerated() where entry.revents != 0 {
+            for stamp in fifos[i].take() where stamp.what == what.rawValue { collected.append((fifos[i].app, stamp)) }
+        }
+    }
+    return collected
+}
+
+/// CLOCK_REALTIME in ns (the host's records and the stamps' second clock).
+func realtimeNs() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+/// Descriptors for a thousand launches (the host's and this process's): the soft limit up to
+/// the hard one. The host inherits it.
+func raiseDescriptorLimit() {
+    var limit = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max
+        setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    }
+}
+
+// MARK: A host with BenchPlugin apps
+
+/// A real `bgtask host` (immediate policy, real clock, confined as it runs by default) with
+/// `apps` BenchPlugin apps, each with a stamp FIFO in its container.
+final class EndToEndHost {
+    static let identifiers = ["bench.stamp", "bench.sleep", "bench.hang", "bench.noop"]
+    let host: HostProcess
+    let apps: [String]
+    let fifos: [String: StampFIFO]
+    let client: ControlClient
+
+    init(root: URL, apps count: Int, arguments: [String] = [], environment: [String: String] = [:]) throws {
+        let plugins = root.appendingPathComponent("plugins")
+        let state = root.appendingPathComponent("state")
+        var apps: [String] = []
+        var fifos: [String: StampFIFO] = [:]
+        for index in 0..<count {
+            let app = String(format: "com.example.e2e%04d", index)
+            try makeBenchBundle(at: plugins.appendingPathComponent("E2E\(index).app"), identifier: app, permitted: Self.identifiers,
+                                modes: ["fetch", "processing", "remote-notification"])
+            fifos[app] = try StampFIFO(container: state.appendingPathComponent("containers/\(app)"), app: app)
+            apps.append(app)
+        }
+        self.apps = apps
+        self.fifos = fifos
+        host = HostProcess(plugins: plugins, state: state, log: root.appendingPathComponent("host.log"),
+                           arguments: ["--clock", "real", "--policy", "immediate"] + arguments, environment: environment)
+        try host.start()
+        client = host.client
+    }
+
+    func stop() { host.stop() }
+
+    static func submission(_ app: String, _ identifier: String, kind: TaskKind = .refresh) -> ControlRequest {
+        ControlRequest(.submit, app: app, request: TaskRequest(kind: kind, identifier: identifier))
+    }
+
+    /// The records the host stored (read beside it, as `bgtask history` would, without the
+    /// control socket's answer-size bound).
+    func records(limit: Int) throws -> [RunRecord] {
+        try PendingRequestStore(directory: host.state).history(app: nil, limit: limit)
+    }
+
+    /// The moment (realtime, ns) each launch of the store began, by launch id: `started_at` of
+    /// its row, taken by the launch coordinator once the scheduling pass chose it, before the
+    /// launch is recorded (the record's own `started_at` has milliseconds only).
+    func launchRowStarts() throws -> [String: Double] {
+        var configuration = Configuration()
+        configuration.readonly = true
+        let queue = try DatabaseQueue(path: host.state.appendingPathComponent("bgtask.sqlite").path, configuration: configuration)
+        return try queue.read { db in
+            var starts: [String: Double] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT id, started_at FROM launch") { starts[row["id"]] = row["started_at"] }
+            return starts
+        }
+    }
+}
+
+// MARK: The sections
+
+extension SectionRunner {
+    /// `--only e2e`: what a user sees, through a running host.
+    func endToEnd() throws {
+        report.section("e2e: through a running `bgtask host` (immediate policy, real clock, confined): control socket → scheduling → launch → handler, vs in-process launches and fork, same run")
+        let n = iterations
+        raiseDescriptorLimit()
+        progress("e2e: fork floor (\(n.forkLatency) × fork + _exit + waitpid) and in-process launches (\(n.launchLatency) latency, \(n.launchThroughput) on 2 threads)")
+        let fork = try Floors.forkLatency(n.forkLatency)
+        let floor = fork.p50
+        let inProcess = try LaunchBench(root: root.appendingPathComponent("e2e-inprocess"), launcher: .zygote)
+        let inLatency = try inProcess.latency(n.launchLatency)
+        var inCall = Samples()
+        for _ in 0..<min(100, n.launchLatency) {
+            let t0 = monotonicNs()
+            _ = try inProcess.noop()
+            inCall.append(Double(monotonicNs() - t0) / 1000)
+        }
+        let inSequential = try inProcess.throughput(n.launchThroughput, threads: 1)
+        let inC2 = try inProcess.throughput(n.launchThroughput, threads: 2)
+        inProcess.stop()
+
+        let apps = max(8, n.e2eApps)
+        progress("e2e: starting a host with \(apps) apps")
+        let e2e = try EndToEndHost(root: root.appendingPathComponent("e2e"), apps: apps)
+        defer { e2e.stop() }
+
+        // Submit → acknowledged, submit → handler entered: a connection per request, as
+        // `bgtask submit` makes one. The apps rotate and the next submission waits 10 ms, so each finds its app idle and a
+        // launch slot free (what a sporadic submission finds).
+        let rotation = Array(e2e.apps.prefix(8))
+        for app in rotation { _ = try e2e.client.send(EndToEndHost.submission(app, "bench.stamp")); _ = e2e.fifos[app]!.next(timeoutMs: 5000) }
+        usleep(50_000)
+        progress("e2e: \(n.e2eLatency) submissions one at a time (submit → ack, submit → handler entered)")
+        var ack = Samples(), handler = Samples(), lost = 0
+        var submitRealtime: [(app: String, ns: UInt64, handlerRealtime: UInt64)] = []
+        for i in 0..<n.e2eLatency {
+            let app = rotation[i % rotation.count]
+            let fifo = e2e.fifos[app]!
+            _ = fifo.take()
+            let r0 = realtimeNs()
+            let t0 = monotonicNs()
+            let response = try e2e.client.send(EndToEndHost.submission(app, "bench.stamp"))
+            let t1 = monotonicNs()
+            guard response.ok else { throw BenchError("e2e submit refused: \(response.error?.message ?? "?")") }
+            ack.append(Double(t1 - t0) / 1000)
+            guard let stamp = fifo.next(timeoutMs: 5000) else { lost += 1; continue }
+            handler.append(Double(stamp.monotonicNs &- t0) / 1000)
+            submitRealtime.append((app, r0, stamp.realtimeNs))
+            usleep(10_000)
+        }
+        usleep(100_000)
+        // Where the time went: the launch row's start (the scheduling pass chose it; realtime,
+        // taken before the launch is recorded) and the record's handler time (from the
+        // supervisor's start).
+        var toRow = Samples(), rowToHandler = Samples(), supervisorToHandler = Samples()
+        if let records = try? e2e.records(limit: n.e2eLatency + 100), let rows = try? e2e.launchRowStarts() {
+            var byApp: [String: [(row: Double, record: RunRecord)]] = [:]
+            for record in records { if let row = rows[record.launchID] { byApp[record.app, default: []].append((row * 1e9, record)) } }
+            for app in byApp.keys { byApp[app]!.sort { $0.row < $1.row } }
+            for sample in submitRealtime {
+                // The first launch of the app that began after the submission.
+                guard let match = byApp[sample.app]?.first(where: { $0.row >= Double(sample.ns) - 1e6 }) else { continue }
+                toRow.append((match.row - Double(sample.ns)) / 1000)
+                rowToHandler.append((Double(sample.handlerRealtime) - match.row) / 1000)
+                if let started = match.record.tasks.first?.startedMs { supervisorToHandler.append(started * 1000) }
+            }
+        }
+
+        // Sustained: every app's request due at once, launches/s until the last handler.
+        progress("e2e: \(apps) apps submitted at once (pipelined on one connection), \(n.e2eRounds) round(s), --max-launches 2")
+        var rates = Samples(), drains = Samples()
+        for _ in 0..<n.e2eRounds {
+            for fifo in e2e.fifos.values { _ = fifo.take() }
+            let batch = e2e.apps.map { EndToEndHost.submission($0, "bench.stamp") }
+            let t0 = monotonicNs()
+            let responses = try e2e.client.send(batch, window: 256)
+            guard responses.allSatisfy(\.ok) else { throw BenchError("e2e batch submit refused: \(responses.first { !$0.ok }?.error?.message ?? "?")") }
+            let stamps = collectStamps(Array(e2e.fifos.values), what: .handler, count: apps, timeout: 120)
+            let last = stamps.map(\.stamp.monotonicNs).max() ?? monotonicNs()
+            if stamps.count < apps { progress("e2e: only \(stamps.count) of \(apps) handlers entered") }
+            let elapsed = Double(last - t0) / 1e9
+            rates.append(Double(stamps.count) / elapsed)
+            drains.append(elapsed * 1000)
+            usleep(500_000) // the last launches end
+        }
+
+        // simulate-launch: the CLI's socket call to the record back.
+        progress("e2e: \(n.e2eSimulate) simulate-launch round trips (wait for the record)")
+        var simulate = Samples(), simulateHandler = Samples()
+        for i in 0..<n.e2eSimulate {
+            let app = rotation[i % rotation.count]
+            let request = ControlRequest(.simulateLaunch, app: app, identifier: "bench.stamp",
+                                         request: TaskRequest(kind: .refresh, identifier: "bench.stamp"), force: true, wait: true)
+            let t0 = monotonicNs()
+            let response = try e2e.client.send(request)
+            let t1 = monotonicNs()
+            guard response.ok, let record = response.record, record.succeeded else {
+                throw BenchError("simulate-launch failed: \(response.error?.message ?? response.record.map { "\($0)" } ?? "?")")
+            }
+            simulate.append(Double(t1 - t0) / 1000)
+            if let stamp = e2e.fifos[app]!.next(timeoutMs: 1000) { simulateHandler.append(Double(stamp.monotonicNs &- t0) / 1000) }
+        }
+
+        // A background push over the control socket (`bgtask push`) → the app's launch entry.
+        progress("e2e: \(n.e2ePush) background pushes (control socket) → launch entry")
+        var push = Samples(), pushAck = Samples(), pushLost = 0, pushFirstProblem: String?
+        for i in 0..<n.e2ePush {
+            let app = rotation[i % rotation.count]
+            let fifo = e2e.fifos[app]!
+            _ = fifo.take()
+            var request = ControlRequest(.push, app: app)
+            request.push = PushBody(payload: #"{"aps":{"content-available":1}}"#, pushType: "background", priority: 5)
+            let t0 = monotonicNs()
+            let response = try e2e.client.send(request)
+            pushAck.append(Double(monotonicNs() - t0) / 1000)
+            guard response.ok else {
+                pushLost += 1
+                pushFirstProblem = pushFirstProblem ?? response.error?.message
+                continue
+            }
+            guard let stamp = fifo.next(timeoutMs: 3000), stamp.what == Stamp.What.push.rawValue else {
+                pushLost += 1
+                pushFirstProblem = pushFirstProblem ?? "no launch entry stamp: \(response.push.map { "\($0.state) \($0.detail ?? "")" } ?? "?")"
+                continue
+            }
+            push.append(Double(stamp.monotonicNs &- t0) / 1000)
+            usleep(10_000)
+        }
+
+        let inRate = inC2.perSecond
+        let rate = rates.p50
+        report.set("e2e_fork_floor_p50_us", floor, 1)
+        report.set("e2e_inprocess_launch_p50_us", inLatency.start.p50, 1)
+        report.set("e2e_inprocess_launch_p99_us", inLatency.start.p99, 1)
+        report.set("e2e_inprocess_run_p50_us", inCall.p50, 1)
+        report.set("e2e_inprocess_throughput_per_s", inSequential.perSecond, 1)
+        report.set("e2e_inprocess_throughput_c2_per_s", inC2.perSecond, 1)
+        report.set("e2e_submit_ack_p50_us", ack.p50, 1)
+        report.set("e2e_submit_ack_p99_us", ack.p99, 1)
+        report.set("e2e_submit_handler_p50_us", handler.p50, 1)
+        report.set("e2e_submit_handler_p99_us", handler.p99, 1)
+        report.set("e2e_submit_handler_p50_over_floor", handler.p50 / floor, 2)
+        report.set("e2e_submit_handler_samples", .int(handler.count))
+        report.set("e2e_submit_handler_lost", .int(lost))
+        report.set("e2e_submit_to_launch_row_p50_us", toRow.p50, 1)
+        report.set("e2e_launch_row_to_handler_p50_us", rowToHandler.p50, 1)
+        report.set("e2e_supervisor_to_handler_p50_us", supervisorToHandler.p50, 1)
+        report.set("e2e_apps", .int(apps))
+        report.set("e2e_throughput_per_s", rate, 1)
+        report.set("e2e_throughput_over_inprocess", rate / inRate, 3)
+        report.set("e2e_drain_ms", drains.p50, 1)
+        report.set("e2e_simulate_rtt_p50_us", simulate.p50, 1)
+        report.set("e2e_simulate_rtt_p99_us", simulate.p99, 1)
+        report.set("e2e_simulate_handler_p50_us", simulateHandler.p50, 1)
+        report.set("e2e_push_handler_p50_us", push.p50, 1)
+        report.set("e2e_push_handler_p99_us", push.p99, 1)
+        report.set("e2e_push_ack_p50_us", pushAck.p50, 1)
+        report.set("e2e_push_samples", .int(push.count))
+
+        report.row("fork floor p50 (this run)", us(floor), target: "floor")
+        report.row("in-process launch p50 / p99 (LaunchSupervisor.run → handler)", "\(us(inLatency.start.p50)) / \(us(inLatency.start.p99))",
+                   floor: "fork p50 \(us(floor))", ratio: times(inLatency.start.p50 / floor), target: "context")
+        report.row("submit → acknowledged p50 / p99 (connection per request)", "\(us(ack.p50)) / \(us(ack.p99))", target: "context")
+        report.row("submit → handler entered p50 (host: schedule, launch)", us(handler.p50), floor: "fork p50 \(us(floor))",
+                   ratio: times(handler.p50 / floor), target: "≤ 2× floor", verdict: verdict(handler.p50 <= 2 * floor, missedBy: times(handler.p50 / (2 * floor)) + " over"))
+        report.row("submit → handler entered p99", us(handler.p99), floor: "fork p50 \(us(floor))", ratio: times(handler.p99 / floor), target: "context")
+        report.row("  submit → launch chosen (row's started_at) p50", us(toRow.p50), target: "where it goes")
+        report.row("  launch chosen → handler entered p50", us(rowToHandler.p50), floor: "in-process \(us(inLatency.start.p50))",
+                   ratio: times(rowToHandler.p50 / inLatency.start.p50), target: "where it goes")
+        report.row("  supervisor start → handler (record) p50", us(supervisorToHandler.p50), floor: "in-process \(us(inLatency.start.p50))",
+                   ratio: times(supervisorToHandler.p50 / inLatency.start.p50), target: "where it goes")
+        report.row("\(apps) apps due at once → launches/s until the last handler (--max-launches 2)", perSecond(rate),
+                   floor: "in-process, 2 threads \(perSecond(inRate))", ratio: pct(rate / inRate * 100), target: "≥ 80 %",
+                   verdict: verdict(rate >= 0.8 * inRate, missedBy: pct(rate / inRate * 100)))
+        report.row("simulate-launch round trip p50 / p99 (socket call → record back)", "\(us(simulate.p50)) / \(us(simulate.p99))",
+                   floor: "in-process run() \(us(inCall.p50))", ratio: times(simulate.p50 / inCall.p50), target: "context")
+        report.row("background push (control socket) → launch entry p50 / p99", "\(us(push.p50)) / \(us(push.p99))",
+                   floor: "fork p50 \(us(floor))", ratio: times(push.p50 / floor), target: "context")
+        if lost > 0 { report.note("e2e: \(lost) of \(n.e2eLatency) submissions never reached their handler within 5 s") }
+        if pushLost > 0 { report.note("e2e: \(pushLost) of \(n.e2ePush) pushes did not reach the launch entry; first: \(pushFirstProblem ?? "?")") }
+        report.note("e2e: the push figure is through the control socket (`bgtask push`); the APNs HTTP/2 endpoint (--apns-port) adds its HTTP/2 parsing, not measured here (no HTTP/2 client in the bench)")
+    }
+
+    // MARK: Scale
+
+    /// `--only scale`: N launches supervised at once, each sleeping in its handler until its
+    /// budget ends (half of them, `bench.sleep`: expiration lateness) or beyond its grace (the
+    /// other half, `bench.hang`: watchdog lateness).
+    func scale() throws {
+        report.section("scale: N launches supervised at once by one host (each sleeping in its handler), for N = \(iterations.scaleSizes.map(String.init).joined(separator: ", "))")
+        raiseDescriptorLimit()
+        let budget = iterations.scaleBudget
+        var figures: [(n: Int, cpuUsPerLaunchSecond: Double, hostRSS: Double, rssPerLaunch: Double, pssPerLaunch: Double, threads: Int,
+                       ramp: Double, expiry: Samples, watchdog: Samples, entered: Int)] = []
+        for size in iterations.scaleSizes {
+            progress("scale: \(size) launches (budget \(Int(budget)) s, grace 1 s)")
+            let e2e = try EndToEndHost(root: root.appendingPathComponent("scale-\(size)"), apps: size,
+                                       arguments: ["--max-launches", "\(size + 10)", "--budget", "\(Int(budget))s", "--grace", "1s"])
+            defer { e2e.stop() }
+            usleep(500_000)
+            let idleRSS = Double(ProcStat.rss(e2e.host.pid) ?? 0)
+            // The host's whole tree at rest (the host, the zygote, its spare): what N launches
+            // add to it is theirs.
+            let idlePSS = ProcStat.treePSS(e2e.host.pid).bytes
+            let batch = e2e.apps.enumerated().map { EndToEndHost.submission($0.element, $0.offset % 2 == 0 ? "bench.sleep" : "bench.hang") }
+            let t0 = monotonicNs()
+            let responses = try e2e.client.send(batch, window: 256)
+            guard responses.allSatisfy(\.ok) else { throw BenchError("scale submit refused: \(responses.first { !$0.ok }?.error?.message ?? "?")") }
+            let entered = collectStamps(Array(e2e.fifos.values), what: .handler, count: size, timeout: budget * 0.8)
+            let ramp = seconds(since: t0)
+            // All of them supervised at once: the host's CPU over a window, its memory, and the
+            // launches' proportional memory.
+            let window = min(2.0, max(0.5, budget - ramp - 1))
+            let cpu0 = ProcStat.cpuNanoseconds(e2e.host.pid)
+            let w0 = monotonicNs()
+            usleep(UInt32(window * 1e6))
+            let cpuNs = Double(ProcStat.growth(from: cpu0, to: ProcStat.cpuNanoseconds(e2e.host.pid)))
+            let elapsed = seconds(since: w0)
+            let hostRSS = Double(ProcStat.rss(e2e.host.pid) ?? 0)
+            let threads = ProcStat.threadCount(e2e.host.pid)
+            let tree = ProcStat.treePSS(e2e.host.pid)
+            let launches = max(entered.count, 1)
+            let pss = tree.bytes - idlePSS
+            // Both halves end by the budget + grace + the watchdog's kill; then the records.
+            let end = Double(budget) + 1 + 3
+            usleep(UInt32(max(0, end - seconds(since: t0)) * 1e6))
+            var expiry = Samples(), watchdog = Samples()
+            var recorded = 0
+            for _ in 0..<30 {
+                let records = (try? e2e.records(limit: size + 10)) ?? []
+                recorded = records.count
+                if recorded >= entered.count {
+                    for record in records {
+                        if record.termination == .watchdog {
+                            watchdog.append(record.wallMs - (record.budgetMs + record.graceMs))
+                        } else if let task = record.tasks.first, let expired = task.expiredMs {
+                            expiry.append(expired - record.budgetMs)
+                        }
+                    }
+                    break
+                }
+                usleep(500_000)
+            }
+            figures.append((size, cpuNs / 1000 / elapsed / Double(launches), hostRSS, (hostRSS - idleRSS) / Double(launches),
+                            pss / Double(launches), threads, ramp, expiry, watchdog, entered.count))
+            if entered.count < size { report.note("scale \(size): only \(entered.count) of \(size) handlers entered within \(Int(budget * 0.8)) s; the per-launch figures are over those") }
+            report.note("scale \(size): \(tree.processes) processes under the host while supervised (3 per launch with PID namespaces: outer, init, app)")
+        }
+        for f in figures {
+            let key = "scale_\(f.n)"
+            report.set("\(key)_host_cpu_us_per_launch_s", f.cpuUsPerLaunchSecond, 2)
+            report.set("\(key)_host_cpu_pct", f.cpuUsPerLaunchSecond * Double(f.n) / 1e4, 2)
+            report.set("\(key)_host_rss_mib", f.hostRSS / 1_048_576, 1)
+            report.set("\(key)_host_rss_per_launch_kib", f.rssPerLaunch / 1024, 1)
+            report.set("\(key)_launch_pss_kib", f.pssPerLaunch / 1024, 1)
+            report.set("\(key)_host_threads", .int(f.threads))
+            report.set("\(key)_ramp_s", f.ramp, 2)
+            report.set("\(key)_expiry_late_p99_ms", f.expiry.p99)
+            report.set("\(key)_expiry_late_p50_ms", f.expiry.p50)
+            report.set("\(key)_watchdog_late_p99_ms", f.watchdog.p99)
+            report.set("\(key)_watchdog_late_p50_ms", f.watchdog.p50)
+            report.set("\(key)_entered", .int(f.entered))
+            report.row("\(f.n) at once: host CPU per supervised launch", String(format: "%.1f µs/s", f.cpuUsPerLaunchSecond),
+                       ratio: String(format: "host %.2f %% of a core", f.cpuUsPerLaunchSecond * Double(f.n) / 1e4), target: "linear, small")
+            report.row("\(f.n) at once: host RSS (+ per launch) / PSS per launch", "\(mib(f.hostRSS)) (+\(String(format: "%.0f KiB", f.rssPerLaunch / 1024))) / \(String(format: "%.0f KiB", f.pssPerLaunch / 1024))",
+                       ratio: "\(f.threads) host threads", target: "documented")
+            report.row("\(f.n) at once: expiry lateness p50 / p99", "\(ms(f.expiry.p50)) / \(ms(f.expiry.p99))", ratio: "\(f.expiry.count) launches",
+                       target: "p99 ≤ 5 ms", verdict: verdict(f.expiry.p99 <= 5, missedBy: ms(f.expiry.p99 - 5) + " over"))
+            report.row("\(f.n) at once: watchdog lateness p50 / p99", "\(ms(f.watchdog.p50)) / \(ms(f.watchdog.p99))", ratio: "\(f.watchdog.count) launches",
+                       target: "p99 ≤ 5 ms", verdict: verdict(f.watchdog.p99 <= 5, missedBy: ms(f.watchdog.p99 - 5) + " over"))
+            report.row("\(f.n) at once: submitted → all handlers entered", String(format: "%.2f s", f.ramp), ratio: perSecond(Double(f.entered) / f.ramp), target: "context")
+        }
+    }
+
+    // MARK: Confinement priced
+
+    /// `--only confinement`: in-process zygote launches with every layer, with each layer off
+    /// in turn, and with none.
+    func confinement() throws {
+        report.section("confinement: in-process zygote launches with each isolation layer on and off (the main run loop is always on since issue 12)")
+        let n = iterations
+        progress("confinement: fork floor (\(n.forkLatency) × fork + _exit + waitpid)")
+        let fork = try Floors.forkLatency(n.forkLatency)
+        let floor = fork.p50
+        struct Variant { var name: String; var key: String; var confined: Bool; var uid: Bool; var environment: [String: String] }
+        let variants = [
+            Variant(name: "all layers (as `bgtask host` as root)", key: "all", confined: true, uid: true, environment: [:]),
+            Variant(name: "without the PID namespace", key: "no_pid_namespace", confined: true, uid: true, environment: [AppContainer.pidNamespaceSwitch: "off"]),
+            Variant(name: "without Landlock", key: "no_landlock", confined: true, uid: true, environment: [AppContainer.sandboxLayersSwitch: "landlock"]),
+            Variant(name: "without seccomp", key: "no_seccomp", confined: true, uid: true, environment: [AppContainer.sandboxLayersSwitch: "seccomp"]),
+            Variant(name: "without the uid switch", key: "no_uid", confined: true, uid: false, environment: [:]),
+            Variant(name: "none (--no-sandbox)", key: "none", confined: false, uid: false, environment: [:]),
+        ]
+        // Every variant's zygote started (with its environment) first, then launches in rounds
+        // over the variants, so that a machine that slows down or speeds up during the run moves
+        // every variant alike (sequential blocks of each gave negative layer costs on a loaded
+        // machine).
+        var benches: [LaunchBench] = []
+        defer { benches.forEach { $0.stop() } }
+        for variant in variants {
+            for (key, value) in variant.environment { setenv(key, value, 1) }
+            defer { for key in variant.environment.keys { unsetenv(key) } }
+            let bench = try LaunchBench(root: root.appendingPathComponent("confinement-\(variant.key)"), launcher: .zygote,
+                                        confined: variant.confined, switchUID: variant.uid)
+            benches.append(bench)
+            for _ in 0..<3 { _ = try bench.noop() } // starts its zygote with this environment
+        }
+        let rounds = 10
+        progress("confinement: \(variants.count) variants, \(rounds) rounds of \(n.confinementLatency / rounds) launches each (latency), then of \(n.launchThroughput / rounds) back to back (rate)")
+        var latencies = Array(repeating: Samples(), count: variants.count)
+        var elapsed = Array(repeating: 0.0, count: variants.count)
+        var counted = Array(repeating: 0, count: variants.count)
+        for _ in 0..<rounds {
+            for (index, bench) in benches.enumerated() {
+                for _ in 0..<(n.confinementLatency / rounds) { latencies[index].append(try bench.noop().record.tasks[0].startedMs! * 1000) }
+                let t0 = monotonicNs()
+                for _ in 0..<(n.launchThroughput / rounds) { _ = try bench.noop() }
+                elapsed[index] += seconds(since: t0)
+                counted[index] += n.launchThroughput / rounds
+            }
+        }
+        let results: [(Variant, Samples, Double)] = variants.indices.map { (variants[$0], latencies[$0], Double(counted[$0]) / elapsed[$0]) }
+        let all = results[0].1.p50
+        report.row("fork floor p50 (this run)", us(floor), target: "floor")
+        for (variant, latency, rate) in results {
+            report.set("confinement_\(variant.key)_p50_us", latency.p50, 1)
+            report.set("confinement_\(variant.key)_p99_us", latency.p99, 1)
+            report.set("confinement_\(variant.key)_per_s", rate, 1)
+            let delta = variant.key == "all" ? "" : ", the layer costs \(us(all - latency.p50))"
+            report.row("launch p50 / p99, \(variant.name)", "\(us(latency.p50)) / \(us(latency.p99))", floor: "fork p50 \(us(floor))",
+                       ratio: times(latency.p50 / floor) + delta, target: variant.key == "all" ? "≤ 1× floor" : "context",
+                       verdict: variant.key == "all" ? verdict(latency.p50 <= floor, missedBy: times(latency.p50 / floor)) : "")
+            report.row("  sequential launches/s, \(variant.name)", perSecond(rate), target: "context")
+        }
+        if let none = results.last {
+            let adds = all - none.1.p50
+            report.set("confinement_adds_p50_us", adds, 1)
+            report.set("confinement_fork_floor_p50_us", floor, 1)
+            report.row("the whole confinement adds (p50, all − none)", us(adds), target: "≤ 100 µs", verdict: verdict(adds <= 100, missedBy: us(adds - 100) + " over"))
+        }
+    }
+}
+
+extension ProcStat {
+    /// PSS of `pid` and every descendant (by /proc/PID/task/*/children), and how many.
+    static func treePSS(_ pid: pid_t) -> (bytes: Double, processes: Int) {
+        var total = 0.0, count = 0
+        var stack = [pid]
+        while let next = stack.popLast() {
+            total += Double(pss(next) ?? 0)
+            count += 1
+            stack += children(of: next)
+        }
+        return (total, count)
+    }
+
+    /// Proportional set size (smaps_rollup), bytes.
+    static func pss(_ pid: pid_t) -> UInt64? {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/smaps_rollup", encoding: .utf8) else { return nil }
+        for line in text.split(separator: "\n") where line.hasPrefix("Pss:") {
+            return line.split(separator: " ").dropFirst().first.flatMap { UInt64($0) }.map { $0 * 1024 }
+        }
+        return nil
+    }
+}
