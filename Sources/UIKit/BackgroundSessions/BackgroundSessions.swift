@@ -359,6 +359,10 @@ final class BackgroundSessions: @unchecked Sendable {
         let delivered: @Sendable () -> Void = { [self] in
             lock.withLock { _ = links.removeValue(forKey: info.id) }
             _ = Host.call(.delivered(id: info.id))
+        }
+        // Once the delegate's calls for it are queued: the session's last event may end its
+        // events (urlSessionDidFinishEvents comes after them on the delegate queue).
+        let counted: @Sendable () -> Void = { [self] in
             queue.async { self.markDelivered(info.id, session: link.sessionIdentifier) }
         }
         switch info.state {
@@ -375,6 +379,7 @@ final class BackgroundSessions: @unchecked Sendable {
                 }
                 delivered()
                 task.delegate?.urlSession(session, task: task, didCompleteWithError: nil)
+                counted()
             }
         case .completed:
             delivered()
@@ -382,6 +387,7 @@ final class BackgroundSessions: @unchecked Sendable {
                 if let body = info.body, !body.isEmpty { urlProtocol.client?.urlProtocol(urlProtocol, didLoad: body) }
                 urlProtocol.client?.urlProtocolDidFinishLoading(urlProtocol)
             }
+            counted()
         default:
             let error = info.error ?? TransferError(code: TransferError.unknownCode, message: "the transfer ended as \(info.state.rawValue)")
             var userInfo: [String: Any] = [NSLocalizedDescriptionKey: error.message, "NSErrorFailingURLStringKey": info.url]
@@ -389,6 +395,7 @@ final class BackgroundSessions: @unchecked Sendable {
             let failure = URLError(URLError.Code(rawValue: error.code) ?? .unknown, userInfo: userInfo)
             delivered()
             if let urlProtocol { urlProtocol.client?.urlProtocol(urlProtocol, didFailWithError: failure) }
+            counted()
         }
     }
 
