@@ -510,7 +510,9 @@ import _BGTaskSystemShims
             // Jetsam when the children's resident memory is counted over the limit; a sampler
             // that counts shared pages once may let the watchdog get there first.
             #expect(record.termination == expected || (expected == .jetsam && record.termination == .watchdog), "\(record)")
-            #expect(try record.logText().contains("40 children started"))
+            // The watchdog comes after the 1 s budget, when all 40 have started; jetsam may
+            // strike while they are still being started (and before their line is written).
+            if record.termination == .watchdog { #expect(try record.logText().contains("40 children started")) }
             var left = zombies(of: host.pid)
             let deadline = Date().addingTimeInterval(3)
             while !left.isEmpty && Date() < deadline {
