@@ -49,14 +49,20 @@ extension SectionRunner {
         var seen = Set<String>()
         for run in 1...runs {
             progress("transfer: through the host, run \(run) of \(runs)")
-            if rssBefore.isNaN { rssBefore = ProcStat.rss(host.pid).map(Double.init) ?? .nan }
-            let status = waitFor(try spawn([Products.cli, "simulate-launch", "com.example.downloader.start", "--force", "--type", "refresh",
-                                             "--state", state.path], stdout: nil, stderr: 2))
-            guard status == 0 else { throw BenchError("bgtask simulate-launch failed (status \(status))") }
+            if rssBefore.isNaN { rssBefore = ProcStat.rss(host.pid).map { Double($0) } ?? .nan }
+            // The previous run's delivery (a background-transfer launch) may still be running.
+            let launchBy = Date().addingTimeInterval(120)
+            while true {
+                let status = waitFor(try spawn([Products.cli, "simulate-launch", "com.example.downloader.start", "--force", "--type", "refresh",
+                                                 "--state", state.path], stdout: nil, stderr: nil))
+                if status == 0 { break }
+                guard Date() < launchBy else { throw BenchError("bgtask simulate-launch failed (status \(status)) for 2 minutes") }
+                usleep(100_000)
+            }
             let deadline = Date().addingTimeInterval(600)
             var finished: TransferReport?
             while finished == nil && Date() < deadline {
-                rssPeak = max(rssPeak, ProcStat.rss(host.pid).map(Double.init) ?? 0)
+                rssPeak = max(rssPeak, ProcStat.rss(host.pid).map { Double($0) } ?? 0)
                 let listed = (try? host.client.send(ControlRequest(.transfers, app: "com.example.downloader")).transfers) ?? []
                 if let done = listed.first(where: { !seen.contains($0.id) && $0.finishedAt != nil }) {
                     finished = done
