@@ -334,7 +334,7 @@ final class BackgroundSessions: @unchecked Sendable {
     }
 
     /// The transfer ended: the response, then the file or the data, then the completion, on the
-    /// session's delegate queue; then the host is told it was delivered.
+    /// session's delegate queue; the host is told it was delivered just before the completion.
     private func deliverEnd(_ link: Link) {
         let proceed = lock.withLock { () -> Bool in
             guard !link.done else { return false }
@@ -369,7 +369,7 @@ final class BackgroundSessions: @unchecked Sendable {
         case .completed where info.kind == .download:
             // Foundation's own completion of a download needs a file its protocols keep to
             // themselves: the delegate is called here instead (the task's `state` stays
-            // `.running` in Foundation's books; docs/transfers.md).
+            // `.running` in Foundation's books; docs/sdk.md).
             session.delegateQueue.addOperation {
                 if let file = info.file, let download = task as? URLSessionDownloadTask {
                     let location = URL(fileURLWithPath: file)
