@@ -62,7 +62,7 @@ enum RemoteNotification {
     /// "remote-notification"), within the push's 30 s; its result goes in the run record.
     static func deliver(_ userInfo: [AnyHashable: Any], to delegate: any UIApplicationDelegate, of application: UIApplication) {
         let assertion = application.beginBackgroundTask(withName: "remote-notification")
-        let once = CompletionOnce()
+        let once = OnceFlag()
         nonisolated(unsafe) let payload = userInfo
         DispatchQueue.main.async {
             MainActor.assumeIsolated {
@@ -78,12 +78,6 @@ enum RemoteNotification {
     }
 }
 
-/// A completion handler's first call (later ones are ignored, as iOS ignores them).
-private final class CompletionOnce: @unchecked Sendable {
-    private let lock = NSLock()
-    private var called = false
-    func first() -> Bool { lock.withLock { defer { called = true }; return !called } }
-}
 
 extension Data {
     /// Bytes from hex digits, or nil.

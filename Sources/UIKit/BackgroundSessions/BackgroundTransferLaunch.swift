@@ -35,10 +35,3 @@ enum BackgroundTransferLaunch {
 private final class AssertionBox: @unchecked Sendable {
     var identifier = UIBackgroundTaskIdentifier.invalid
 }
-
-/// The first call of a completion handler (later ones are ignored, as iOS ignores them).
-final class OnceFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var called = false
-    func first() -> Bool { lock.withLock { defer { called = true }; return !called } }
-}
