@@ -122,7 +122,16 @@ func refusal(_ body: () throws -> Void) -> BGTaskScheduler.Error.Code? {
                 task.setTaskCompleted(success: false)
             }
             let launch = try scheduler.start("com.example.chosen.work", as: .processing)
-            await Task.detached { started.wait() }.value
+            // Waited for off Swift's cooperative pool: a blocked pool thread (two on a 2-core
+            // machine, shared by every test running in parallel) can hold this test's own
+            // continuation past the launch's timeout, and the launch then ends unfinished
+            // before `expire()` is called.
+            await withCheckedContinuation { (resumed: CheckedContinuation<Void, Never>) in
+                DispatchQueue.global().async {
+                    started.wait()
+                    resumed.resume()
+                }
+            }
             launch.expire() // the handler is mid-work: now
             let report = await launch.finish()
             let task = try #require(report["com.example.chosen.work"])
