@@ -256,9 +256,9 @@ final class BackgroundSessions: @unchecked Sendable {
         HostConnection.current.beforeEnding { done in BackgroundSessions.shared.drain(then: done) }
     }
 
-    /// Calls `then` once each background session's work queue has run what was queued before
-    /// (Foundation runs `getAllTasks`'s handler on the delegate queue after a turn of the work
-    /// queue), or after 5 s: a host that does not answer cannot hold the app's completion.
+    /// Calls `then` once each background session's work queue, then the host calls queued here,
+    /// have run what was queued before (Foundation runs `getAllTasks`'s handler on the delegate
+    /// queue after a turn of the work queue), or after 5 s: a host that does not answer cannot hold the app's completion.
     /// Asynchronous: the app may be completing its task on that very delegate queue.
     func drain(then: @escaping @Sendable () -> Void) {
         let live = lock.withLock { sessions.values.compactMap(\.session) }
@@ -269,7 +269,9 @@ final class BackgroundSessions: @unchecked Sendable {
             group.enter()
             session.getAllTasks { _ in group.leave() }
         }
-        group.notify(queue: .global(), execute: finish)
+        // Then the calls queued for the host (a session's attach, a cancel, a delivery) reach
+        // it before the launch ends: an attach still queued when the process exits is lost.
+        group.notify(queue: queue) { DispatchQueue.global().async(execute: finish) }
         DispatchQueue.global().asyncAfter(deadline: .now() + 5, execute: finish)
     }
 
