@@ -201,14 +201,26 @@ enum ZygoteServer {
     /// else is touched: not Bundle.main, not a global queue (no thread is started).
     /// Async-signal-safe: no — the main queue and run loop; the spare, an ordinary process.
     private static func rehearseMainThread() {
-        var before = [Int32](repeating: -1, count: 64)
-        let openBefore = Int(bgtask_open_descriptors(4, 256, &before, Int32(before.count)))
+        let existing = Set(openDescriptors())
         DispatchQueue.main.async {}
         _ = RunLoop.main.run(mode: .default, before: Date())
-        var after = [Int32](repeating: -1, count: 64)
-        let openAfter = Int(bgtask_open_descriptors(4, 256, &after, Int32(after.count)))
-        let existing = Set(before.prefix(min(openBefore, before.count)))
-        mainThreadDescriptors = after.prefix(min(openAfter, after.count)).filter { !existing.contains($0) }
+        mainThreadDescriptors = openDescriptors().filter { !existing.contains($0) }
+    }
+
+    /// Every open descriptor from 4 up, ascending, however many: a zygote supervising a
+    /// thousand launches holds two pidfds for each, and its spare inherits them, so the run
+    /// loop's own land far above them. (Looking below 256 only, with room for 64, missed them
+    /// with a few dozen launches running: `becomeLaunch` closed the run loop's epoll set and
+    /// every later launch's main thread spun in `RunLoop.run`, a core's worth of CPU each.)
+    /// Async-signal-safe: no — allocates; the spare, an ordinary process.
+    static func openDescriptors() -> [Int32] {
+        var capacity = 256
+        while true {
+            var found = [Int32](repeating: -1, count: capacity)
+            let count = Int(bgtask_open_descriptors(4, Int32.max, &found, Int32(capacity)))
+            if count <= capacity { return Array(found.prefix(count)) }
+            capacity = count + 64
+        }
     }
 
     /// Descriptors the main thread's rehearsal made (ascending): kept by `becomeLaunch`.

@@ -164,4 +164,51 @@ import _BGTaskSystemShims
         #expect(zygote.processID != stuck && zygote.processID > 0, "a new zygote serves")
         #expect(kill(stuck, 0) != 0, "the stuck zygote was killed and reaped")
     }
+
+    /// A launch started while dozens of others run has its main run loop, and waits without
+    /// burning CPU. The zygote holds two pidfds for every launch it started that is still
+    /// running; each spare inherits them, so the descriptors its main run loop makes (an epoll
+    /// set, an eventfd, a timerfd) come after all of them. They were found by looking below
+    /// 256 with room for 64: with a few dozen launches running, `becomeLaunch` closed them, and
+    /// every launch from then on spun in `RunLoop.run` for its whole life (at 300 launches at
+    /// once, the runners' CPU held both cores and launches started at 40 a second).
+    @Test func aLaunchAmongManyKeepsItsMainRunLoopAndWaitsWithoutCPU() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (bundle, supervisor, zygote) = try launcher(scratch)
+        defer { zygote.stop() }
+        let count = 40
+        let started = LockedValue(0)
+        let records = LockedValue([RunRecord]())
+        let group = DispatchGroup()
+        for _ in 0..<count {
+            var open = plan(bundle, "com.example.misbehaving.never", scratch: scratch)
+            open.expireAfter = .seconds(4)
+            open.limits.grace = .seconds(2)
+            let control = LaunchControl()
+            control.onStart = { _ in started.withLock { $0 += 1 } }
+            group.enter()
+            Thread { [open] in
+                defer { group.leave() }
+                if let record = try? supervisor.run(open, broker: InMemoryRequestBroker(), control: control) {
+                    records.withLock { $0.append(record) }
+                }
+            }.start()
+        }
+        #expect(eventually { started.withLock { $0 } == count }, "\(started.withLock { $0 }) of \(count) launches started")
+        let probe = try supervisor.run(plan(bundle, "com.example.misbehaving.fds", scratch: scratch), broker: InMemoryRequestBroker())
+        #expect(probe.launcher == "zygote")
+        let log = try probe.logText()
+        #expect(log.contains("anon_inode:[eventpoll]"), "the main run loop's epoll set is open in the launch: \(log)")
+        #expect(log.contains("anon_inode:[timerfd]"), "and its timer: \(log)")
+        #expect(group.wait(timeout: .now() + 60) == .success)
+        let ended = records.withLock { $0 }
+        #expect(ended.count == count)
+        for record in ended {
+            // About 4 s each, waiting on the main run loop for the expiration: a spinning one
+            // takes a core's share of all of it.
+            #expect(record.task("com.example.misbehaving.never")?.outcome == .expired, "\(record.launchID)")
+            #expect(record.cpuMs < 500, "launch \(record.launchID) used \(record.cpuMs) ms of CPU in \(record.wallMs) ms")
+        }
+    }
 }

@@ -209,8 +209,9 @@ void bgtask_close_from(int lowest);
 /* Closes every descriptor >= lowest except the `count` in `keep` (ascending).
  * Async-signal-safe: yes */
 void bgtask_close_from_except(int lowest, const int *keep, int count);
-/* Writes the open descriptors in [lowest, highest) to `out` (at most `capacity`, ascending;
- * fcntl, no /proc) and returns how many there are.
+/* Writes the open descriptors in [lowest, highest) to `out` (the lowest `capacity` of them
+ * when /proc lists them in order, as it does; ascending) and returns how many there are: read
+ * from /proc/self/fd, or without /proc by asking every number in the range.
  * Async-signal-safe: yes */
 int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity);
 /* Bytes allocated to everything beneath `path` (st_blocks), symbolic links not followed and
