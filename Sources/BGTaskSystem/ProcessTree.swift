@@ -65,9 +65,41 @@ public enum ProcessTree {
     }
 
     public static func residentBytes(ofProcess pid: pid_t) -> UInt64 {
-        let fields = readFile("/proc/\(pid)/statm").split(separator: UInt8(ascii: " "))
+        residentBytes(statm: readFile("/proc/\(pid)/statm"))
+    }
+
+    /// The resident bytes /proc/PID/statm says (its second field, in pages).
+    static func residentBytes(statm: some Collection<UInt8>) -> UInt64 {
+        let fields = statm.split(separator: UInt8(ascii: " "), maxSplits: 2)
         guard fields.count > 1, let pages = UInt64(String(decoding: fields[1], as: UTF8.self)) else { return 0 }
-        return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
+        return pages * pageSize
+    }
+
+    static let pageSize = UInt64(sysconf(Int32(_SC_PAGESIZE)))
+
+    /// One process's resident memory, read again and again through the same open
+    /// /proc/PID/statm (a read at offset 0 makes the kernel write it anew): a sampler that
+    /// reads it a dozen times a second saves the path's lookup (three /proc components, the
+    /// pid's revalidation) each time. The descriptor is bound to the process, not its number: once
+    /// the process is gone it reads 0, never a later process's memory.
+    public final class ResidentMemory {
+        private let fd: Int32
+        public let pid: pid_t
+
+        public init?(pid: pid_t) {
+            fd = open("/proc/\(pid)/statm", O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            self.pid = pid
+        }
+
+        deinit { close(fd) }
+
+        public var bytes: UInt64 {
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 128) { buffer in
+                let n = pread(fd, buffer.baseAddress, buffer.count, 0)
+                return n > 0 ? ProcessTree.residentBytes(statm: buffer[0..<n]) : 0
+            }
+        }
     }
 
     /// Bytes held in memory-backed files that `pids` have open and that resident memory does
@@ -79,20 +111,28 @@ public enum ProcessTree {
         var seen = Set<UInt64>()
         var total: UInt64 = 0
         var target = [CChar](repeating: 0, count: 256)
+        let memfd = Array("/memfd:".utf8), shm = Array("/dev/shm/".utf8)
         for pid in pids {
-            let directory = "/proc/\(pid)/fd"
-            guard let entries = opendir(directory) else { continue }
+            guard let entries = opendir("/proc/\(pid)/fd") else { continue }
             defer { closedir(entries) }
+            // Each link read from the directory's descriptor: no path lookup per descriptor.
+            let directory = dirfd(entries)
             while let entry = readdir(entries) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-                guard Int32(name) != nil else { continue }
-                let path = directory + "/" + name
-                let length = readlink(path, &target, target.count - 1)
+                let isNumber = withUnsafeBytes(of: entry.pointee.d_name) { name in
+                    name.first.map { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") } ?? false
+                }
+                guard isNumber else { continue }
+                let length = withUnsafeBytes(of: entry.pointee.d_name) { name in
+                    name.withMemoryRebound(to: CChar.self) { readlinkat(directory, $0.baseAddress!, &target, target.count - 1) }
+                }
                 guard length > 0 else { continue }
                 let linked = target[..<length].map { UInt8(bitPattern: $0) }
-                guard linked.starts(with: Array("/memfd:".utf8)) || linked.starts(with: Array("/dev/shm/".utf8)) else { continue }
+                guard linked.starts(with: memfd) || linked.starts(with: shm) else { continue }
                 var info = stat()
-                guard stat(path, &info) == 0 else { continue }
+                let found = withUnsafeBytes(of: entry.pointee.d_name) { name in
+                    name.withMemoryRebound(to: CChar.self) { fstatat(directory, $0.baseAddress!, &info, 0) }
+                }
+                guard found == 0 else { continue }
                 if seen.insert(UInt64(info.st_dev) << 40 ^ UInt64(info.st_ino)).inserted {
                     total += UInt64(max(info.st_blocks, 0)) * 512
                 }

@@ -29,7 +29,8 @@ struct DiskReserveWatch {
     /// Looks when due. Returns why the launch must be killed, or nil.
     mutating func check(at now: UInt64) -> String? {
         guard isOn, now >= nextCheckNs else { return nil }
-        let free = Self.availableBytes(containers[0])
+        var free = Self.availableBytesShared(containers[0], now: now)
+        if free / 4 < reserve { free = Self.availableBytes(containers[0]) }
         guard free < reserve else {
             heldWhenUnder = nil
             nextCheckNs = now + (free / 4 < reserve ? Self.closeInterval : checkInterval)
@@ -52,6 +53,21 @@ struct DiskReserveWatch {
         guard statvfs(path, &info) == 0 else { return .max }
         return UInt64(info.f_bavail) * UInt64(info.f_frsize)
     }
+
+    /// `availableBytes` of the filesystem holding the directory `path` is in, shared by every
+    /// launch whose container is in that directory, asked again after `closeInterval`: a
+    /// thousand launches far from the reserve ask the filesystem 200 times a second instead of
+    /// 10,000. Only for a look that finds the filesystem far from the reserve (`check` asks
+    /// its own container once it is within four reserves).
+    static func availableBytesShared(_ path: String, now: UInt64) -> UInt64 {
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? path
+        if let cached = sharedLooks.withLock({ $0[directory] }), now < cached.at + closeInterval { return cached.free }
+        let free = availableBytes(path)
+        sharedLooks.withLock { $0[directory] = (now, free) }
+        return free
+    }
+
+    private static let sharedLooks = LockedValue([String: (at: UInt64, free: UInt64)]())
 
     /// What the directories hold on disk (allocated blocks), links not followed, other
     /// filesystems not entered, at most a million entries each.
@@ -89,6 +105,8 @@ struct MemorySampler {
     /// ProcessTree.appProcess). Found at the first sample; until the runner has reported its
     /// confinement (after its namespace is made), "no namespace" is not taken as final.
     private(set) var app: pid_t?
+    /// The app's /proc/PID/statm, kept open (see `ProcessTree.ResidentMemory`).
+    private var appMemory: ProcessTree.ResidentMemory?
 
     init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, maximumInterval: UInt64 = 0, burstBytesPerNs: Double = .infinity,
          descendantInterval: UInt64, checkInterval: UInt64) {
@@ -125,7 +143,7 @@ struct MemorySampler {
             // cannot hide a child for longer than that.
             if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
                 let periodic = now >= nextUnconditionalWalkNs
-                nextUnconditionalWalkNs = now + checkInterval
+                if periodic { nextUnconditionalWalkNs = now + checkInterval }
                 knownDescendants = ProcessTree.descendants(of: counted)
                 if !knownDescendants.isEmpty { state.hadDescendants = true }
                 // Memory no process's resident set shows (a memfd written but not mapped, POSIX
@@ -135,10 +153,17 @@ struct MemorySampler {
                 knownDescendants = []
             }
             state.childrenAnswer = nil
-            probeSent = probe()
-            nextDescendantWalkNs = now + descendantInterval
+            // A launch past its first moments that has no child is looked at by the periodic
+            // walk only: the probe (a message each way, two wake-ups of this thread) would ask
+            // what the walk is about to see anyway. At a thousand sleeping launches, the probes
+            // were a third of the host's supervision.
+            let steady = now >= relaxAfterNs && knownDescendants.isEmpty
+            nextDescendantWalkNs = steady ? nextUnconditionalWalkNs : now + descendantInterval
+            probeSent = nextDescendantWalkNs < nextUnconditionalWalkNs ? probe() : false
         }
-        let rss = knownDescendants.reduce(ProcessTree.residentBytes(ofProcess: counted)) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
+        if appMemory?.pid != counted { appMemory = ProcessTree.ResidentMemory(pid: counted) }
+        let own = appMemory?.bytes ?? ProcessTree.residentBytes(ofProcess: counted)
+        let rss = knownDescendants.reduce(own) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
         state.peakRSS = max(state.peakRSS, rss)
         var interval = sampleInterval
         if let last = lastSample, rss > last.rss, now > last.at, rss < limit {
