@@ -107,6 +107,7 @@ struct MemorySampler {
     private(set) var app: pid_t?
     /// The app's /proc/PID/statm, kept open (see `ProcessTree.ResidentMemory`).
     private var appMemory: ProcessTree.ResidentMemory?
+    private var shared = SharedMemoryGate()
 
     init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, maximumInterval: UInt64 = 0, burstBytesPerNs: Double = .infinity,
          descendantInterval: UInt64, checkInterval: UInt64) {
@@ -147,8 +148,11 @@ struct MemorySampler {
                 knownDescendants = ProcessTree.descendants(of: counted)
                 if !knownDescendants.isEmpty { state.hadDescendants = true }
                 // Memory no process's resident set shows (a memfd written but not mapped, POSIX
-                // shared memory): looked for at the periodic walk only.
-                if periodic { heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants) }
+                // shared memory): looked for at the periodic walk only, and only when it may
+                // have grown (see `SharedMemoryGate`).
+                if periodic, shared.due(at: now, holding: heldSharedBytes) {
+                    heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants)
+                }
             } else {
                 knownDescendants = []
             }
@@ -178,5 +182,66 @@ struct MemorySampler {
         lastSample = (now, rss)
         nextSampleNs = now + interval
         return rss
+    }
+}
+
+/// Whether a launch's memfd and POSIX shared memory scan (a readlink per open descriptor of each
+/// of its processes: the most expensive part of supervising a sleeping launch) is worth doing.
+/// Whatever a process writes into a memfd or /dev/shm is shared memory, which the machine
+/// counts (`Shmem` in /proc/meminfo): while that count has not grown by a MiB over its lowest
+/// since the launch's last scan, no process can have added more than that to what the last
+/// scan found. So a launch is scanned when the machine's shared memory grew, when its last
+/// scan found some, and at least every `forcedInterval` (others freeing shared memory while
+/// the launch fills some could mask the growth). The machine's count is read at most every
+/// 5 ms for all launches together.
+struct SharedMemoryGate {
+    static let forcedInterval: UInt64 = 1_000_000_000
+    static let growth: UInt64 = 1 << 20
+    private var lowest: UInt64?
+    private var lastScanNs: UInt64?
+
+    /// True when the scan is due now (and it is taken as done).
+    mutating func due(at now: UInt64, holding: UInt64) -> Bool {
+        let machine = Self.machineSharedBytes(now: now)
+        defer { if let machine { lowest = min(lowest ?? machine, machine) } }
+        let due = holding > 0 || machine == nil || lowest == nil || lastScanNs.map { now >= $0 + Self.forcedInterval } ?? true
+            || (machine ?? 0) > (lowest ?? 0) + Self.growth
+        if due {
+            lastScanNs = now
+            lowest = machine
+        }
+        return due
+    }
+
+    /// `Shmem` of /proc/meminfo in bytes (nil when it cannot be read), shared by all launches for 5 ms.
+    static func machineSharedBytes(now: UInt64) -> UInt64? {
+        if let cached = cache.withLock({ $0 }), now < cached.at + 5_000_000 { return cached.bytes }
+        let bytes = readShmem()
+        cache.withLock { $0 = (now, bytes) }
+        return bytes
+    }
+
+    private static let cache = LockedValue<(at: UInt64, bytes: UInt64?)?>(nil)
+
+    private static func readShmem() -> UInt64? {
+        let fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 8192) { buffer -> UInt64? in
+            let n = read(fd, buffer.baseAddress, buffer.count)
+            guard n > 0 else { return nil }
+            let key = Array("\nShmem:".utf8)
+            let text = buffer[0..<n]
+            guard let start = text.firstRange(of: key)?.upperBound else { return nil }
+            var value: UInt64 = 0
+            var seenDigit = false
+            for byte in text[start...] {
+                if byte == UInt8(ascii: " ") && !seenDigit { continue }
+                guard byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") else { break }
+                seenDigit = true
+                value = value * 10 + UInt64(byte - UInt8(ascii: "0"))
+            }
+            return seenDigit ? value * 1024 : nil
+        }
     }
 }
