@@ -107,7 +107,7 @@ struct MemorySampler {
     private(set) var app: pid_t?
     /// The app's /proc/PID/statm, kept open (see `ProcessTree.ResidentMemory`).
     private var appMemory: ProcessTree.ResidentMemory?
-    private var shared = SharedMemoryGate()
+    private var gate = MachineGate()
 
     init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, maximumInterval: UInt64 = 0, burstBytesPerNs: Double = .infinity,
          descendantInterval: UInt64, checkInterval: UInt64) {
@@ -145,12 +145,18 @@ struct MemorySampler {
             if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
                 let periodic = now >= nextUnconditionalWalkNs
                 if periodic { nextUnconditionalWalkNs = now + checkInterval }
-                knownDescendants = ProcessTree.descendants(of: counted)
+                // A periodic walk of a launch that had no child finds none while no process has
+                // been made on the machine since its last walk (see `MachineGate`).
+                if !(periodic && knownDescendants.isEmpty && !gate.processesMayHaveStarted(at: now)) {
+                    knownDescendants = ProcessTree.descendants(of: counted)
+                    gate.walked(at: now)
+                }
                 if !knownDescendants.isEmpty { state.hadDescendants = true }
                 // Memory no process's resident set shows (a memfd written but not mapped, POSIX
                 // shared memory): looked for at the periodic walk only, and only when it may
-                // have grown (see `SharedMemoryGate`).
-                if periodic, shared.due(at: now, holding: heldSharedBytes) {
+                // have grown enough to matter (see `MachineGate`).
+                let last = lastSample?.rss ?? 0
+                if periodic, gate.sharedMemoryMayMatter(at: now, holding: heldSharedBytes, headroom: limit > last ? limit - last : 0) {
                     heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants)
                 }
             } else {
@@ -185,63 +191,116 @@ struct MemorySampler {
     }
 }
 
-/// Whether a launch's memfd and POSIX shared memory scan (a readlink per open descriptor of each
-/// of its processes: the most expensive part of supervising a sleeping launch) is worth doing.
-/// Whatever a process writes into a memfd or /dev/shm is shared memory, which the machine
-/// counts (`Shmem` in /proc/meminfo): while that count has not grown by a MiB over its lowest
-/// since the launch's last scan, no process can have added more than that to what the last
-/// scan found. So a launch is scanned when the machine's shared memory grew, when its last
-/// scan found some, and at least every `forcedInterval` (others freeing shared memory while
-/// the launch fills some could mask the growth). The machine's count is read at most every
-/// 5 ms for all launches together.
-struct SharedMemoryGate {
+/// Whether the two expensive looks of a sleeping launch's supervision can be skipped, from two
+/// counters the machine keeps for everyone (read at most every 5 ms for all launches together):
+///
+/// - **The walk for descendants** (a readdir of the app's threads and a read of each one's
+///   children): a launch that had no child cannot have one while no process or thread has been
+///   made on the machine since its last walk (the last pid in /proc/loadavg has not moved: a pid
+///   made in a launch's namespace is made in the host's too).
+/// - **The memfd and POSIX shared memory scan** (a readlink per open descriptor of each of the
+///   launch's processes, each making a /proc inode: the most expensive part of supervising a
+///   sleeping launch). Whatever a process writes into a memfd or /dev/shm is shared memory,
+///   which the machine counts (`Shmem` in /proc/meminfo). While that count has not grown over
+///   its lowest since the launch's last scan by more than the launch's headroom (its limit
+///   less what its last sample counted), the launch cannot be over its limit, whatever it
+///   wrote: the scan is skipped. It is done when the count grew by more, while the last scan
+///   found some, and at least every `forcedInterval` (others freeing shared memory while the
+///   launch fills some could mask the growth).
+struct MachineGate {
     static let forcedInterval: UInt64 = 1_000_000_000
-    static let growth: UInt64 = 1 << 20
-    private var lowest: UInt64?
+    private var lowestShared: UInt64?
     private var lastScanNs: UInt64?
+    private var lastPIDAtWalk: Int64?
+    private var lastWalkNs: UInt64?
+
+    func processesMayHaveStarted(at now: UInt64, _ counters: Counters? = nil) -> Bool {
+        guard let walked = lastWalkNs, now < walked + Self.forcedInterval,
+              let before = lastPIDAtWalk, let current = (counters ?? Self.counters(now: now)).lastPID else { return true }
+        return current != before
+    }
+
+    /// The walk was done now (the last pid read before it: a process made during it counts).
+    mutating func walked(at now: UInt64, _ counters: Counters? = nil) {
+        lastWalkNs = now
+        lastPIDAtWalk = (counters ?? Self.counters(now: now)).lastPID
+    }
 
     /// True when the scan is due now (and it is taken as done).
-    mutating func due(at now: UInt64, holding: UInt64) -> Bool {
-        let machine = Self.machineSharedBytes(now: now)
-        defer { if let machine { lowest = min(lowest ?? machine, machine) } }
-        let due = holding > 0 || machine == nil || lowest == nil || lastScanNs.map { now >= $0 + Self.forcedInterval } ?? true
-            || (machine ?? 0) > (lowest ?? 0) + Self.growth
+    mutating func sharedMemoryMayMatter(at now: UInt64, holding: UInt64, headroom: UInt64, _ counters: Counters? = nil) -> Bool {
+        let machine = (counters ?? Self.counters(now: now)).sharedBytes
+        defer { if let machine { lowestShared = min(lowestShared ?? machine, machine) } }
+        var due = holding > 0 || machine == nil || lowestShared == nil
+        if let last = lastScanNs, now >= last + Self.forcedInterval { due = true }
+        if let machine, let lowest = lowestShared, machine > lowest, machine - lowest >= headroom { due = true }
         if due {
             lastScanNs = now
-            lowest = machine
+            lowestShared = machine
         }
         return due
     }
 
-    /// `Shmem` of /proc/meminfo in bytes (nil when it cannot be read), shared by all launches for 5 ms.
-    static func machineSharedBytes(now: UInt64) -> UInt64? {
-        if let cached = cache.withLock({ $0 }), now < cached.at + 5_000_000 { return cached.bytes }
-        let bytes = readShmem()
-        cache.withLock { $0 = (now, bytes) }
-        return bytes
+    struct Counters {
+        var sharedBytes: UInt64?
+        var lastPID: Int64?
     }
 
-    private static let cache = LockedValue<(at: UInt64, bytes: UInt64?)?>(nil)
+    /// The machine's counters, shared by all launches for 5 ms.
+    static func counters(now: UInt64) -> Counters {
+        if let cached = cache.withLock({ $0 }), now < cached.at + 5_000_000 { return cached.counters }
+        let counters = Counters(sharedBytes: field(of: "/proc/meminfo", after: "\nShmem:").map { $0 * 1024 },
+                                lastPID: lastField(of: "/proc/loadavg"))
+        cache.withLock { $0 = (now, counters) }
+        return counters
+    }
 
-    private static func readShmem() -> UInt64? {
-        let fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC)
+    private static let cache = LockedValue<(at: UInt64, counters: Counters)?>(nil)
+
+    /// The number after `key` in the file (spaces skipped).
+    private static func field(of path: String, after key: String) -> UInt64? {
+        read(path) { text in
+            let needle = Array(key.utf8)
+            var at = 0
+            search: while at + needle.count <= text.count {
+                for (offset, byte) in needle.enumerated() where text[at + offset] != byte {
+                    at += 1
+                    continue search
+                }
+                break
+            }
+            guard at + needle.count <= text.count else { return nil }
+            at += needle.count
+            while at < text.count, text[at] == UInt8(ascii: " ") { at += 1 }
+            var value: UInt64 = 0
+            let start = at
+            while at < text.count, text[at] >= UInt8(ascii: "0"), text[at] <= UInt8(ascii: "9") {
+                value = value &* 10 &+ UInt64(text[at] - UInt8(ascii: "0"))
+                at += 1
+            }
+            return at > start ? value : nil
+        }
+    }
+
+    /// The file's last space-separated number (/proc/loadavg: the last pid made).
+    private static func lastField(of path: String) -> Int64? {
+        read(path) { text in
+            var end = text.count
+            while end > 0, text[end - 1] < UInt8(ascii: "0") || text[end - 1] > UInt8(ascii: "9") { end -= 1 }
+            var start = end
+            while start > 0, text[start - 1] >= UInt8(ascii: "0"), text[start - 1] <= UInt8(ascii: "9") { start -= 1 }
+            guard start < end else { return nil }
+            return text[start..<end].reduce(Int64(0)) { $0 &* 10 &+ Int64($1 - UInt8(ascii: "0")) }
+        }
+    }
+
+    private static func read<T>(_ path: String, _ body: (UnsafeBufferPointer<UInt8>) -> T?) -> T? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 8192) { buffer -> UInt64? in
-            let n = read(fd, buffer.baseAddress, buffer.count)
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 8192) { buffer -> T? in
+            let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
             guard n > 0 else { return nil }
-            let key = Array("\nShmem:".utf8)
-            let text = buffer[0..<n]
-            guard let start = text.firstRange(of: key)?.upperBound else { return nil }
-            var value: UInt64 = 0
-            var seenDigit = false
-            for byte in text[start...] {
-                if byte == UInt8(ascii: " ") && !seenDigit { continue }
-                guard byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") else { break }
-                seenDigit = true
-                value = value * 10 + UInt64(byte - UInt8(ascii: "0"))
-            }
-            return seenDigit ? value * 1024 : nil
+            return body(UnsafeBufferPointer(rebasing: buffer[0..<n]))
         }
     }
 }
