@@ -42,6 +42,8 @@ public final class ControlServer: @unchecked Sendable {
     private var stopped = false
     private var acceptThread: Thread?
     private let acceptDone = DispatchSemaphore(value: 0)
+    /// Each connection is served on its own thread: a parked one, or a new one (see ParkedThreads).
+    static let connectionThreads = ParkedThreads(name: "bgtask.control.connection", maximumIdle: 4)
 
     /// The uid allowed to connect (default: this process's effective uid).
     public var allowedUID: uid_t = geteuid()
@@ -123,12 +125,10 @@ public final class ControlServer: @unchecked Sendable {
                 refuseOverCap(client)
                 continue
             }
-            let thread = Thread { [self] in
+            Self.connectionThreads.run { [self] in
                 serve(client)
                 lock.withLock { connections -= 1 }
             }
-            thread.name = "bgtask.control.connection"
-            thread.start()
         }
     }
 

@@ -35,6 +35,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
+    /// The launches' supervising threads, a few kept parked between launches.
+    static let threads = ParkedThreads(name: "bgtask.launch", maximumIdle: 8)
     /// Records of ended launches a client waits for, until it takes them.
     private var finishedRecords: [String: RunRecord] = [:]
     /// Apps whose last launch could not be started, and when to try again (real time).
@@ -158,14 +160,14 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
             control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
-        // The supervising thread starts first and prepares the launch (containers, channel, log)
-        // while the launch is recorded here; it starts the child only once admitted, so the
-        // record still comes before the process (a thread's start is a hand-off to another
-        // thread, the slowest step on a loaded machine: it overlaps the recording).
+        // The supervising thread (a parked one, or a new one) starts first and prepares the
+        // launch (containers, channel, log) while the launch is recorded here; it starts the
+        // child only once admitted, so the record still comes before the process (a hand-off to
+        // another thread is the slowest step on a loaded machine: it overlaps the recording).
         control.requireAdmission()
         let supervisor = self.supervisor
         let broker = makeBroker(launchID)
-        let thread = Thread { [weak self, plan] in
+        Self.threads.run { [weak self, plan] in
             let record: RunRecord
             do {
                 record = try supervisor.run(plan, broker: broker, control: control)
@@ -177,8 +179,6 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             guard let self else { return }
             queue.async { self.ended(record) }
         }
-        thread.name = "bgtask.launch.\(launchID)"
-        thread.start()
         do {
             // Records carry real time (the virtual clock only steers scheduling decisions).
             try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
