@@ -19,9 +19,11 @@ final class ParkedThreads: @unchecked Sendable {
     private var idle: [Worker] = []
     private var started = 0
 
+    /// `BGTASK_PARKED_THREADS_OFF=1` in the host's environment: none parks (every job gets a
+    /// new thread), for bgtask-bench to compare.
     init(name: String, maximumIdle: Int) {
         self.name = name
-        self.maximumIdle = maximumIdle
+        self.maximumIdle = getenv("BGTASK_PARKED_THREADS_OFF") == nil ? maximumIdle : 0
     }
 
     /// Runs `job` on a parked thread, or on a new one when none waits.
