@@ -134,6 +134,40 @@ import Testing
         #expect(try h.stored(created.id).info.state == .delivered && h.stored(created.id).deliveredInLaunch == "launch-1")
     }
 
+    /// The spool's writes, slower than the network (as a slow disk): the body's parts gather
+    /// while a write is out and go in the next one; past the buffer's limit the connection waits
+    /// (backpressure); the last parts are written after the response has ended, and every byte
+    /// lands in order. (The first version of the batched writes wrote those last ones through a
+    /// descriptor the attempt's end had already given up: EBADF, retried forever.)
+    @Test func slowWritesGatherTheBodyWithinItsBufferAndLoseNothing() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let server = TransferTestServer()
+        try server.start()
+        defer { server.stop() }
+        let engine = TransferEngine(logger: Logger(label: "test"))
+        defer { engine.shutdown() }
+        engine.writeDelayForTests = .milliseconds(100)
+        engine.bufferLimitForTests = 32 * 1024
+        let size = 1024 * 1024 + 4097
+        let spool = scratch.url.appendingPathComponent("spool.part").path
+        let finished = DispatchSemaphore(value: 0)
+        let result = LockedValue<TransferAttemptResult?>(nil)
+        _ = engine.start(TransferAttempt(id: "t", kind: .download, url: server.url("/bytes/\(size)"), method: "GET", headers: [],
+                                         requestTimeout: 30, spool: spool)) { event in
+            if case let .finished(outcome) = event {
+                result.withLock { $0 = outcome }
+                finished.signal()
+            }
+        }
+        #expect(finished.wait(timeout: .now() + 60) == .success)
+        #expect(result.withLock { $0 } == .completed(received: Int64(size), body: nil))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: spool)) == TransferTestServer.bytes(size))
+        let statistics = engine.writeStatistics.withLock { $0 }
+        #expect(statistics.waitsForRoom > 0, "the connection waited for the writes: \(statistics)")
+        #expect(statistics.mostBuffered < 32 * 1024 + 64 * 1024, "at most a part over the limit waited: \(statistics)")
+    }
+
     @Test func anInterruptedDownloadResumesWithARangeRequestAndEndsByteIdentical() throws {
         let h = try Harness()
         defer { h.finish() }

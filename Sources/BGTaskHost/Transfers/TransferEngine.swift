@@ -65,6 +65,14 @@ final class TransferEngine: @unchecked Sendable {
     private let group: any EventLoopGroup
     private let threadPool: NIOThreadPool
     private let logger: Logger
+    /// Each spool write waits this long first: for tests, to make a body's parts gather while a
+    /// write is out (the batching and its backpressure), as a slow disk would.
+    var writeDelayForTests: Duration?
+    /// The spool's write buffer of each attempt (`TransferDelegate.maximumBuffered`), smaller in tests.
+    var bufferLimitForTests: Int?
+    /// Over the attempts that ended: the most body bytes that waited for a write at once, and
+    /// how many body parts waited for room (the connection not read meanwhile).
+    let writeStatistics = LockedValue((mostBuffered: 0, waitsForRoom: 0))
 
     init(logger: Logger, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
         self.logger = logger
@@ -95,6 +103,9 @@ final class TransferEngine: @unchecked Sendable {
         let delegate: TransferDelegate
         do {
             delegate = try TransferDelegate(attempt, loop: loop, threadPool: threadPool, report: report)
+            delegate.writeDelay = writeDelayForTests
+            if let bufferLimitForTests { delegate.bufferLimit = bufferLimitForTests }
+            delegate.statistics = writeStatistics
         } catch {
             report(.finished(.failed(error.error, retry: false, restart: false)))
             return handle
@@ -228,7 +239,17 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
     private var expected: Int64 = -1
     private var sent: Int64 = 0
     private var inline: ByteBuffer?
-    private var lastWrite: EventLoopFuture<Void>
+    /// Body bytes received for the spool and not yet handed to a write, from file offset `pendingAt`.
+    private var pending = ByteBuffer()
+    private var pendingAt: Int64 = 0
+    /// The spool's descriptor for the writes: `fd` is -1 once the attempt ended, while the
+    /// writes of what it received before may still be out (`end` closes it after them).
+    private var spoolFD: Int32 = -1
+    private var writing = false
+    private var writeFailure: (any Error)?
+    /// Body parts waiting for `pending` to have room; ends waiting for the last write.
+    private var roomWaiters: [EventLoopPromise<Void>] = []
+    private var drainWaiters: [EventLoopPromise<Void>] = []
     private var lastActivity = NIODeadline.now()
     private var lastProgress = NIODeadline.uptimeNanoseconds(0)
     private var idleTimer: Scheduled<Void>?
@@ -236,6 +257,13 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
     private var failure: TransferAttemptResult?
     private var ended = false
     var stopRequested = false
+    var writeDelay: Duration?
+    /// Bytes received and not yet in the spool at most (`maximumBuffered`; smaller in tests).
+    var bufferLimit = TransferDelegate.maximumBuffered
+    /// The most bytes that waited for a write at once, and how often a body part waited for room.
+    private(set) var mostBuffered = 0
+    private(set) var waitsForRoom = 0
+    var statistics: LockedValue<(mostBuffered: Int, waitsForRoom: Int)>?
 
     init(_ attempt: TransferAttempt, loop: any EventLoop, threadPool: NIOThreadPool,
          report: @escaping @Sendable (TransferAttemptEvent) -> Void) throws(TransferFailure) {
@@ -243,12 +271,12 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
         self.loop = loop
         self.threadPool = threadPool
         self.report = report
-        lastWrite = loop.makeSucceededVoidFuture()
         if attempt.kind == .download, let spool = attempt.spool {
             fd = open(spool, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
             guard fd >= 0 else {
                 throw TransferFailure(TransferError(code: TransferError.cannotWriteToFileCode, message: TransferFileError(path: spool, errno: errno, action: "open the download's spool file").description))
             }
+            spoolFD = fd
             var info = stat()
             if attempt.validator != nil, fstat(fd, &info) == 0, info.st_size > 0 {
                 offset = Int64(info.st_size)
@@ -373,9 +401,37 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
             progress(final: false)
             return loop.makeSucceededVoidFuture()
         }
-        let (fd, at, path) = (self.fd, offset, attempt.spool ?? "")
+        // Into the spool through `pending`: while a write is out on the thread pool, parts
+        // gather here and go in the next write, one hop for many parts; the network is read
+        // meanwhile, until `maximumBuffered` bytes wait.
+        if let writeFailure { return loop.makeFailedFuture(writeFailure) }
+        if pending.readableBytes == 0 { pendingAt = offset }
+        var part = buffer
+        pending.writeBuffer(&part)
         offset += Int64(buffer.readableBytes)
+        progress(final: false)
+        mostBuffered = max(mostBuffered, pending.readableBytes)
+        flush()
+        guard pending.readableBytes >= bufferLimit else { return loop.makeSucceededVoidFuture() }
+        waitsForRoom += 1
+        let room = loop.makePromise(of: Void.self)
+        roomWaiters.append(room)
+        return room.futureResult
+    }
+
+    /// Bytes of the body received and not yet in the spool at most, before the next body part
+    /// waits (the connection is not read meanwhile): two writes' worth.
+    static let maximumBuffered = 8 << 20
+
+    /// On the loop: starts the write of what `pending` holds unless one is out.
+    private func flush() {
+        guard !writing, pending.readableBytes > 0, writeFailure == nil else { return }
+        writing = true
+        let (buffer, at, fd, path, delay) = (pending, pendingAt, spoolFD, attempt.spool ?? "", writeDelay)
+        pending = ByteBuffer()
+        pending.reserveCapacity(buffer.readableBytes)
         let write = threadPool.runIfActive(eventLoop: loop) {
+            if let delay { Thread.sleep(forTimeInterval: delay.timeInterval) }
             try buffer.withUnsafeReadableBytes { bytes in
                 var done = 0
                 while done < bytes.count {
@@ -388,8 +444,35 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
                 }
             }
         }
-        lastWrite = write
-        return write.map { self.progress(final: false) }
+        write.whenComplete { [self] result in
+            writing = false
+            if case let .failure(error) = result { writeFailure = error }
+            flush()
+            if writeFailure != nil || pending.readableBytes < bufferLimit {
+                let waiting = roomWaiters
+                roomWaiters = []
+                for room in waiting {
+                    if let writeFailure { room.fail(writeFailure) } else { room.succeed(()) }
+                }
+            }
+            if !writing {
+                let waiting = drainWaiters
+                drainWaiters = []
+                for drained in waiting {
+                    if let writeFailure { drained.fail(writeFailure) } else { drained.succeed(()) }
+                }
+            }
+        }
+    }
+
+    /// On the loop: succeeds once every byte received is in the spool (fails with the write's error).
+    private func drained() -> EventLoopFuture<Void> {
+        if let writeFailure { return loop.makeFailedFuture(writeFailure) }
+        flush()
+        guard writing else { return loop.makeSucceededVoidFuture() }
+        let promise = loop.makePromise(of: Void.self)
+        drainWaiters.append(promise)
+        return promise.futureResult
     }
 
     private func progress(final: Bool) {
@@ -409,6 +492,9 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
         guard !ended else { return }
         ended = true
         idleTimer?.cancel()
+        statistics?.withLock { [mostBuffered, waitsForRoom] in
+            $0 = (max($0.mostBuffered, mostBuffered), $0.waitsForRoom + waitsForRoom)
+        }
         let fd = self.fd
         self.fd = -1
         let finish: @Sendable (TransferAttemptResult) -> Void = { [report] outcome in report(.finished(outcome)) }
@@ -427,7 +513,7 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
         }
         guard fd >= 0 else { return finish(outcome) }
         let path = attempt.spool ?? ""
-        lastWrite.hop(to: loop).whenComplete { [threadPool, loop] written in
+        drained().whenComplete { [threadPool, loop] written in
             threadPool.runIfActive(eventLoop: loop) { () -> TransferAttemptResult in
                 defer { Glibc.close(fd) }
                 if case .failure(let error) = written, case .completed = outcome {
