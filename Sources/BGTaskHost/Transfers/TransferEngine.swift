@@ -421,7 +421,7 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
 
     /// Bytes of the body received and not yet in the spool at most, before the next body part
     /// waits (the connection is not read meanwhile): two writes' worth.
-    static let maximumBuffered = 8 << 20
+    static let maximumBuffered = 2 << 20
 
     /// On the loop: starts the write of what `pending` holds unless one is out.
     private func flush() {
