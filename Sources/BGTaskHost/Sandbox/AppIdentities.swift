@@ -19,6 +19,8 @@ public final class AppIdentities: @unchecked Sendable {
     private let lock = NSLock()
     private var ids: [String: UInt32] = [:]
     private var loaded = false
+    /// The table's size when this process last read or wrote it (-1: unknown).
+    private var knownSize: Int64 = -1
 
     public init(stateDirectory: URL) {
         path = stateDirectory.appendingPathComponent("app-ids").path
@@ -47,7 +49,14 @@ public final class AppIdentities: @unchecked Sendable {
         guard fd >= 0 else { throw BGTaskError(.system, file: path, errno: errno, "cannot open the app identity table") }
         defer { close(fd) }
         guard flock(fd, LOCK_EX) == 0 else { throw BGTaskError(.system, file: path, errno: errno, "cannot lock the app identity table") }
-        ids = (try? read()) ?? ids
+        // Read again only when another process appended since this one last read or wrote
+        // it (the table only grows): a host making a thousand apps' first launches read the
+        // whole table a thousand times.
+        var info = stat()
+        if fstat(fd, &info) != 0 || Int64(info.st_size) != knownSize {
+            ids = (try? read()) ?? ids
+            knownSize = fstat(fd, &info) == 0 ? Int64(info.st_size) : -1
+        }
         loaded = true
         if let id = ids[key] { return id }
         let next = (ids.values.max().map { $0 + 1 }) ?? Self.firstID
@@ -59,6 +68,7 @@ public final class AppIdentities: @unchecked Sendable {
             throw BGTaskError(.system, file: path, errno: errno, "cannot write the app identity table")
         }
         ids[key] = next
+        if knownSize >= 0 { knownSize += Int64(line.count) }
         return next
     }
 
