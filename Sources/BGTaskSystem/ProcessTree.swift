@@ -205,8 +205,8 @@ public enum ProcessTree {
     }
 
     /// The file's first `limit` bytes, read into a buffer that grows as needed (an environment
-    /// is usually a few KiB; the limit is not allocated up front).
-    private static func readFile(_ path: String, limit: Int = 4096) -> [UInt8] {
+    /// is usually a few KiB; the limit is not allocated up front). Empty when it cannot be read.
+    public static func readFile(_ path: String, limit: Int = 4096) -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return [] }
         defer { close(fd) }

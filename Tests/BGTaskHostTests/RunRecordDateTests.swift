@@ -16,6 +16,10 @@ import Testing
             Date(timeIntervalSince1970: -2_208_988_800), // 1900-01-01
             Date(), Date.distantPast, Date.distantFuture,
         ]
+        // Out of any calendar: the formatter's answer, never a trap converting to time_t.
+        for absurd in [Date(timeIntervalSince1970: 1e300), Date(timeIntervalSince1970: -1e300), Date(timeIntervalSince1970: .nan)] {
+            #expect(RunRecord.iso8601(absurd) == formatter.string(from: absurd))
+        }
         for _ in 0..<5_000 { dates.append(Date(timeIntervalSince1970: Double.random(in: 0...4_102_444_800, using: &generator))) }
         // Dates made at millisecond precision, as records keep them.
         for _ in 0..<5_000 { dates.append(Date(timeIntervalSince1970: Double(Int64.random(in: 0...4_102_444_800_000, using: &generator)) / 1000)) }

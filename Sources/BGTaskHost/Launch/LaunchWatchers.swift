@@ -294,13 +294,7 @@ struct MachineGate {
     }
 
     private static func read<T>(_ path: String, _ body: (UnsafeBufferPointer<UInt8>) -> T?) -> T? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 8192) { buffer -> T? in
-            let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
-            guard n > 0 else { return nil }
-            return body(UnsafeBufferPointer(rebasing: buffer[0..<n]))
-        }
+        let bytes = ProcessTree.readFile(path, limit: 16_384)
+        return bytes.isEmpty ? nil : bytes.withUnsafeBufferPointer(body)
     }
 }

@@ -217,27 +217,19 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// encoding: 12 % of the host's CPU while launches ended back to back.
     static func iso8601(_ date: Date) -> String {
         let milliseconds = (date.timeIntervalSince1970 * 1000).rounded()
-        var seconds = time_t((milliseconds / 1000).rounded(.down))
-        let fraction = Int(milliseconds - Double(seconds) * 1000)
+        let whole = (milliseconds / 1000).rounded(.down)
+        // Years 1 to 9999 (and no NaN) here; the formatter says what it says of the rest.
+        guard (-62_135_596_800...253_402_300_799).contains(whole) else { return dateFormatter(fractional: true).string(from: date) }
+        var seconds = time_t(whole)
+        let fraction = Int(milliseconds - whole * 1000)
         var parts = tm()
-        guard (-62_135_596_800...253_402_300_799).contains(Int64(seconds)), gmtime_r(&seconds, &parts) != nil else {
-            return dateFormatter(fractional: true).string(from: date)
+        guard gmtime_r(&seconds, &parts) != nil else { return dateFormatter(fractional: true).string(from: date) }
+        func padded(_ value: Int32, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
         }
-        var text = ""
-        text.reserveCapacity(24)
-        func digits(_ value: Int32, _ count: Int) {
-            var value = Int(value)
-            var chars = [Character](repeating: "0", count: count)
-            for index in stride(from: count - 1, through: 0, by: -1) {
-                chars[index] = Character(UnicodeScalar(UInt8(48 + value % 10)))
-                value /= 10
-            }
-            text.append(contentsOf: chars)
-        }
-        digits(parts.tm_year + 1900, 4); text.append("-"); digits(parts.tm_mon + 1, 2); text.append("-"); digits(parts.tm_mday, 2)
-        text.append("T"); digits(parts.tm_hour, 2); text.append(":"); digits(parts.tm_min, 2); text.append(":"); digits(parts.tm_sec, 2)
-        text.append("."); digits(Int32(fraction), 3); text.append("Z")
-        return text
+        return "\(padded(parts.tm_year + 1900, 4))-\(padded(parts.tm_mon + 1, 2))-\(padded(parts.tm_mday, 2))"
+            + "T\(padded(parts.tm_hour, 2)):\(padded(parts.tm_min, 2)):\(padded(parts.tm_sec, 2)).\(padded(Int32(fraction), 3))Z"
     }
 
     static func dateFormatter(fractional: Bool) -> ISO8601DateFormatter {

@@ -420,7 +420,8 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
     }
 
     /// Bytes of the body received and not yet in the spool at most, before the next body part
-    /// waits (the connection is not read meanwhile): two writes' worth.
+    /// waits (the connection is not read meanwhile). 8 MiB was no faster and held 58 MiB at
+    /// the peak of a 1 GiB download (BENCHMARKS.md).
     static let maximumBuffered = 2 << 20
 
     /// On the loop: starts the write of what `pending` holds unless one is out.
