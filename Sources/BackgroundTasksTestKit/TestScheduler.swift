@@ -349,6 +349,11 @@ public final class TestScheduler: @unchecked Sendable {
                 if state.registration == nil { return true }
                 if let last = state.lastAppCall { return now - last >= settle }
                 if let expiredAt = state.expiredAt { return now - expiredAt >= grace }
+                // An expiration asked for and not yet delivered (it is on the expiration queue):
+                // the launch has not ended, however late the test asked. Without this, a test
+                // that expires a launch after its timeout has passed (its own thread held up
+                // on a loaded machine) got "never completed" instead of its expiration.
+                if state.expiryRequested, state.began != nil, state.firstCompletion == nil { return false }
                 return now - started >= timeout
             }
         }

@@ -141,6 +141,29 @@ func refusal(_ body: () throws -> Void) -> BGTaskScheduler.Error.Code? {
         }
     }
 
+    /// The way `expirationAtAChosenMoment` failed in CI: the test's own thread got to `expire()`
+    /// only after the launch's timeout had passed. The expiration it asked for is still
+    /// delivered and waited for; the launch is not reported unfinished under it.
+    @Test func anExpirationAskedForAfterTheTimeoutIsStillDelivered() async throws {
+        let app = try TestApp.declared(identifier: "com.example.late", permittedIdentifiers: ["com.example.late.work"])
+        try await withTestScheduler(app) { scheduler in
+            let release = DispatchSemaphore(value: 0)
+            BGTaskScheduler.shared.register(forTaskWithIdentifier: "com.example.late.work", using: nil) { task in
+                task.expirationHandler = { release.signal() }
+                release.wait()
+                task.setTaskCompleted(success: false)
+            }
+            let launch = try scheduler.start("com.example.late.work", as: .processing)
+            try await Task.sleep(for: .milliseconds(150)) // past the timeout below
+            launch.expire()
+            let report = await launch.finish(timeout: .milliseconds(50))
+            let task = try #require(report["com.example.late.work"])
+            #expect(task.outcome == .expired)
+            #expect(task.expirationHandled == true && task.completionCalls == 1)
+            try report.requireNoProblems()
+        }
+    }
+
     @Test func aHandlerThatNeverCompletesIsReported() async throws {
         let app = try TestApp.declared(identifier: "com.example.never", permittedIdentifiers: ["com.example.never.work"])
         try await withTestScheduler(app) { scheduler in
