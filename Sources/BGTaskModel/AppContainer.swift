@@ -52,6 +52,11 @@ public enum AppContainer {
     /// off says so in its record's `sandbox`, as for --no-sandbox.
     public static let sandboxLayersSwitch = "BGTASK_SANDBOX_LAYERS_OFF"
 
+    /// `1` in the environment of a zygote whose launches are confined: each spare installs the
+    /// system-call filter (the same for every app) while it waits, instead of the launch on its
+    /// way to the handler. The zygote removes it from its environment at once.
+    public static let zygoteConfinesSwitch = "BGTASK_ZYGOTE_CONFINES"
+
     /// A harmless placeholder with room for any path: "/" spelled with PATH_MAX - 1 slashes.
     public static let reservedValue = String(repeating: "/", count: Int(PATH_MAX) - 1)
 

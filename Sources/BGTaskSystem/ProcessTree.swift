@@ -178,11 +178,19 @@ public enum ProcessTree {
 
     /// The parent of `pid` (from /proc/PID/stat), or nil when it is gone.
     public static func parent(of pid: pid_t) -> pid_t? {
+        parentAndStart(of: pid)?.parent
+    }
+
+    /// The parent of `pid` and when `pid` started (clock ticks since boot, `/proc/PID/stat`'s
+    /// field 22), from one read; nil once it is gone.
+    public static func parentAndStart(of pid: pid_t) -> (parent: pid_t, start: UInt64)? {
         let stat = readFile("/proc/\(pid)/stat")
+        // After the command's closing parenthesis: state (field 3), ppid (4), ..., starttime (22).
         guard let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count else { return nil }
-        let fields = stat[(close + 2)...].split(separator: UInt8(ascii: " "), maxSplits: 3)
-        guard fields.count >= 2 else { return nil }
-        return pid_t(String(decoding: fields[1], as: UTF8.self))
+        let fields = stat[(close + 2)...].split(separator: UInt8(ascii: " "), maxSplits: 20)
+        guard fields.count >= 20, let parent = pid_t(String(decoding: fields[1], as: UTF8.self)),
+              let start = UInt64(String(decoding: fields[19], as: UTF8.self)) else { return nil }
+        return (parent, start)
     }
 
     /// True when `pid` runs with a launch's environment (`BGTASK_LAUNCH_ID`), i.e. it is a

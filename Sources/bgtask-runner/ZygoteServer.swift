@@ -48,6 +48,9 @@ enum ZygoteServer {
     /// zygote, and its children (ordinary processes) return through it to main.swift.
     static func serve() {
         unsetenv("LD_BIND_NOW") // set by the host for the zygote alone (see Zygote)
+        Sandbox.spareFilters = getenv(AppContainer.zygoteConfinesSwitch).map { String(cString: $0) == "1" } == true
+            && !Sandbox.layersSwitchedOff().contains("seccomp")
+        unsetenv(AppContainer.zygoteConfinesSwitch)
         warmUp()
         // The zygote changes no signal action from here on: each fork resets only the ones
         // that are not at their default now (a handful, instead of 62 sigaction calls).
@@ -152,6 +155,7 @@ enum ZygoteServer {
         let socket = [pair[1]]
         bgtask_close_from_except(4, socket, 1)
         rehearse()
+        if Sandbox.spareFilters { Sandbox.installFilterInSpare() }
         // End of stream: the zygote is gone (its host too), or it handed the launch elsewhere.
         guard let request = receiveRequest(on: pair[1]), request.fds.count == 3 else { _exit(0) }
         close(pair[1])

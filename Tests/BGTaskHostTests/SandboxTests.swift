@@ -161,6 +161,8 @@ import _BGTaskSystemShims
         let record = try RunRecord.decode(Data(result.stdout.utf8))
         #expect(record.launcher == "zygote")
         let results = try results(record)
+        // The system-call filter came with the spare the launch ran in, before it was asked for.
+        #expect(record.sandbox?["seccomp"]?.detail.contains("installed in the spare") == true, "\(String(describing: record.sandbox))")
         // As its own uid the launch cannot even open the host's 0600 socket; as the host's uid
         // (a host that is not root) the host turns it away (next test).
         let socket = record.sandbox?["uid"]?.applied == true ? "denied (EACCES)" : "denied (refused by the host)"
@@ -185,6 +187,11 @@ import _BGTaskSystemShims
         #expect(record.sandbox?["uid"]?.applied == false)
         let probed = try results(record)
         #expect(probed["use the control socket"] == "denied (refused by the host)", "\(probed)")
+        // Unconfined means no system-call filter either, though a confined host's spares install
+        // one before their launch comes: this zygote's spares did not.
+        #expect(record.launcher == "zygote")
+        #expect(record.sandbox?["seccomp"]?.applied == false)
+        #expect(probed["give up being a subreaper"] == "ALLOWED", "\(probed)")
         #expect(try String(contentsOfFile: host.logPath, encoding: .utf8).contains("refused a launch's process"))
         #expect(try host.send(ControlRequest(verb: "status")).ok == true)
     }

@@ -8,6 +8,35 @@ import Testing
 /// The supervisor used in-process, as the host daemon will use it: the test process is the
 /// parent, so it can check what a launch leaves behind in it.
 @Suite(.serialized) struct SupervisorTests {
+    /// How the control socket tells a launch's process from a client: the child of this
+    /// process (here, the test plays the host) that a process descends from. The walk stops at
+    /// the first process older than this one; a process started later is followed up to it.
+    @Test func aProcessIsTracedToTheHostsChildAndOlderOnesAreNot() throws {
+        let null = open("/dev/null", O_RDWR | O_CLOEXEC)
+        defer { close(null) }
+        let child = try Subprocess.spawn(["/bin/sh", "-c", "sleep 30 & wait"], environment: ProcessInfo.processInfo.environment,
+                                         stdin: null, stdout: null, stderr: null)
+        defer {
+            _ = ProcessTree.killTree(child)
+            _ = Subprocess.wait(child)
+        }
+        var grandchild: pid_t?
+        for _ in 0..<500 where grandchild == nil {
+            grandchild = ProcessTree.children(of: child).first
+            if grandchild == nil { usleep(2_000) }
+        }
+        let sleeper = try #require(grandchild)
+        #expect(LaunchSupervisor.launchRunner(containing: sleeper) == child)
+        #expect(LaunchSupervisor.launchRunner(containing: child) == child)
+        // Older than this process: the test's own parent, and init.
+        #expect(LaunchSupervisor.launchRunner(containing: getppid()) == nil)
+        #expect(LaunchSupervisor.launchRunner(containing: 1) == nil)
+        #expect(LaunchSupervisor.launchRunner(containing: getpid()) == nil)
+        let (parent, start) = try #require(ProcessTree.parentAndStart(of: sleeper))
+        #expect(parent == child)
+        #expect(start >= (ProcessTree.parentAndStart(of: getpid())?.start ?? .max))
+    }
+
     func plan(_ bundle: PluginBundle, _ identifier: String, kind: TaskKind, scratch: Scratch,
               limits: LaunchLimits? = nil) -> LaunchPlan {
         let id = LaunchPlan.newLaunchID()

@@ -17,17 +17,28 @@ extension LaunchSupervisor {
     /// to the runner, or to the host, a subreaper too), so the parent chain finds it, even for a
     /// launch the host has not finished recording yet: how the control socket recognises a
     /// launch whatever its uid.
+    ///
+    /// The walk stops at the first process that started before this one: nothing this process
+    /// started can be its ancestor (a parent is older than its child, and an orphan goes up to
+    /// an older subreaper or init). A client started before the host (a shell, a test, a
+    /// service manager's tool) costs one read of /proc instead of one per ancestor up to init.
     public static func launchRunner(containing pid: pid_t) -> pid_t? {
         let host = getpid()
         guard pid != host else { return nil }
+        // Unknown (no /proc of its own to read): the whole chain is walked.
+        let hostStart = hostStartTicks ?? 0
         var current = pid
         for _ in 0..<256 {
-            guard current > 1, let parent = ProcessTree.parent(of: current), parent != current else { return nil }
+            guard current > 1, let (parent, start) = ProcessTree.parentAndStart(of: current), parent != current,
+                  start >= hostStart else { return nil }
             if parent == host { return current }
             current = parent
         }
         return nil
     }
+
+    /// When this process started (clock ticks since boot), read once.
+    private static let hostStartTicks: UInt64? = ProcessTree.parentAndStart(of: getpid())?.start
 
     /// Whether every child of this process that is not a running launch's runner, the zygote or
     /// a spare is a launch's leftover, as in the host daemon and `bgtask run`, which start

@@ -90,6 +90,7 @@ public final class Zygote: @unchecked Sendable {
         // AppContainer.snapshottedVariables): a child writes its own into these bytes.
         for key in AppContainer.snapshottedVariables { environment[key] = AppContainer.reservedValue }
         if !confine { environment[AppContainer.pidNamespaceSwitch] = "off" }
+        environment[AppContainer.zygoteConfinesSwitch] = confine ? "1" : nil
         let child: pid_t
         // The zygote's own output goes nowhere (its stderr is this process's); each launch's
         // goes to its log.

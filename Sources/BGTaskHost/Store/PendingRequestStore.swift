@@ -71,6 +71,9 @@ public final class PendingRequestStore: @unchecked Sendable {
     let pool: DatabasePool
 
     /// Concurrent `submit` calls, gathered into shared transactions.
+    /// Writes to the transfer table so far (each of TransferStore.swift's writes counts one,
+    /// before it runs): a reader that found nothing to do can tell that nothing changed since.
+    let transferWrites = LockedValue<UInt64>(0)
     private let submissionGroups = GroupCommit<PendingSubmission, Result<SubmissionRules.Rejection?, BGTaskError>>()
 
     /// How long a statement waits for a lock another connection or process holds.

@@ -33,7 +33,8 @@ extension PendingRequestStore {
     /// Keeps a new transfer (durably: `synchronous = FULL`), unless the app already has
     /// `activeLimit` transfers not yet delivered: then false and nothing is written.
     public func createTransfer(_ transfer: StoredTransfer, activeLimit: Int) throws(BGTaskError) -> Bool {
-        try write("keep transfer \(transfer.id) of \(transfer.app)") { db in
+        transferWrites.withLock { $0 += 1 }
+        return try write("keep transfer \(transfer.id) of \(transfer.app)") { db in
             let active = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM transfer WHERE app = ? AND state != 'delivered'",
                                           arguments: [transfer.app]) ?? 0
             guard active < activeLimit else { return false }
@@ -56,6 +57,7 @@ extension PendingRequestStore {
 
     /// Writes everything that changes about a transfer (durably).
     public func saveTransfer(_ transfer: StoredTransfer) throws(BGTaskError) {
+        transferWrites.withLock { $0 += 1 }
         try write("save transfer \(transfer.id)") { db in
             try db.execute(sql: """
                 UPDATE transfer SET state = ?, held_by = ?, bytes_received = ?, bytes_expected = ?, bytes_sent = ?,
@@ -71,6 +73,7 @@ extension PendingRequestStore {
     /// Bytes moved so far: written lazily (a lost write costs nothing, the spool file's length
     /// is the truth on resume).
     public func saveTransferProgress(id: String, received: Int64, expected: Int64, sent: Int64) throws(BGTaskError) {
+        transferWrites.withLock { $0 += 1 }
         try write("save the progress of transfer \(id)") { db in
             try db.execute(sql: "UPDATE transfer SET bytes_received = ?, bytes_expected = ?, bytes_sent = ? WHERE id = ? AND state = 'running'",
                            arguments: [received, expected, sent, id])
@@ -79,6 +82,7 @@ extension PendingRequestStore {
 
     /// Marks finished transfers as announced by the `background-transfer` launch `launchID`.
     public func markTransfersLaunched(_ ids: [String], launchID: String) throws(BGTaskError) {
+        transferWrites.withLock { $0 += 1 }
         try write("note the launch for transfers") { db in
             for id in ids {
                 try db.execute(sql: "UPDATE transfer SET launched_for = ? WHERE id = ?", arguments: [launchID, id])

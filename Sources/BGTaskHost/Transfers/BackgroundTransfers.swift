@@ -57,6 +57,9 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     /// Something a scheduling pass should look at (a transfer ended, a hold lifts): called on the
     /// part's queue; must not block.
     var onChange: @Sendable () -> Void = {}
+    /// `store.transferWrites` when the last look for finished transfers found none to launch
+    /// for (on the host queue).
+    private var nothingDueAt: UInt64?
 
     private let environment: Environment
     private let queue = DispatchQueue(label: "bgtask.transfers")
@@ -548,9 +551,16 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     /// told of: one `background-transfer` launch per app, naming its sessions, when the app is
     /// not running and a slot is free. On the host queue.
     private func launchForEvents(_ launcher: TransferLauncher) {
-        guard launcher.freeSlots > 0, let waiting = try? store.undeliveredTransfers() else { return }
+        // Nothing was due at the last look and no transfer was written since: no read (every
+        // scheduling pass comes here, once per submission and per launch's end).
+        let writes = store.transferWrites.withLock { $0 }
+        guard launcher.freeSlots > 0, writes != nothingDueAt, let waiting = try? store.undeliveredTransfers() else { return }
         let due = waiting.filter { $0.info.state.isFinished && $0.launchedFor == nil && $0.request.sendsLaunchEvents }
-        guard !due.isEmpty else { return }
+        guard !due.isEmpty else {
+            nothingDueAt = writes
+            return
+        }
+        nothingDueAt = nil
         var slots = launcher.freeSlots
         let attachedNow = queue.sync { Set(attached.keys) }
         for (app, transfers) in Dictionary(grouping: due, by: \.app).sorted(by: { $0.key < $1.key }) {
