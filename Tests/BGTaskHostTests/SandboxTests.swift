@@ -132,6 +132,28 @@ import _BGTaskSystemShims
         #expect(!FileManager.default.fileExists(atPath: target.appendingPathComponent("Preferences").path))
     }
 
+    /// A directory the app removed from its container is made again before its next launch,
+    /// and is the app's: made by the host (root), it used to stay root's, and the app could no
+    /// longer write its own Documents or Caches.
+    @Test func aContainerDirectoryTheAppRemovedIsMadeAgainAsTheApps() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try makeApp(scratch)
+        let (first, _) = try scratch.run(app, ["--task", "\(Self.id).abi32"])
+        let container = scratch.state.appendingPathComponent("containers/\(Self.id)").path
+        func owner(_ path: String) -> uid_t? {
+            var info = stat()
+            return lstat(path, &info) == 0 ? info.st_uid : nil
+        }
+        let uid = try #require(owner(container))
+        if first.sandbox?["uid"]?.applied == true { #expect(uid != 0) }
+        for lost in ["Documents", "Library/Caches"] { try FileManager.default.removeItem(atPath: container + "/" + lost) }
+        _ = try scratch.run(app, ["--task", "\(Self.id).abi32"])
+        for lost in ["Documents", "Library/Caches"] {
+            #expect(owner(container + "/" + lost) == uid, "\(lost)")
+        }
+    }
+
     @Test func withoutTheSandboxTheRecordSaysSo() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -127,6 +127,35 @@ import Testing
         #expect(silent.description.contains("log: none (the launch wrote nothing)"))
     }
 
+    /// The container as the supervisor last left it is not made again before each launch (two
+    /// stat calls instead of a score of opens and mkdirs), but one whose directories the app
+    /// removed, or whose Library it replaced, is: in the same process, launch after launch.
+    @Test func aContainerIsMadeAgainOnlyWhenItChanged() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        func launch() throws {
+            let record = try supervisor.run(plan(bundle, "com.example.misbehaving.ok", kind: .refresh, scratch: scratch), broker: InMemoryRequestBroker())
+            #expect(record.succeeded, "\(record)")
+        }
+        let container = scratch.state.appendingPathComponent("containers/\(bundle.identifier)").path
+        let manager = FileManager.default
+        func complete() -> Bool { AppContainer.directories.allSatisfy { manager.fileExists(atPath: container + "/" + $0) } }
+        try launch()
+        #expect(complete())
+        let prepared = try #require(LaunchSupervisor.preparedContainers.withLock { $0[container] })
+        try launch()
+        #expect(LaunchSupervisor.preparedContainers.withLock { $0[container] } == prepared, "unchanged: not made again")
+        try manager.removeItem(atPath: container + "/Library/Caches")
+        try manager.removeItem(atPath: container + "/tmp")
+        try launch()
+        #expect(complete(), "removed directories are made again")
+        try manager.removeItem(atPath: container + "/Library")
+        try launch()
+        #expect(complete(), "a removed Library is made again, with what lives in it")
+    }
+
     @Test func aMissingRunnerIsAClearError() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -217,18 +217,19 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             do {
                 // The record and the app's state in one transaction (launch bookkeeping: not
                 // synced, see `finishLaunch`).
-                var state = try store.appState(record.app)
-                state.lastLaunchAt = clock.now
-                state.lastLaunchID = record.launchID
-                state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered : record.registered
-                if SchedulingPolicy.isBad(record) {
-                    state.penaltyLevel += 1
-                    state.penaltyUntil = clock.now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
-                } else if record.termination == .exited {
-                    state.penaltyLevel = 0
-                    state.penaltyUntil = nil
-                }
-                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp, state: state))
+                let now = clock.now
+                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp) { state in
+                    state.lastLaunchAt = now
+                    state.lastLaunchID = record.launchID
+                    state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered : record.registered
+                    if SchedulingPolicy.isBad(record) {
+                        state.penaltyLevel += 1
+                        state.penaltyUntil = now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
+                    } else if record.termination == .exited {
+                        state.penaltyLevel = 0
+                        state.penaltyUntil = nil
+                    }
+                })
             } catch {
                 core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
             }

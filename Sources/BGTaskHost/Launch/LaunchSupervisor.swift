@@ -177,15 +177,41 @@ public struct LaunchSupervisor: Sendable {
     private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], identity: LaunchIdentity?) {
         let dataPath = plan.dataDirectory.path
         let logPath = plan.logFile.path
-        try prepareContainer(dataPath, subdirectories: AppContainer.directories)
+        let made = try prepareContainer(dataPath, subdirectories: AppContainer.directories)
         let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
             let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
-            try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
+            _ = try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
             return AppGroup(identifier: identifier, directory: directory)
         }
         try makeDirectories(logPath.lastIndex(of: "/").map { String(logPath[..<$0]) } ?? ".")
-        return (groups, try identity(for: plan, container: dataPath, groups: groups))
+        let identity = try identity(for: plan, container: dataPath, groups: groups)
+        // A directory the app had removed and the host made again is the host's (root's): the
+        // app's again, or it could not write its own Caches. (A new container is given whole.)
+        if let identity { for path in made { lchown(path, identity.uid, identity.gid) } }
+        return (groups, identity)
     }
+
+    /// What a prepared container looked like: its directory's and its Library's identity and
+    /// modification time. Every directory a container must have lives in one of the two (see
+    /// `AppContainer.directories`), so while neither changed, none was removed or replaced.
+    struct ContainerStamp: Equatable {
+        var root: [Int]
+        var library: [Int]
+
+        init?(_ path: String) {
+            func read(_ path: String) -> [Int]? {
+                var info = stat()
+                guard fstatat(AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT == S_IFDIR else { return nil }
+                return [Int(info.st_dev), Int(info.st_ino), info.st_mtim.tv_sec, info.st_mtim.tv_nsec]
+            }
+            guard let root = read(path), let library = read(path + "/Library") else { return nil }
+            (self.root, self.library) = (root, library)
+        }
+    }
+
+    /// Containers as this process last prepared them, by path: one unchanged since is not made
+    /// again (two stat calls instead of a score of opens and mkdirs before every launch).
+    static let preparedContainers = LockedValue([String: ContainerStamp]())
 
     /// What a launch's environment changes over the host's own.
     private func environment(_ plan: LaunchPlan) -> [String: String] {
@@ -307,9 +333,13 @@ public struct LaunchSupervisor: Sendable {
     /// to /etc must not make the host (root) create `/etc/Caches`. Each directory is reached
     /// from its parent's descriptor with O_NOFOLLOW and made with mkdirat; a link, or anything
     /// but a directory, where one is expected is left alone (the app broke its own layout).
-    /// A few system calls each: this runs before every launch.
-    private func prepareContainer(_ path: String, subdirectories: [String]) throws(BGTaskError) {
-        if mkdir(path, 0o755) != 0 { try makeDirectories(path) }
+    /// A few system calls each: this runs before every launch, unless the container is as this
+    /// process last left it (`preparedContainers`). Returns the directories it made.
+    private func prepareContainer(_ path: String, subdirectories: [String]) throws(BGTaskError) -> [String] {
+        let stamp = ContainerStamp(path)
+        if let stamp, Self.preparedContainers.withLock({ $0[path] == stamp }) { return [] }
+        var made: [String] = []
+        if mkdir(path, 0o755) == 0 { made.append(path) } else { try makeDirectories(path) }
         let root = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard root >= 0 else {
             throw BGTaskError(.system, file: path, errno: errno, "the app container is not a directory (a symbolic link is refused)")
@@ -327,10 +357,16 @@ public struct LaunchSupervisor: Sendable {
                 parent = fd
             }
             guard opened.count == parts.count - 1, let name = parts.last else { continue }
-            if mkdirat(parent, name, 0o755) != 0 && errno != EEXIST {
+            if mkdirat(parent, name, 0o755) == 0 {
+                made.append(path + "/" + subdirectory)
+            } else if errno != EEXIST {
                 throw BGTaskError(.system, file: path + "/" + subdirectory, errno: errno, "cannot create the app container's directory")
             }
         }
+        // Remembered once made (a failure above is tried again at the next launch).
+        let prepared = ContainerStamp(path)
+        Self.preparedContainers.withLock { $0[path] = prepared }
+        return made
     }
 
 

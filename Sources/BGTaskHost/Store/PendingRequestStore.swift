@@ -368,16 +368,37 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// Without `state`, the commit is synced.
     @discardableResult
     public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, state: AppState? = nil) throws(BGTaskError) -> [String] {
+        try finishLaunch(record, keepHistory: keepHistory, state: state, updatingState: nil)
+    }
+
+    /// `finishLaunch` with the app's state read, changed by `update` and saved inside the same
+    /// transaction (not synced, as with `state`): one transaction where a read and a write
+    /// were two, the host's bookkeeping at the end of every launch. The record is encoded
+    /// before the transaction, not while it holds the writer.
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, updatingState update: @escaping (inout AppState) -> Void) throws(BGTaskError) -> [String] {
+        try finishLaunch(record, keepHistory: keepHistory, state: nil, updatingState: update)
+    }
+
+    private func finishLaunch(_ record: RunRecord, keepHistory: Int?, state: AppState?, updatingState update: ((inout AppState) -> Void)?) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
+        let json: String?
+        do { json = update == nil ? nil : String(decoding: try record.jsonData(), as: UTF8.self) } catch {
+            throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
+        }
         let body = { (db: Database) throws -> [String] in
-            try Self.end(db, record, file: path)
+            try Self.end(db, record, file: path, json: json)
             try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
             if let state { try Self.saveAppState(db, state) }
+            if let update {
+                var current = try Self.appState(db, record.app)
+                update(&current)
+                try Self.saveAppState(db, current)
+            }
             guard let keepHistory else { return [] }
             return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
         }
         let operation = "finish launch \(record.launchID) of \(record.app)"
-        return state == nil ? try write(operation, body) : try writeUnsynced(operation, body)
+        return state == nil && update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
     }
 
     /// Launches recorded as running: the host died during them.
@@ -736,8 +757,9 @@ extension PendingRequestStore {
     }
 
     /// Marks a launch ended with its record, inserting the launch when it was never begun.
-    static func end(_ db: Database, _ record: RunRecord, file: String) throws {
-        let text = String(decoding: try record.jsonData(), as: UTF8.self)
+    /// `json`: the record's JSON when the caller encoded it before the transaction.
+    static func end(_ db: Database, _ record: RunRecord, file: String, json encoded: String? = nil) throws {
+        let text = try encoded ?? String(decoding: record.jsonData(), as: UTF8.self)
         let endedAt = record.startedAt.timeIntervalSince1970 + record.wallMs / 1000
         if let app = try String.fetchOne(db.cachedStatement(sql: "SELECT app FROM launch WHERE id = ?"), arguments: [record.launchID]) {
             guard app == record.app else {
