@@ -8,19 +8,25 @@ import _BGTaskSystemShims
 /// `bgtask-runner --zygote`: a launcher the host starts once and asks for one child per launch,
 /// so a launch costs a hand-off instead of an exec and a Swift runtime start-up.
 ///
-/// Protocol on fd 3 (SOCK_SEQPACKET; `ZygoteRequest` and `ZygoteAnswer` in the wire module):
-/// the zygote first answers `ready` (its thread count, which the host requires to be 1, and its
-/// first spare). Each request is the launch's environment overrides with three descriptors
-/// (SCM_RIGHTS): the launch channel, stdin, and the log for stdout and stderr. The zygote makes
-/// the next spare and answers `launched` (the launch's process and that spare) or `failed`.
-/// The zygote hands a request's bytes to its spare as they came; the spare decodes them. End
-/// of stream: the host is gone, and so are the zygote and its spare.
+/// Protocol on fd 3 (SOCK_SEQPACKET; `ZygoteRequest`, `ZygoteSpareRequest` and `ZygoteAnswer`
+/// in the wire module): the zygote first answers `ready` (its thread count, which the host
+/// requires to be 1, and its first spare, with the spare's socket). A launch is the launch's
+/// environment overrides with three descriptors (SCM_RIGHTS): the launch channel, stdin, and the
+/// log for stdout and stderr. The host hands it to the spare it holds, through the spare's own
+/// socket, without the zygote; then asks the zygote for the next spare (`ZygoteSpareRequest`,
+/// answered `spare`, with its socket). A launch sent to the zygote itself (the host had no
+/// spare, or it died) is forked directly, answered `launched` (its process and the next spare,
+/// with its socket) or `failed`. The spare decodes a launch's bytes as the host sent them. End
+/// of stream: the host is gone, and so is the zygote; a spare sees its own socket's end when
+/// the host is gone.
 ///
 /// A spare is a child forked *before* it is needed (like Android's unspecialized app process
-/// pool): it has already reset its signals and made its process group, and waits on a socket of
-/// its own. A request hands it the launch's descriptors and environment, so the launch starts at
-/// once; the zygote then forks the next spare and answers with both pids. Without a spare
-/// (it could not be forked, or it died), the zygote forks the launch directly.
+/// pool): it has already reset its signals, made its process group and installed the launch's
+/// system-call filter, and waits on a socket of its own. A launch hands it the launch's
+/// descriptors and environment, so the launch starts at once. The zygote keeps no spare: each
+/// goes to the host with its socket, and a launch is not held up by a hop through the zygote
+/// (it used to pass every launch to its spare itself: two wake-ups more on the way to the
+/// handler).
 ///
 /// The zygote must stay single-threaded: nothing here may start a thread (no Dispatch queues,
 /// no Foundation run loops). Children are forked with CLONE_PARENT, so the host is their parent
@@ -56,56 +62,44 @@ enum ZygoteServer {
         // that are not at their default now (a handful, instead of 62 sigaction calls).
         bgtask_note_signal_actions()
         let threads = bgtask_thread_count()
-        var spare: Spare?
         switch forkSpare() {
         case .becameLaunch: return
-        case let .forked(forked): spare = forked
-        case .failed: spare = nil
+        case let .forked(spare): answer(control, .ready(threads: threads, spare: spare.pid), handing: spare)
+        case .failed: answer(control, .ready(threads: threads, spare: 0))
         }
-        answer(control, .ready(threads: threads, spare: spare?.pid ?? 0))
         while true {
             guard let request = receiveRequest(on: control) else { _exit(0) }
+            if request.fds.isEmpty, (try? LaunchChannel.decode(ZygoteSpareRequest.self, from: request.payload)) != nil {
+                switch forkSpare() {
+                case .becameLaunch: return
+                case let .forked(spare): answer(control, .spare(pid: spare.pid), handing: spare)
+                case .failed: answer(control, .spare(pid: 0))
+                }
+                continue
+            }
             guard request.fds.count == 3 else {
                 for fd in request.fds { close(fd) }
                 answer(control, .failed("expected 3 descriptors, got \(request.fds.count)"))
                 continue
             }
-            var launched: pid_t = 0
-            if let current = spare {
-                spare = nil
-                let sent = request.payload.withUnsafeBytes { raw in
-                    request.fds.withUnsafeBufferPointer { bgtask_send_fds(current.socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
-                }
-                close(current.socket)
-                // A spare that died cannot take it (the host reaps it: it is the host's child).
-                if sent == 0 { launched = current.pid }
-            }
+            // The host had no spare (none could be forked, or it died): the launch directly.
+            let launched = cloneLaunch()
             if launched == 0 {
-                launched = cloneLaunch()
-                if launched == 0 {
-                    becomeLaunch(request)
-                    return
-                }
+                becomeLaunch(request)
+                return
             }
             for fd in request.fds { close(fd) }
             guard launched > 0 else {
                 answer(control, .failed("clone: \(String(cString: strerror(errno)))"))
                 continue
             }
-            // The next spare before the answer, which reports its pid (the host reaps spares
-            // that die unused). The launch is already running in its spare meanwhile; only the
-            // supervisor waits for this fork. (Answering first was measured worse, twice: the
-            // supervisor then wakes for the launch's messages while the fork and the launch
-            // share the two cores; see docs/benchmark-history.md.)
-            var nextSpare: pid_t = 0
+            // And a spare for the next launch, reported with it (the host reaps spares that die
+            // unused).
             switch forkSpare() {
             case .becameLaunch: return
-            case let .forked(forked):
-                spare = forked
-                nextSpare = forked.pid
-            case .failed: break
+            case let .forked(spare): answer(control, .launched(pid: launched, spare: spare.pid), handing: spare)
+            case .failed: answer(control, .launched(pid: launched, spare: 0))
             }
-            answer(control, .launched(pid: launched, spare: nextSpare))
         }
     }
 
@@ -385,9 +379,15 @@ enum ZygoteServer {
         tasks: [TaskAssignment(task: 1, identifier: "a.b.c", kind: .refresh), TaskAssignment(task: 2, identifier: "a.b.d", kind: .processing)],
         mappedHandlers: [], supportedResources: 0, memoryBackstopBytes: 1 << 30)
 
-    private static func answer(_ fd: Int32, _ message: ZygoteAnswer) {
+    /// Sends `message`; with `handing`, that spare's socket goes with it, and the zygote's own
+    /// copy is closed (the spare is the host's to use).
+    private static func answer(_ fd: Int32, _ message: ZygoteAnswer, handing spare: Spare? = nil) {
         var writer = WireWriter()
         message.write(to: &writer)
-        _ = writer.bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var descriptors = spare.map { [$0.socket] } ?? []
+        _ = writer.bytes.withUnsafeBytes { raw in
+            descriptors.withUnsafeMutableBufferPointer { bgtask_send_fds(fd, $0.baseAddress, Int32($0.count), raw.baseAddress, raw.count) }
+        }
+        if let spare { close(spare.socket) }
     }
 }

@@ -11,12 +11,23 @@ import Testing
         defer { host.stop() }
         _ = try host.cli(["device", "--power", "on"])
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never", "--type", "processing", "--requires-power"]).status == 0)
-        var running = false
-        for _ in 0..<250 where !running {
-            running = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running != nil
-            if !running { usleep(20_000) }
+        var launchID: String?
+        for _ in 0..<250 where launchID == nil {
+            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
+            if launchID == nil { usleep(20_000) }
         }
-        #expect(running)
+        let id = try #require(launchID)
+        // Running is not enough: the handler sets its expiration handler when it runs, and an
+        // expiration before that completes the task unsuccessfully (failed, not expired), as on
+        // iOS. It prints first; the log has the line once it ran (a loaded machine may take
+        // a while from the launch's start to its handler).
+        let log = scratch.state.appendingPathComponent("logs/\(id).log")
+        var began = false
+        for _ in 0..<500 where !began {
+            began = (try? String(contentsOf: log, encoding: .utf8))?.contains("never will not complete until expired") == true
+            if !began { usleep(10_000) }
+        }
+        #expect(began)
         _ = try host.cli(["device", "--power", "off"])
         let records = try host.waitForHistory(count: 1, timeout: 20)
         let task = try #require(records[0].task("com.example.misbehaving.never"))

@@ -14,12 +14,12 @@ struct ZygoteMessageTests {
     @Test func requestsAndAnswersRoundTrip() throws {
         let request = ZygoteRequest(environment: ["HOME": "/state/containers/a", "BGTASK_LAUNCH_ID": "x", "EMPTY": "", "ÜNÏ": "✓=="])
         #expect(try roundTrip(request) == request)
-        for answer in [ZygoteAnswer.ready(threads: 1, spare: 4242), .launched(pid: 17, spare: 0), .failed("clone: Resource temporarily unavailable")] {
+        for answer in [ZygoteAnswer.ready(threads: 1, spare: 4242), .launched(pid: 17, spare: 0), .failed("clone: Resource temporarily unavailable"), .spare(pid: 99)] {
             #expect(try roundTrip(answer) == answer)
         }
     }
 
-    @Test func garbageIsRefusedByName() {
+    @Test func garbageIsRefusedByName() throws {
         var writer = WireWriter()
         ZygoteAnswer.launched(pid: 1, spare: 2).write(to: &writer)
         let truncated = Array(writer.bytes.dropLast())
@@ -37,5 +37,13 @@ struct ZygoteMessageTests {
         var answer = WireWriter()
         ZygoteAnswer.failed("x").write(to: &answer)
         #expect(throws: ChannelError.self) { try LaunchChannel.decode(ZygoteRequest.self, from: answer.bytes) }
+        // A spare request is neither a launch's request nor an answer.
+        var spare = WireWriter()
+        ZygoteSpareRequest().write(to: &spare)
+        #expect(try LaunchChannel.decode(ZygoteSpareRequest.self, from: spare.bytes) == ZygoteSpareRequest())
+        #expect(throws: ChannelError.self) { try LaunchChannel.decode(ZygoteRequest.self, from: spare.bytes) }
+        var launch = WireWriter()
+        ZygoteRequest(environment: [:]).write(to: &launch)
+        #expect(throws: ChannelError.self) { try LaunchChannel.decode(ZygoteSpareRequest.self, from: launch.bytes) }
     }
 }

@@ -35,16 +35,41 @@ public final class Zygote: @unchecked Sendable {
 
     /// Forks a runner child with `channel` as fd 3, `stdin` as 0, `log` as 1 and 2, and
     /// `environment` over the zygote's own (the host's, at zygote start). Returns its pid.
+    ///
+    /// The launch goes straight to the spare this process holds (through the spare's socket,
+    /// which the zygote handed over with it): no hop through the zygote on the way to the
+    /// handler. The zygote is then asked for the next spare, and its answer is read when the
+    /// next launch comes (the fork is off this launch's path, and off its supervisor's). Without
+    /// a spare, or with one that died, the launch goes to the zygote, which forks it.
     public func launch(channel: Int32, stdin: Int32, log: Int32, environment: [String: String]) throws(BGTaskError) -> pid_t {
         var writer = WireWriter()
         ZygoteRequest(environment: environment).write(to: &writer)
         let payload = writer.bytes
+        let fds = [channel, stdin, log]
         lock.lock()
         defer { lock.unlock() }
+        // Two tries: a spare that died is replaced by the next one.
+        for _ in 0..<2 {
+            if spareRequested { collectSpareLocked() }
+            if socket < 0 { try? startLocked() }
+            guard spareSocket >= 0 else { break }
+            let (child, target) = (sparePID, spareSocket)
+            (sparePID, spareSocket) = (0, -1)
+            let sent = payload.withUnsafeBytes { raw in
+                fds.withUnsafeBufferPointer { bgtask_send_fds(target, $0.baseAddress, 3, raw.baseAddress, raw.count) }
+            }
+            close(target)
+            // A launch now, not a spare (one that died stays counted, to be reaped).
+            if sent == 0 { spares.remove(child) }
+            requestSpareLocked()
+            if sent == 0 {
+                reapSpares(waiting: false)
+                return child
+            }
+        }
         do {
             for attempt in 0..<2 {
                 if socket < 0 { try startLocked() }
-                let fds = [channel, stdin, log]
                 let sent = payload.withUnsafeBytes { raw in
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
@@ -56,7 +81,7 @@ public final class Zygote: @unchecked Sendable {
                     return child
                 case let .failed(reason)?:
                     throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(reason)")
-                case .ready?:
+                case .ready?, .spare?:
                     logger.warning("the zygote answered out of turn; restarting it", metadata: ["attempt": "\(attempt + 1)"])
                 case nil:
                     logger.warning("the zygote is gone or did not answer; restarting it", metadata: ["attempt": "\(attempt + 1)"])
@@ -65,6 +90,37 @@ public final class Zygote: @unchecked Sendable {
             }
         }
         throw BGTaskError(.launch, file: runnerPath, "the zygote keeps dying")
+    }
+
+    /// The spare request's answer if it has come (without waiting): what this process's
+    /// children are is then known as soon as it can be (`processes`).
+    private func collectSpareIfReadyLocked() {
+        guard spareRequested, socket >= 0 else { return }
+        var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        if bgtask_poll_ns(&poller, 1, 0) > 0 { collectSpareLocked() }
+    }
+
+    /// Asks the zygote for the next spare; its answer is read by the next launch. A zygote that
+    /// cannot be written to is replaced then.
+    private func requestSpareLocked() {
+        guard socket >= 0 else { return }
+        var request = WireWriter()
+        ZygoteSpareRequest().write(to: &request)
+        spareRequested = request.bytes.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } > 0
+        if !spareRequested { stopLocked(kill: true) }
+    }
+
+    /// The answer to the spare request sent after the last launch: the next spare, held for the
+    /// next launch. A zygote that does not give it is replaced (the launch waiting here then
+    /// goes to the new zygote's first spare).
+    private func collectSpareLocked() {
+        spareRequested = false
+        switch readAnswer() {
+        case .spare?: break // held by readAnswer
+        case let other:
+            logger.warning("the zygote did not answer the spare request; restarting it", metadata: ["answer": "\(String(describing: other))"])
+            stopLocked(kill: true)
+        }
     }
 
     /// Ends the zygote (it exits when its socket closes) and reaps it.
@@ -103,11 +159,10 @@ public final class Zygote: @unchecked Sendable {
         }
         socket = fds[0]
         pid = child
-        guard case let .ready(threads, spare)? = readAnswer(timeout: answerTimeout * 3) else {
+        guard case let .ready(threads, _)? = readAnswer(timeout: answerTimeout * 3) else {
             stopLocked(kill: true)
             throw BGTaskError(.launch, file: runnerPath, "the zygote did not report ready")
         }
-        if spare > 0 { spares.insert(spare) }
         guard threads == 1 else {
             stopLocked()
             throw BGTaskError(.launch, file: runnerPath, "the zygote has \(threads) threads; forking it would not be safe")
@@ -121,7 +176,8 @@ public final class Zygote: @unchecked Sendable {
     public var answerTimeout: Duration = .seconds(10)
 
     /// The zygote's next answer; nil when it is gone, said something unreadable, or did not
-    /// answer within `timeout`.
+    /// answer within `timeout`. The spare an answer names is counted among this process's
+    /// spares, and its socket (which comes with the answer) held for the next launch.
     private func readAnswer(timeout: Duration? = nil) -> ZygoteAnswer? {
         var poller = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
         let deadline = bgtask_monotonic_ns() + UInt64((timeout ?? answerTimeout).nanoseconds)
@@ -133,23 +189,57 @@ public final class Zygote: @unchecked Sendable {
             if ready < 0 && errno != EINTR { return nil }
         }
         var buffer = [UInt8](repeating: 0, count: 512)
-        let n = retryingEINTR { buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
-        guard n > 0 else { return nil }
+        var received: [Int32] = [-1, -1]
+        var count: Int32 = 2
+        let n = buffer.withUnsafeMutableBytes { bgtask_recv_fds(socket, &received, &count, $0.baseAddress, $0.count) }
+        let descriptors = Array(received.prefix(Int(max(0, count))))
+        guard n > 0 else {
+            descriptors.forEach { close($0) }
+            return nil
+        }
+        let answer: ZygoteAnswer
         do {
-            return try LaunchChannel.decode(ZygoteAnswer.self, from: Array(buffer[0..<n]))
+            answer = try LaunchChannel.decode(ZygoteAnswer.self, from: Array(buffer[0..<n]))
         } catch {
+            descriptors.forEach { close($0) }
             logger.warning("unreadable answer from the zygote", metadata: ["error": "\(error)"])
             return nil
         }
+        let spare: Int32
+        switch answer {
+        case let .ready(_, named), let .launched(_, named), let .spare(named): spare = named
+        case .failed: spare = 0
+        }
+        if spare > 0 { spares.insert(spare) }
+        if spare > 0, descriptors.count == 1 {
+            if spareSocket >= 0 { close(spareSocket) }
+            (sparePID, spareSocket) = (spare, descriptors[0])
+        } else {
+            // A spare without its socket cannot be used (it exits when the zygote does).
+            descriptors.forEach { close($0) }
+        }
+        return answer
     }
 
     /// Ends the zygote: it exits when its socket closes; `kill`: one that stopped answering is
     /// killed first (it may never read its socket again).
     private func stopLocked(kill killFirst: Bool = false) {
+        // A spare forked for a request whose answer was not read yet: learned now (briefly, for
+        // a zygote being killed), so that it is reaped below with the others.
+        if spareRequested && socket >= 0 {
+            spareRequested = false
+            _ = readAnswer(timeout: killFirst ? .milliseconds(1) : answerTimeout)
+        }
         if socket >= 0 {
             close(socket)
             socket = -1
         }
+        // The spare held here sees its socket's end and exits.
+        if spareSocket >= 0 {
+            close(spareSocket)
+            (sparePID, spareSocket) = (0, -1)
+        }
+        spareRequested = false
         if killFirst && pid > 0 { kill(pid, SIGKILL) }
         if pid > 0 {
             var status: Int32 = 0
@@ -163,13 +253,28 @@ public final class Zygote: @unchecked Sendable {
 
     /// Spares the zygote forked (this process's children) that have not become launches.
     private var spares = Set<pid_t>()
+    /// The spare the next launch goes to, and its socket (-1: none held).
+    private var sparePID: pid_t = 0
+    private var spareSocket: Int32 = -1
+    /// A spare request was sent after the last launch and its answer not read yet.
+    private var spareRequested = false
 
     /// The zygote and its spares: this process's children that are not launches (yet).
-    var processes: Set<pid_t> { lock.withLock { pid > 0 ? spares.union([pid]) : spares } }
+    var processes: Set<pid_t> {
+        lock.withLock {
+            collectSpareIfReadyLocked()
+            return pid > 0 ? spares.union([pid]) : spares
+        }
+    }
 
     /// The zygote's pid (0 when not running) and its spares' (for tests).
     var processID: pid_t { lock.withLock { pid } }
-    var spareIDs: Set<pid_t> { lock.withLock { spares } }
+    var spareIDs: Set<pid_t> {
+        lock.withLock {
+            collectSpareIfReadyLocked()
+            return spares
+        }
+    }
 
     /// Reaps spares that have exited (a spare that died before its launch, or every spare once
     /// the zygote is gone and `waiting`).
