@@ -74,10 +74,10 @@ public final class Zygote: @unchecked Sendable {
                     fds.withUnsafeBufferPointer { bgtask_send_fds(socket, $0.baseAddress, 3, raw.baseAddress, raw.count) }
                 }
                 switch sent == 0 ? readAnswer() : nil {
-                case let .launched(child, next)?:
+                case let .launched(child, _)?:
+                    // (The next spare, which came with it, is held by `readAnswer`.)
                     spares.remove(child)
                     reapSpares(waiting: false)
-                    if next > 0 { spares.insert(next) }
                     return child
                 case let .failed(reason)?:
                     throw BGTaskError(.launch, file: runnerPath, "the zygote could not fork: \(reason)")
@@ -227,7 +227,6 @@ public final class Zygote: @unchecked Sendable {
         // A spare forked for a request whose answer was not read yet: learned now (briefly, for
         // a zygote being killed), so that it is reaped below with the others.
         if spareRequested && socket >= 0 {
-            spareRequested = false
             _ = readAnswer(timeout: killFirst ? .milliseconds(1) : answerTimeout)
         }
         if socket >= 0 {

@@ -361,34 +361,24 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// same transaction (`pruneHistory`).
     /// Returns the ids of the launches pruned (their logs can go too).
     ///
-    /// With `state`, the app's state is saved in the same transaction (as `saveAppState`), and
-    /// the commit is not synced (`writeUnsynced`): the host's launch bookkeeping, which survives
-    /// the host's crash; a power loss may lose it, and the launch is then recovered as `host-lost`
+    /// With `updatingState`, the app's state is read, changed and saved in the same transaction
+    /// (one transaction where a read and a write were two, at the end of every launch), and the
+    /// commit is not synced (`writeUnsynced`): the host's launch bookkeeping, which survives the
+    /// host's crash; a power loss may lose it, and the launch is then recovered as `host-lost`
     /// with its requests pending again (at least once, as after any crash during a launch).
-    /// Without `state`, the commit is synced.
+    /// Without it, the commit is synced. The record is encoded before the transaction, not while
+    /// it holds the writer.
     @discardableResult
-    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, state: AppState? = nil) throws(BGTaskError) -> [String] {
-        try finishLaunch(record, keepHistory: keepHistory, state: state, updatingState: nil)
-    }
-
-    /// `finishLaunch` with the app's state read, changed by `update` and saved inside the same
-    /// transaction (not synced, as with `state`): one transaction where a read and a write
-    /// were two, the host's bookkeeping at the end of every launch. The record is encoded
-    /// before the transaction, not while it holds the writer.
-    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, updatingState update: @escaping (inout AppState) -> Void) throws(BGTaskError) -> [String] {
-        try finishLaunch(record, keepHistory: keepHistory, state: nil, updatingState: update)
-    }
-
-    private func finishLaunch(_ record: RunRecord, keepHistory: Int?, state: AppState?, updatingState update: ((inout AppState) -> Void)?) throws(BGTaskError) -> [String] {
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil,
+                             updatingState update: ((inout AppState) -> Void)? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
-        let json: String?
-        do { json = update == nil ? nil : String(decoding: try record.jsonData(), as: UTF8.self) } catch {
+        let json: String
+        do { json = String(decoding: try record.jsonData(), as: UTF8.self) } catch {
             throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
         }
         let body = { (db: Database) throws -> [String] in
             try Self.end(db, record, file: path, json: json)
             try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
-            if let state { try Self.saveAppState(db, state) }
             if let update {
                 var current = try Self.appState(db, record.app)
                 update(&current)
@@ -398,7 +388,7 @@ public final class PendingRequestStore: @unchecked Sendable {
             return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
         }
         let operation = "finish launch \(record.launchID) of \(record.app)"
-        return state == nil && update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
+        return update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
     }
 
     /// Launches recorded as running: the host died during them.
