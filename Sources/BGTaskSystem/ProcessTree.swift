@@ -25,6 +25,24 @@ public enum ProcessTree {
         return result
     }
 
+    /// The orphans `pid` (a child subreaper, or init) has adopted: the children of its main
+    /// thread. The kernel gives an orphan to the first live thread of the reaper's thread group
+    /// (`find_new_reaper`, `find_alive_thread` in kernel/exit.c), which is its main thread while
+    /// that lives; a child of another thread whose thread ended goes there too. When the main
+    /// thread has ended (or is ending) every thread is looked at, as `children(of:)` does.
+    ///
+    /// One read instead of one per thread: a host supervising a thousand launches has a
+    /// thousand threads, and its every killed launch looked for orphans (`reapOrphans`), a
+    /// thousand /proc reads each.
+    public static func adoptedChildren(of pid: pid_t) -> [pid_t] {
+        let stat = readFile("/proc/\(pid)/task/\(pid)/stat")
+        if let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count,
+           stat[close + 2] != UInt8(ascii: "Z"), stat[close + 2] != UInt8(ascii: "X") {
+            return readPIDs("/proc/\(pid)/task/\(pid)/children")
+        }
+        return children(of: pid)
+    }
+
     /// Direct children of `pid`, over all of its threads.
     public static func children(of pid: pid_t) -> [pid_t] {
         guard let tasks = opendir("/proc/\(pid)/task") else { return [] }

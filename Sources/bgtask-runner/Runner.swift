@@ -69,6 +69,8 @@ final class Runner: @unchecked Sendable {
     /// When the launch's time runs out (CLOCK_MONOTONIC ns; 0: unknown); moved earlier when a
     /// foreground launch leaves the foreground (`deadline`).
     private var expiresAtNs: UInt64
+    /// The parent reader expired the launch at `expiresAtNs` itself (see `untilDeadline`).
+    private var expiredAtDeadline = false
     private var nextSeq: UInt64 = 1
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
@@ -337,6 +339,28 @@ final class Runner: @unchecked Sendable {
     /// The launch's time now runs out at `at` (the host moved it: the app left the foreground).
     func setDeadline(_ at: UInt64) {
         lock.withLock { expiresAtNs = at }
+    }
+
+    /// Nanoseconds until the parent reader is to expire the launch itself (0: now), or nil
+    /// (no deadline, or done). The runner knows its deadline (`LaunchAssignment.expiresAtNs`,
+    /// moved by `ParentMessage.deadline`), so the budget's expiration does not wait for the
+    /// host's message: the reader, which waits for the host's messages anyway, waits until the
+    /// deadline at most and then expires the launch (`expireAtDeadline`). The host still sends
+    /// its own at the same moment (each task's expiration is delivered once, whichever comes
+    /// first) and still kills at the grace's end: an app that stops this thread gains nothing.
+    /// A host that is busy or stopped no longer delays the app's expiration.
+    func untilDeadline() -> UInt64? {
+        lock.withLock {
+            guard expiresAtNs > 0, !expiredAtDeadline else { return nil }
+            let now = bgtask_monotonic_ns()
+            return now >= expiresAtNs ? 0 : expiresAtNs - now
+        }
+    }
+
+    /// The deadline has passed: expiration to every open task, as the host's would.
+    func expireAtDeadline() {
+        lock.withLock { expiredAtDeadline = true }
+        expirationQueue.async { self.expire(only: nil) }
     }
 
     /// The launch's time has run out: every assertion's expiration handler, once, on this (the

@@ -74,6 +74,19 @@ runner.report(.sandbox(sandboxLayers))
 // and handler threads are blocked.
 startThread {
     while true {
+        // The launch's own deadline: no message from the host until then, and the reader
+        // expires the launch itself (see Runner.untilDeadline).
+        if let wait = runner.untilDeadline() {
+            if wait == 0 {
+                runner.expireAtDeadline()
+                continue
+            }
+            var ready = pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)
+            let polled = bgtask_poll_ns(&ready, 1, Int64(clamping: wait))
+            // Timed out or interrupted: look at the deadline again. (A failed poll falls through
+            // to the receive, which says what is wrong with the channel.)
+            if polled == 0 || (polled < 0 && errno == EINTR) { continue }
+        }
         let message: ParentMessage?
         do {
             message = try channel.receive(ParentMessage.self)

@@ -35,6 +35,42 @@ import Testing
         #expect(records[0].wallMs < 30_000, "expired on power loss, not at the budget")
     }
 
+    /// The budget's expiration reaches the app at its deadline even when the host cannot send
+    /// it then (stopped here; busy or swapped out in life): the runner expires its own launch at
+    /// the deadline it was given, and the host's kill still comes at the grace's end. Before,
+    /// the expiration waited for the host's message, so for as long as the host was stopped.
+    @Test func theBudgetExpiresTheLaunchOnTimeWhileTheHostIsStopped() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "1500ms", "--grace", "5s"], installing: [.misbehaving])
+        defer { host.stop() }
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never"]).status == 0)
+        var launchID: String?
+        for _ in 0..<250 where launchID == nil {
+            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
+            if launchID == nil { usleep(20_000) }
+        }
+        let id = try #require(launchID)
+        let log = scratch.state.appendingPathComponent("logs/\(id).log")
+        var began = false
+        for _ in 0..<500 where !began {
+            began = (try? String(contentsOf: log, encoding: .utf8))?.contains("never will not complete until expired") == true
+            if !began { usleep(10_000) }
+        }
+        #expect(began)
+        // Stopped (the host only: its launches are in groups of their own) from before the
+        // deadline until well after it.
+        #expect(kill(host.pid, SIGSTOP) == 0)
+        usleep(2_600_000)
+        #expect(kill(host.pid, SIGCONT) == 0)
+        let records = try host.waitForHistory(count: 1, timeout: 20)
+        let task = try #require(records[0].task("com.example.misbehaving.never"))
+        #expect(task.outcome == .expired, "\(records[0])")
+        let expired = try #require(task.expiredMs)
+        #expect(expired >= 1500 && expired < 2400, "expired \(expired) ms into a launch with a 1.5 s budget, the host stopped for 2.6 s from before it")
+        #expect(records[0].termination == .exited, "\(records[0])")
+    }
+
     @Test func realisticPolicyPenalizesBadLaunchesAndWhySaysSo() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

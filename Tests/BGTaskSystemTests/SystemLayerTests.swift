@@ -71,6 +71,42 @@ struct SystemLayerTests {
         #expect(SignalName.of(SIGTERM) == "SIGTERM" && SignalName.of(63) == "SIG63")
     }
 
+    /// An orphan comes to a child subreaper's main thread, whichever thread started its parent:
+    /// what `ProcessTree.adoptedChildren` relies on to find a killed launch's leftovers with one
+    /// read instead of one per host thread.
+    @Test func anOrphanIsAdoptedByTheSubreapersMainThread() throws {
+        #expect(bgtask_set_child_subreaper() == 0)
+        var pipe: [Int32] = [0, 0]
+        #expect(bgtask_pipe_cloexec(&pipe) == 0)
+        // Started from a thread of its own (not the main thread): the shell leaves a sleep
+        // behind and exits.
+        let started = LockedBox<Result<pid_t, SystemError>?>(nil)
+        let writeEnd = pipe[1]
+        let thread = Thread {
+            started.value = Result { () throws(SystemError) -> pid_t in
+                try Subprocess.spawn(["/bin/sh", "-c", "/bin/sleep 30 >/dev/null & echo $!"], environment: ["PATH": "/usr/bin:/bin"], stdout: writeEnd)
+            }
+        }
+        thread.start()
+        while started.value == nil { usleep(1_000) }
+        close(pipe[1])
+        let shell = try #require(try started.value?.get())
+        let output = FileHandle(fileDescriptor: pipe[0], closeOnDealloc: true).readDataToEndOfFile()
+        _ = Subprocess.wait(shell)
+        let orphan = try #require(pid_t(String(decoding: output, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
+        defer {
+            kill(orphan, SIGKILL)
+            _ = Subprocess.wait(orphan)
+        }
+        var adopted: [pid_t] = []
+        for _ in 0..<200 where !adopted.contains(orphan) {
+            adopted = ProcessTree.adoptedChildren(of: getpid())
+            if !adopted.contains(orphan) { usleep(5_000) }
+        }
+        #expect(adopted.contains(orphan), "\(orphan) not among the main thread's children \(adopted)")
+        #expect(ProcessTree.children(of: getpid()).contains(orphan))
+    }
+
     @Test func aMissingExecutableIsAnErrorNotAChild() {
         do {
             _ = try Subprocess.spawn(["/nonexistent/binary"], environment: [:])
@@ -79,5 +115,16 @@ struct SystemLayerTests {
             #expect(error.errno == ENOENT)
             #expect(error.path == "/nonexistent/binary")
         }
+    }
+}
+
+/// A value one thread sets and another polls.
+final class LockedBox<Value>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: Value
+    init(_ value: Value) { stored = value }
+    var value: Value {
+        get { lock.withLock { stored } }
+        set { lock.withLock { stored = newValue } }
     }
 }

@@ -96,7 +96,10 @@ struct LaunchLoop {
         if state.expiredAtNs == nil, now >= expireAt {
             state.expiredAtNs = now
             try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
-            killAt = now + grace
+            // The grace runs from the deadline, not from this thread's wake-up: the runner
+            // expired itself at the deadline (see the runner's ExpirationThread), and a host
+            // that woke late must not kill late.
+            killAt = expireAt + grace
             logger.debug("expiration sent")
         }
         guard state.killed == nil else { return }

@@ -72,7 +72,7 @@ extension LaunchSupervisor {
         spawnLock.withLock {
             var groups = Set(launchGroup.map { [$0] } ?? [])
             var zombies: [(pid: pid_t, group: pid_t)] = []
-            for child in ProcessTree.children(of: getpid())
+            for child in ProcessTree.adoptedChildren(of: getpid())
             where !sparing.contains(child) && !activeRunners.withLock({ $0.contains(child) }) {
                 guard let (state, group) = ProcessTree.status(of: child) else { continue }
                 if state == UInt8(ascii: "Z") {
