@@ -233,6 +233,23 @@ import _BGTaskSystemShims
         #expect(try record.logText().contains("hostile: forged finished, running on"))
     }
 
+    /// A launch that says, before its grace ends, that its tasks all ended is on its way out:
+    /// it has the second any launch that said so has to be gone, and is not killed at the
+    /// grace's end (on a loaded machine a process can take that long to go, and such a launch
+    /// was recorded as a watchdog kill with no task open, and penalized). Forged here: the
+    /// completion and `finished` buy at most that second, then the watchdog kills it.
+    @Test func aLaunchThatSaidItWasDoneHasASecondToGoPastTheGrace() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try makeApp(scratch)
+        let (record, _) = try scratch.run(app, ["--task", "\(Self.id).forgedone", "--budget", "1s", "--grace", "300ms"])
+        #expect(record.termination == .watchdog, "\(record)")
+        #expect(record.error?.contains("said its tasks had ended but its process was still running") == true, "\(record.error ?? "")")
+        // Killed a second after its claim at the budget's end (1 s), not at the grace's (1.3 s).
+        #expect(record.wallMs >= 1_900 && record.wallMs < 4_000, "\(record.wallMs) ms")
+        #expect(try record.logText().contains("hostile: forged completion and finished at expiration, running on"))
+    }
+
     /// Memory a launch holds where no resident set shows it (a memfd written, never mapped)
     /// still counts against its limit.
     @Test func memoryHeldInAMemfdCountsAgainstTheLimit() throws {

@@ -106,7 +106,7 @@ struct LaunchLoop {
         // The child's word never disarms the watchdog: a launch is over when its process is
         // gone (reaped), not when it says so. One that said its tasks had ended has
         // `exitAfterFinished` to be gone.
-        if let deadline = killAt, now >= deadline {
+        if let deadline = graceKillAt(state), now >= deadline {
             kill(.watchdog, &state, "watchdog kill: grace period over")
         } else if let finishedNs = state.finishedNs, now >= finishedNs + Self.exitAfterFinished {
             state.lingering = "the launch said its tasks had ended but its process was still running \(Self.exitAfterFinished / 1_000_000) ms later"
@@ -132,10 +132,24 @@ struct LaunchLoop {
         logger.info(message, metadata: metadata)
     }
 
+    /// When the grace's end kills the launch: `killAt`, unless the launch said its tasks had all
+    /// ended before it, with every task completed as far as the host has heard. Such a launch is
+    /// on its way out (its runner `_exit`s right after saying so): it gets what any launch that
+    /// said so gets, `exitAfterFinished` to be gone, then the same watchdog kill. Before, a
+    /// launch whose last task ended at its expiration, on a machine where a process took long
+    /// to go (1,000 launches ending at once), was killed at the grace's end and recorded as a
+    /// watchdog kill "with 0 task(s) still open", and penalized for it.
+    private func graceKillAt(_ state: LaunchState) -> UInt64? {
+        guard let killAt else { return nil }
+        if let finishedNs = state.finishedNs, finishedNs < killAt,
+           state.tasks.values.allSatisfy({ $0.completedNs != nil }) { return nil }
+        return killAt
+    }
+
     /// Nanoseconds until the next deadline (-1: none; the pidfd, the channel or a command wakes
     /// the loop).
     private func nextWake(after now: UInt64, _ state: LaunchState) -> Int64 {
-        var next = state.expiredAtNs == nil ? expireAt : (killAt ?? UInt64.max)
+        var next = state.expiredAtNs == nil ? expireAt : (graceKillAt(state) ?? UInt64.max)
         if state.killed == nil {
             if sampling { next = min(next, max(memory.nextSampleNs, now)) }
             if let closedAt = channelClosedAt { next = min(next, closedAt + Self.exitAfterHangUp) }

@@ -7,6 +7,9 @@
  *  - com.example.hostile.probe          every attempt below, then completes the task.
  *  - com.example.hostile.forgefinished  writes a forged `finished` message into the launch
  *                                       channel (fd 3) and keeps running, never completing.
+ *  - com.example.hostile.forgedone      at its expiration, forges its task's completion and
+ *                                       `finished` on the channel, and runs on (its expiration
+ *                                       handler never returns).
  *  - com.example.hostile.escape         forks a child that tries to leave the launch's tree
  *                                       (CLONE_PARENT, giving up the subreaper) and sleeps.
  *  - com.example.hostile.memfd          writes 256 MiB into a memfd it never maps, and waits.
@@ -199,6 +202,32 @@ static void forge_finished(void *context, const bgtask_task_info *task) {
     for (;;) pause();
 }
 
+/* ChildMessage.taskCompleted(task:success:at:) then .finished(at:descendants:), forged. */
+static bool forge_done_expired(void *context, bgtask_task_id task) {
+    (void)context;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t at = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    unsigned char completed[19] = {0xB1, 9};
+    memcpy(completed + 2, &task, 8);
+    completed[10] = 0;
+    memcpy(completed + 11, &at, 8);
+    send(3, completed, sizeof completed, MSG_NOSIGNAL);
+    unsigned char finished[11] = {0xB1, 17};
+    memcpy(finished + 2, &at, 8);
+    finished[10] = 0;
+    send(3, finished, sizeof finished, MSG_NOSIGNAL);
+    printf("hostile: forged completion and finished at expiration, running on\n");
+    fflush(stdout);
+    for (;;) pause();
+    return true;
+}
+
+static void forge_done(void *context, const bgtask_task_info *task) {
+    (void)context;
+    api->set_expiration_handler(host, task->task, forge_done_expired, NULL);
+}
+
 /* A 32-bit system call (int 0x80: i386 getpid, 20), whose numbers a native filter would
  * misread: the filter kills the process outright. */
 static void abi32(void *context, const bgtask_task_info *task) {
@@ -260,6 +289,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     snprintf(bundle, sizeof bundle, "%s", info->bundle_path);
     api->register_handler(host, "com.example.hostile.probe", probe, NULL);
     api->register_handler(host, "com.example.hostile.forgefinished", forge_finished, NULL);
+    api->register_handler(host, "com.example.hostile.forgedone", forge_done, NULL);
     api->register_handler(host, "com.example.hostile.escape", escape, NULL);
     api->register_handler(host, "com.example.hostile.memfd", memfd_hoard, NULL);
     api->register_handler(host, "com.example.hostile.abi32", abi32, NULL);
