@@ -4,6 +4,27 @@ import Foundation
 import Testing
 
 @Suite struct HostPolicyTests {
+    /// Waits until the misbehaving app's `never` handler runs in the host's launch. Running is
+    /// not enough: the handler sets its expiration handler when it runs, and an expiration
+    /// before that completes the task unsuccessfully (failed, not expired), as on iOS. It
+    /// prints first; the log has the line once it ran (a loaded machine may take a while from
+    /// the launch's start to its handler).
+    private func waitForNeverHandler(_ host: HostProcess, _ scratch: Scratch, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        var launchID: String?
+        for _ in 0..<250 where launchID == nil {
+            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
+            if launchID == nil { usleep(20_000) }
+        }
+        let id = try #require(launchID, sourceLocation: sourceLocation)
+        let log = scratch.state.appendingPathComponent("logs/\(id).log")
+        var began = false
+        for _ in 0..<500 where !began {
+            began = (try? String(contentsOf: log, encoding: .utf8))?.contains("never will not complete until expired") == true
+            if !began { usleep(10_000) }
+        }
+        #expect(began, sourceLocation: sourceLocation)
+    }
+
     @Test func aProcessingTaskIsExpiredWhenPowerGoesAway() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
@@ -11,23 +32,7 @@ import Testing
         defer { host.stop() }
         _ = try host.cli(["device", "--power", "on"])
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never", "--type", "processing", "--requires-power"]).status == 0)
-        var launchID: String?
-        for _ in 0..<250 where launchID == nil {
-            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
-            if launchID == nil { usleep(20_000) }
-        }
-        let id = try #require(launchID)
-        // Running is not enough: the handler sets its expiration handler when it runs, and an
-        // expiration before that completes the task unsuccessfully (failed, not expired), as on
-        // iOS. It prints first; the log has the line once it ran (a loaded machine may take
-        // a while from the launch's start to its handler).
-        let log = scratch.state.appendingPathComponent("logs/\(id).log")
-        var began = false
-        for _ in 0..<500 where !began {
-            began = (try? String(contentsOf: log, encoding: .utf8))?.contains("never will not complete until expired") == true
-            if !began { usleep(10_000) }
-        }
-        #expect(began)
+        try waitForNeverHandler(host, scratch)
         _ = try host.cli(["device", "--power", "off"])
         let records = try host.waitForHistory(count: 1, timeout: 20)
         let task = try #require(records[0].task("com.example.misbehaving.never"))
@@ -45,19 +50,7 @@ import Testing
         let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "1500ms", "--grace", "5s"], installing: [.misbehaving])
         defer { host.stop() }
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never"]).status == 0)
-        var launchID: String?
-        for _ in 0..<250 where launchID == nil {
-            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
-            if launchID == nil { usleep(20_000) }
-        }
-        let id = try #require(launchID)
-        let log = scratch.state.appendingPathComponent("logs/\(id).log")
-        var began = false
-        for _ in 0..<500 where !began {
-            began = (try? String(contentsOf: log, encoding: .utf8))?.contains("never will not complete until expired") == true
-            if !began { usleep(10_000) }
-        }
-        #expect(began)
+        try waitForNeverHandler(host, scratch)
         // Stopped (the host only: its launches are in groups of their own) from before the
         // deadline until well after it.
         #expect(kill(host.pid, SIGSTOP) == 0)
