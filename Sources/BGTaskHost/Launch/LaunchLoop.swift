@@ -97,8 +97,8 @@ struct LaunchLoop {
             state.expiredAtNs = now
             try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
             // The grace runs from the deadline, not from this thread's wake-up: the runner
-            // expired itself at the deadline (see the runner's ExpirationThread), and a host
-            // that woke late must not kill late.
+            // expired itself at the deadline (its parent reader: Runner.untilDeadline), and a
+            // host that woke late must not kill late.
             killAt = expireAt + grace
             logger.debug("expiration sent")
         }
