@@ -146,7 +146,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask-bench",
             dependencies: [
-                "BGTaskHost", "BGTaskModel", "BGTaskWire", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 // The transfer section's loopback file server (sendfile).
                 .product(name: "NIOCore", package: "swift-nio"),

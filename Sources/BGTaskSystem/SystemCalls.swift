@@ -105,3 +105,22 @@ public enum SignalName {
         }
     }
 }
+
+/// A loopback TCP port nothing listens on now: port 0 bound on 127.0.0.1, read back, closed.
+/// Whoever binds it next gets it (unless another process is quicker); a port that refuses
+/// connections, for tests, or one to hand a server that takes its port on its command line.
+public func unusedLoopbackPort() throws(SystemError) -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw SystemError("socket", errno: errno) }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    guard bound else { throw SystemError("bind 127.0.0.1:0", errno: errno) }
+    return Int(UInt16(bigEndian: address.sin_port))
+}

@@ -1,5 +1,6 @@
 import BGTaskHost
 import BGTaskModel
+import BGTaskSystem
 import Foundation
 import GRDB
 import Glibc
@@ -187,7 +188,7 @@ extension SectionRunner {
 
         let apps = max(8, n.e2eApps)
         progress("e2e: starting a host with \(apps) apps")
-        let apnsPort = try freeLoopbackPort()
+        let apnsPort = try unusedLoopbackPort()
         let e2e = try EndToEndHost(root: root.appendingPathComponent("e2e"), apps: apps, arguments: ["--apns-port", "\(apnsPort)"])
         defer { e2e.stop() }
 

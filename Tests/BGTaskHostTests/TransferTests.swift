@@ -1,6 +1,7 @@
 import Crypto
 @testable import BGTaskHost
 import BGTaskModel
+import BGTaskSystem
 import Foundation
 import Glibc
 import Logging
@@ -312,7 +313,7 @@ import Testing
         let done = try h.wait(created.id, timeout: 10) { $0.info.state.isFinished }
         #expect(done.info.state == .failed && done.info.error?.code == TransferError.timedOutCode)
         // A refused connection is retried with backoff until the resource timeout.
-        let closed = try TransferTestServer.closedPort()
+        let closed = try unusedLoopbackPort()
         var refused = TransferRequest(session: "s", taskIdentifier: 6, kind: .download, url: "http://127.0.0.1:\(closed)/bytes/10")
         refused.resourceTimeout = 2
         let second = try h.create(refused)
@@ -427,23 +428,5 @@ extension JSONDecoder {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
         return decoder
-    }
-}
-
-extension TransferTestServer {
-    /// A loopback port nothing listens on (bound, then closed).
-    static func closedPort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-        }
-        guard bound else { throw HostTestError("cannot find a free port") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 }
