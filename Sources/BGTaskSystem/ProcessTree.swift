@@ -35,9 +35,8 @@ public enum ProcessTree {
     /// thousand threads, and its every killed launch looked for orphans (`reapOrphans`), a
     /// thousand /proc reads each.
     public static func adoptedChildren(of pid: pid_t) -> [pid_t] {
-        let stat = readFile("/proc/\(pid)/task/\(pid)/stat")
-        if let close = stat.lastIndex(of: UInt8(ascii: ")")), close + 2 < stat.count,
-           stat[close + 2] != UInt8(ascii: "Z"), stat[close + 2] != UInt8(ascii: "X") {
+        // /proc/PID/stat's state is the main thread's.
+        if let main = status(of: pid), main.state != UInt8(ascii: "Z"), main.state != UInt8(ascii: "X") {
             return readPIDs("/proc/\(pid)/task/\(pid)/children")
         }
         return children(of: pid)

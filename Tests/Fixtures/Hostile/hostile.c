@@ -186,37 +186,40 @@ static void probe(void *context, const bgtask_task_info *task) {
     api->set_task_completed(host, task->task, true);
 }
 
-static void forge_finished(void *context, const bgtask_task_info *task) {
-    (void)context;
-    (void)task;
-    /* ChildMessage.finished(at:descendants:) in the wire format: 0xB1, tag 17, u64, bool. */
-    unsigned char packet[11] = {0xB1, 17};
+/* CLOCK_MONOTONIC in nanoseconds, as the launch channel's times are. */
+static uint64_t monotonic_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t at = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+/* ChildMessage.finished(at:descendants:) in the wire format: 0xB1, tag 17, u64, bool. */
+static void send_forged_finished(uint64_t at) {
+    unsigned char packet[11] = {0xB1, 17};
     memcpy(packet + 2, &at, 8);
     packet[10] = 0;
     send(3, packet, sizeof packet, MSG_NOSIGNAL);
+}
+
+static void forge_finished(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    send_forged_finished(monotonic_ns());
     printf("hostile: forged finished, running on\n");
     fflush(stdout);
     for (;;) pause();
 }
 
-/* ChildMessage.taskCompleted(task:success:at:) then .finished(at:descendants:), forged. */
+/* ChildMessage.taskCompleted(task:success:at:) (0xB1, tag 9, u64, bool, u64), then finished. */
 static bool forge_done_expired(void *context, bgtask_task_id task) {
     (void)context;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t at = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    uint64_t at = monotonic_ns();
     unsigned char completed[19] = {0xB1, 9};
     memcpy(completed + 2, &task, 8);
     completed[10] = 0;
     memcpy(completed + 11, &at, 8);
     send(3, completed, sizeof completed, MSG_NOSIGNAL);
-    unsigned char finished[11] = {0xB1, 17};
-    memcpy(finished + 2, &at, 8);
-    finished[10] = 0;
-    send(3, finished, sizeof finished, MSG_NOSIGNAL);
+    send_forged_finished(at);
     printf("hostile: forged completion and finished at expiration, running on\n");
     fflush(stdout);
     for (;;) pause();
