@@ -805,6 +805,70 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(statistics.largestGroup > 1, "\(statistics)")
     }
 
+    @Test func aSubmissionIsVisibleBeforeItsSyncAndAcknowledgedOnlyAfter() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        // A disk that takes its time to sync: the scheduling pass (here, a read) may see the
+        // request meanwhile, but the submitter hears nothing until the log is on disk.
+        let syncing = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        let syncs = Mutex(0)
+        store.writeAheadLog.syncOverride = {
+            syncs.withLock { $0 += 1 }
+            syncing.signal()
+            release.wait()
+        }
+        let visible = DispatchSemaphore(value: 0), returned = Mutex<Result<SubmissionRules.Rejection?, BGTaskError>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            let outcome = store.submitAll([.init(app: feed, request: refresh("\(feed).refresh"), at: t0, rules: nil)],
+                                          whenVisible: { visible.signal() })
+            returned.withLock { $0 = outcome[0] }
+            done.signal()
+        }.start()
+        #expect(visible.wait(timeout: .now() + 10) == .success, "whenVisible was not called")
+        #expect(syncing.wait(timeout: .now() + 10) == .success, "the write-ahead log was not synced")
+        // Committed and readable, not acknowledged.
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh"])
+        #expect(done.wait(timeout: .now() + 0.2) == .timedOut, "submitAll returned before the sync ended")
+        #expect(returned.withLock { $0 } == nil)
+        release.signal()
+        #expect(done.wait(timeout: .now() + 10) == .success)
+        #expect(try returned.withLock { $0 }?.get() == .some(nil))
+        #expect(syncs.withLock { $0 } == 1)
+    }
+
+    @Test func aSubmissionWhoseSyncFailsIsNotAcknowledgedAndARejectionStaysOne() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let wal = store.writeAheadLog.path
+        #expect(wal == scratch.databasePath + "-wal")
+        store.writeAheadLog.syncOverride = { () throws(BGTaskError) in throw BGTaskError(.system, file: wal, "cannot sync the database's write-ahead log: Input/output error") }
+        let visibleCalls = Mutex(0)
+        // One accepted, one rejected by Apple's rules (an identifier the bundle does not permit):
+        // the failed sync fails the first; the second is still a rejection, which is no write.
+        let outcomes = store.submitAll([
+            .init(app: feed, request: refresh("\(feed).refresh"), at: t0, rules: .init(app: bundle(feed))),
+            .init(app: feed, request: refresh("\(feed).unlisted"), at: t0, rules: .init(app: bundle(feed))),
+        ], whenVisible: { visibleCalls.withLock { $0 += 1 } })
+        #expect(visibleCalls.withLock { $0 } == 1, "whenVisible is called for the accepted submission only")
+        guard case .failure(let error) = outcomes[0] else {
+            Issue.record("a submission whose sync failed was acknowledged: \(outcomes[0])")
+            return
+        }
+        #expect(error.file == wal)
+        #expect("\(error)".contains("write-ahead log"))
+        guard case .success(let rejection?) = outcomes[1] else {
+            Issue.record("the rejection became \(outcomes[1])")
+            return
+        }
+        #expect(rejection.status == .notPermitted)
+        // Once the disk syncs again, submissions are acknowledged again, through the real log.
+        store.writeAheadLog.syncOverride = nil
+        #expect(try store.submitChecked(refresh("\(feed).refresh"), app: feed) == nil)
+    }
+
     @Test func aFailingSubmissionFailsAloneInItsGroup() throws {
         let scratch = try StoreScratch()
         defer { scratch.remove() }

@@ -42,17 +42,18 @@ final class Submissions: @unchecked Sendable {
             submissions.append(.init(app: bundle.identifier, request: request, at: now, rules: rules))
             positions.append(position)
         }
-        var accepted = false
-        for (position, outcome) in zip(positions, core.store.submitAll(submissions)) {
+        // The scheduling pass starts as soon as the accepted requests are committed, while the
+        // store syncs them to disk (the answer to the client waits for the sync).
+        let scheduling = self.scheduling
+        let outcomes = core.store.submitAll(submissions, whenVisible: { scheduling.requestEvaluation() })
+        for (position, outcome) in zip(positions, outcomes) {
             switch outcome {
             case .success(let rejection):
                 rejections[position] = rejection
-                if rejection == nil { accepted = true }
             case .failure(let error):
                 rejections[position] = .init(status: .unavailable, message: "the host could not store the request: \(error)")
             }
         }
-        if accepted { scheduling.requestEvaluation() }
         return rejections
     }
 

@@ -70,11 +70,13 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// The connections: one writer (synchronous = FULL), concurrent readers (WAL snapshots).
     let pool: DatabasePool
 
-    /// Concurrent `submit` calls, gathered into shared transactions.
     /// Writes to the transfer table so far (each of TransferStore.swift's writes counts one,
     /// before it runs): a reader that found nothing to do can tell that nothing changed since.
     let transferWrites = LockedValue<UInt64>(0)
+    /// Concurrent `submit` calls, gathered into shared transactions.
     private let submissionGroups = GroupCommit<PendingSubmission, Result<SubmissionRules.Rejection?, BGTaskError>>()
+    /// The write-ahead log, synced after a group of submissions is committed and visible.
+    let writeAheadLog: WriteAheadLog
 
     /// How long a statement waits for a lock another connection or process holds.
     static let busyTimeout: TimeInterval = 5
@@ -84,6 +86,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     public init(directory: URL) throws(BGTaskError) {
         databaseURL = directory.appendingPathComponent("bgtask.sqlite")
         let path = databaseURL.path
+        writeAheadLog = WriteAheadLog(databasePath: path)
         try Self.prepare(directory: directory, databasePath: path)
 
         var configuration = Configuration()
@@ -121,9 +124,14 @@ public final class PendingRequestStore: @unchecked Sendable {
     ///
     /// Concurrent submissions share a transaction (group commit, `GroupCommit`): each runs in
     /// arrival order, so each sees the ones before it, and writes with one statement, so an error
-    /// in one fails only that one. All are acknowledged after the one commit (and sync) that makes
+    /// in one fails only that one. All are acknowledged after the one commit and sync that make
     /// them durable together. The rules are a value and a pure function of it: nothing inside the
     /// transaction calls back into the host.
+    ///
+    /// `whenVisible` (of `submitAll`) is called for each accepted submission as soon as its
+    /// commit is visible to readers, before the write-ahead log is synced (`WriteAheadLog`): a
+    /// scheduling pass started then runs while the disk syncs. Only the return waits for the
+    /// sync, so a caller is never told a request is kept before it is on disk.
     public func submit(app: String, request: TaskRequest, at date: Date,
                        rules: SubmissionRules.Context?) throws(BGTaskError) -> SubmissionRules.Rejection? {
         try submitAll([Submission(app: app, request: request, at: date, rules: rules)])[0].get()
@@ -147,9 +155,11 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     /// Several submissions, in order, in the same group commit (a client that pipelines its
     /// requests): the outcome of each, as `submit` would give it.
-    public func submitAll(_ submissions: [Submission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
+    public func submitAll(_ submissions: [Submission],
+                          whenVisible: (@Sendable () -> Void)? = nil) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
         submissionGroups.perform(submissions.map { submission in
-            PendingSubmission(app: submission.app, operation: "submit \(submission.request.identifier) for \(submission.app)") { db, cache in
+            PendingSubmission(app: submission.app, operation: "submit \(submission.request.identifier) for \(submission.app)",
+                              whenVisible: whenVisible) { db, cache in
                 let (app, request) = (submission.app, submission.request)
                 var current = try cache.requests[app] ?? Self.fetchRequests(db, where: "app = ?", [app])
                 cache.requests[app] = current
@@ -174,13 +184,15 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// Writes and commits taken so far by `submit`, and the largest group committed at once.
     public var submissionStatistics: (writes: Int, commits: Int, largestGroup: Int) { submissionGroups.statistics }
 
-    /// One group of submissions in one transaction.
+    /// One group of submissions in one transaction, committed without a sync (visible at once),
+    /// then the write-ahead log synced: what `synchronous = FULL` does, with the accepted
+    /// submissions' `whenVisible` called in between.
     private func commitSubmissions(_ group: [PendingSubmission]) -> [Result<SubmissionRules.Rejection?, BGTaskError>] {
         let path = databaseURL.path
         var outcomes: [Result<SubmissionRules.Rejection?, BGTaskError>] = []
         outcomes.reserveCapacity(group.count)
         do {
-            try pool.write { db in
+            try writeUnsynced("submit \(group.count) request(s)") { db in
                 var cache = SubmissionCache()
                 for submission in group {
                     // Each submission writes with one statement, which SQLite applies whole or
@@ -196,6 +208,15 @@ public final class PendingRequestStore: @unchecked Sendable {
         } catch {
             // The commit failed: nothing of the group is durable.
             return group.map { .failure(StoreErrors.wrap(error, file: path, operation: $0.operation)) }
+        }
+        let accepted = outcomes.map { if case .success(nil) = $0 { true } else { false } }
+        for (submission, isAccepted) in zip(group, accepted) where isAccepted { submission.whenVisible?() }
+        do {
+            try writeAheadLog.sync()
+        } catch {
+            // Written but maybe not on disk: no accepted submission is acknowledged. (It is in
+            // the database and may run; a disk that cannot sync has bigger problems.)
+            return zip(outcomes, accepted).map { $1 ? .failure(error) : $0 }
         }
         return outcomes
     }
@@ -613,6 +634,7 @@ public final class PendingRequestStore: @unchecked Sendable {
 struct PendingSubmission {
     var app: String
     var operation: String
+    var whenVisible: (@Sendable () -> Void)?
     var body: (Database, inout SubmissionCache) throws -> SubmissionRules.Rejection?
 }
 
