@@ -296,6 +296,30 @@ int bgtask_set_process_title(char *const *argv, int argc, const char *title) {
     return 0;
 }
 
+/* Writes the first byte of each page [start, start + length) touches back to itself. */
+static void prefault(char *start, size_t length) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t end = (uintptr_t)start + length;
+    for (uintptr_t at = (uintptr_t)start; at < end; at = (at & ~(page - 1)) + page) {
+        volatile char *byte = (volatile char *)at;
+        *byte = *byte;
+    }
+}
+
+void bgtask_prefault_arguments_and_environment(char *const *argv, int argc) {
+    if (argc < 1 || argv == NULL || argv[0] == NULL) return;
+    char *start = argv[0];
+    char *end = argv[argc - 1] + strlen(argv[argc - 1]) + 1;
+    /* The kernel's environment strings follow the arguments; setenv's own live in the heap. */
+    for (char **entry = environ; entry != NULL && *entry != NULL; entry++) {
+        if (*entry >= end && *entry < end + (1 << 20)) {
+            char *stop = *entry + strlen(*entry) + 1;
+            if (stop > end) end = stop;
+        }
+    }
+    prefault(start, (size_t)(end - start));
+}
+
 int bgtask_has_children(void) {
     siginfo_t info;
     memset(&info, 0, sizeof info);

@@ -80,6 +80,13 @@ uint64_t bgtask_monotonic_ns(void);
  * Async-signal-safe: yes */
 int bgtask_set_process_title(char *const *argv, int argc, const char *title);
 
+/* Copy-on-write faults taken ahead of time, in a zygote's spare while it waits: each page of
+ * the argument and environment strings the kernel laid out together is written once (its
+ * first byte, back to itself). The launch writes there first thing: its process title, and
+ * its container paths in place (AppContainer.setInPlace).
+ * Async-signal-safe: yes */
+void bgtask_prefault_arguments_and_environment(char *const *argv, int argc);
+
 /* 1 when this process has a child (running, stopped or a zombie, of any of its threads), 0
  * when it has none: waitid(P_ALL, WNOHANG | WNOWAIT), which reaps nothing and reads no /proc
  * entry. A child subreaper with no child has no descendant.
