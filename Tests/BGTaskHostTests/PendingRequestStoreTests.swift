@@ -805,6 +805,33 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(statistics.largestGroup > 1, "\(statistics)")
     }
 
+    @Test func aLaunchRecordedTwiceIsRefusedWholeAndTheWriterSyncsAgainAfter() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        try store.accept(refresh("\(feed).refresh"), app: feed)
+        try store.accept(processing("\(feed).clean"), app: feed)
+        try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([refresh("\(feed).refresh")]), at: t0)
+        // The same id again, now taking the other request: the statement that finds the id
+        // taken fails inside the transaction (BEGIN and COMMIT are cached statements), which
+        // is rolled back whole: the second request stays pending.
+        let error = expectStoreError {
+            try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([processing("\(feed).clean")]), at: t0)
+        }
+        #expect(error?.file == scratch.databasePath)
+        #expect("\(error.map { "\($0)" } ?? "")".contains("already recorded"))
+        #expect(try store.pending(app: feed).map(\.request.identifier) == ["\(feed).clean"])
+        #expect(try store.launchIDs(app: feed) == ["L1"])
+        let (inside, synchronous) = try store.pool.writeWithoutTransaction { db in
+            (db.isInsideTransaction, try Int.fetchOne(db, sql: "PRAGMA synchronous"))
+        }
+        #expect(!inside)
+        #expect(synchronous == 2, "the writer must be FULL again after a failed unsynced write")
+        // And the next transaction on the same connection commits.
+        try store.beginLaunch(id: "L2", app: feed, reason: "scheduled", tasks: assignments([processing("\(feed).clean")]), at: t0)
+        #expect(try store.pending(app: feed).isEmpty)
+    }
+
     @Test func aSubmissionIsVisibleBeforeItsSyncAndAcknowledgedOnlyAfter() throws {
         let scratch = try StoreScratch()
         defer { scratch.remove() }

@@ -667,19 +667,16 @@ extension PendingRequestStore {
     /// the host's crash (SIGKILL included: SQLite replays the WAL), and it reaches the disk with
     /// the next synced commit (every submission's) or the kernel's writeback; only a power loss
     /// or a kernel crash before then loses it. For writes whose loss the host recovers from and
-    /// that no client was told are durable (the launch bookkeeping); never for a submission.
+    /// that no client was told are durable (the launch bookkeeping), and for submissions, whose
+    /// answer waits for `WriteAheadLog.sync` (`commitSubmissions`).
     func writeUnsynced<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
             return try pool.writeWithoutTransaction { db in
                 try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute()
                 do {
-                    var result: T?
-                    try db.inTransaction(.immediate) {
-                        result = try body(db)
-                        return .commit
-                    }
+                    let result = try db.inCachedTransaction("IMMEDIATE") { try body(db) }
                     try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
-                    return result!
+                    return result
                 } catch {
                     // Every other write expects FULL: restored whatever happened.
                     try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
@@ -841,4 +838,23 @@ extension PendingRequestStore {
         }
     }
 
+}
+
+extension Database {
+    /// `inTransaction`, with its BEGIN and COMMIT prepared once: GRDB compiles both anew for
+    /// every transaction (its authorizer inspects each), and the launch's path runs three short
+    /// transactions (the submission, the scheduling pass's snapshot, the launch's record).
+    /// `kind`: DEFERRED (a read) or IMMEDIATE (a write). Rolled back when `body` throws.
+    func inCachedTransaction<T>(_ kind: StaticString, _ body: () throws -> T) throws -> T {
+        try cachedStatement(sql: "BEGIN \(kind) TRANSACTION").execute()
+        let result: T
+        do {
+            result = try body()
+        } catch {
+            if isInsideTransaction { try? rollback() }
+            throw error
+        }
+        try cachedStatement(sql: "COMMIT TRANSACTION").execute()
+        return result
+    }
 }
