@@ -184,9 +184,9 @@ enum ZygoteServer {
     /// channel (a start decoded, its messages encoded; not sent: a dozen system calls would only
     /// fault in a few pages of code), the host's request decoded (four copy-on-write faults of
     /// the runtime's and the allocator's pages otherwise taken by the launch), a thread (the
-    /// launch's parent reader) and the dynamic linker's reads. A fresh fork pays for each page it first touches (copy-on-write, or a
-    /// library page it has not mapped yet); paid here, while the spare waits, it is off the
-    /// launch's critical path. Only the launch's own side: the parent's half (encoding the
+    /// launch's parent reader) and the dynamic linker's reads. A fresh fork pays for each page
+    /// it first touches (copy-on-write, or a library page it has not mapped yet); paid here,
+    /// while the spare waits, it is off the launch's critical path. Only the launch's own side: the parent's half (encoding the
     /// start, decoding the child's messages) would fault pages no launch touches, and spares
     /// cost CPU that concurrent launches need. No Dispatch queue: a launch uses one only for
     /// expiration, and its worker thread would be one more thread for every launch to end.

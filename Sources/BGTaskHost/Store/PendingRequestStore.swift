@@ -844,17 +844,17 @@ extension Database {
     /// `inTransaction`, with its BEGIN and COMMIT prepared once: GRDB compiles both anew for
     /// every transaction (its authorizer inspects each), and the launch's path runs three short
     /// transactions (the submission, the scheduling pass's snapshot, the launch's record).
-    /// `kind`: DEFERRED (a read) or IMMEDIATE (a write). Rolled back when `body` throws.
+    /// `kind`: DEFERRED (a read) or IMMEDIATE (a write). Rolled back when `body` or the commit
+    /// throws: the connection is never left inside a transaction.
     func inCachedTransaction<T>(_ kind: StaticString, _ body: () throws -> T) throws -> T {
         try cachedStatement(sql: "BEGIN \(kind) TRANSACTION").execute()
-        let result: T
         do {
-            result = try body()
+            let result = try body()
+            try cachedStatement(sql: "COMMIT TRANSACTION").execute()
+            return result
         } catch {
             if isInsideTransaction { try? rollback() }
             throw error
         }
-        try cachedStatement(sql: "COMMIT TRANSACTION").execute()
-        return result
     }
 }

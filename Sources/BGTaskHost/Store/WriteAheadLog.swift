@@ -1,4 +1,3 @@
-import BGTaskModel
 import Foundation
 
 #if canImport(Glibc)
