@@ -163,6 +163,46 @@ final class EndToEndHost {
     }
 }
 
+/// What `timePushes` measured: µs from each push to its launch's entry and to its answer, and
+/// the pushes that did not reach a launch entry, with the first one's reason.
+struct PushTimes {
+    var handler = Samples(), answer = Samples()
+    var lost = 0
+    var firstProblem: String?
+}
+
+/// Background pushes one at a time, each to the next of `apps`, 10 ms apart: from the push to
+/// the app's `push` stamp (its launch entry). `prepare` runs outside the timing (a device
+/// token); `send` pushes and says whether the push was taken, with why not, or, taken, what
+/// the host said of its delivery (for a push whose launch entry never came).
+func timePushes<Prepared>(_ count: Int, to apps: [String], fifos: [String: StampFIFO],
+                          prepare: (String) throws -> Prepared,
+                          send: (String, Prepared) throws -> (taken: Bool, detail: String)) throws -> PushTimes {
+    var times = PushTimes()
+    for i in 0..<count {
+        let app = apps[i % apps.count]
+        let fifo = fifos[app]!
+        let prepared = try prepare(app)
+        _ = fifo.take()
+        let t0 = monotonicNs()
+        let (taken, detail) = try send(app, prepared)
+        times.answer.append(Double(monotonicNs() - t0) / 1000)
+        guard taken else {
+            times.lost += 1
+            times.firstProblem = times.firstProblem ?? detail
+            continue
+        }
+        guard let stamp = fifo.next(timeoutMs: 3000), stamp.what == Stamp.What.push.rawValue else {
+            times.lost += 1
+            times.firstProblem = times.firstProblem ?? "no launch entry stamp: \(detail)"
+            continue
+        }
+        times.handler.append(Double(stamp.monotonicNs &- t0) / 1000)
+        usleep(10_000)
+    }
+    return times
+}
+
 // MARK: The sections
 
 extension SectionRunner {
@@ -271,62 +311,34 @@ extension SectionRunner {
 
         // A background push over the control socket (`bgtask push`) → the app's launch entry.
         progress("e2e: \(n.e2ePush) background pushes (control socket) → launch entry")
-        var push = Samples(), pushAck = Samples(), pushLost = 0, pushFirstProblem: String?
-        for i in 0..<n.e2ePush {
-            let app = rotation[i % rotation.count]
-            let fifo = e2e.fifos[app]!
-            _ = fifo.take()
+        let pushes = try timePushes(n.e2ePush, to: rotation, fifos: e2e.fifos, prepare: { _ in () }) { app, _ in
             var request = ControlRequest(.push, app: app)
             request.push = PushBody(payload: #"{"aps":{"content-available":1}}"#, pushType: "background", priority: 5)
-            let t0 = monotonicNs()
             let response = try e2e.client.send(request)
-            pushAck.append(Double(monotonicNs() - t0) / 1000)
-            guard response.ok else {
-                pushLost += 1
-                pushFirstProblem = pushFirstProblem ?? response.error?.message
-                continue
-            }
-            guard let stamp = fifo.next(timeoutMs: 3000), stamp.what == Stamp.What.push.rawValue else {
-                pushLost += 1
-                pushFirstProblem = pushFirstProblem ?? "no launch entry stamp: \(response.push.map { "\($0.state) \($0.detail ?? "")" } ?? "?")"
-                continue
-            }
-            push.append(Double(stamp.monotonicNs &- t0) / 1000)
-            usleep(10_000)
+            guard response.ok else { return (false, response.error?.message ?? "refused") }
+            return (true, response.push.map { "\($0.state) \($0.detail ?? "")" } ?? "?")
         }
 
         // The same through the APNs-compatible endpoint, as a provider's server sends it: one
         // HTTP/2 connection kept open, a stream per push, each to an app that had none yet (so
         // iOS's delivery rules for background pushes hold none back).
         progress("e2e: \(n.e2ePush) background pushes (APNs HTTP/2 endpoint, cleartext) → launch entry")
-        var apnsPush = Samples(), apnsAck = Samples(), apnsLost = 0, apnsFirstProblem: String?
         let provider = try APNsBenchClient(port: apnsPort)
         let fresh = Array(e2e.apps.dropFirst(rotation.count))
-        for i in 0..<n.e2ePush {
-            let app = fresh.isEmpty ? rotation[i % rotation.count] : fresh[i % fresh.count]
-            let fifo = e2e.fifos[app]!
+        let apnsPushes = try timePushes(n.e2ePush, to: fresh.isEmpty ? rotation : fresh, fifos: e2e.fifos, prepare: { app in
             guard let token = try e2e.client.send(ControlRequest(.deviceToken, app: app)).deviceToken else {
                 throw BenchError("the host gave no device token for \(app)")
             }
-            _ = fifo.take()
-            let t0 = monotonicNs()
+            return token
+        }) { app, token in
             let response = try provider.post(path: "/3/device/\(token)", headers: [
                 ("apns-topic", app), ("apns-push-type", "background"), ("apns-priority", "5"),
             ], body: #"{"aps":{"content-available":1}}"#)
-            apnsAck.append(Double(monotonicNs() - t0) / 1000)
-            guard response.status == 200 else {
-                apnsLost += 1
-                apnsFirstProblem = apnsFirstProblem ?? "HTTP \(response.status)"
-                continue
-            }
-            guard let stamp = fifo.next(timeoutMs: 3000), stamp.what == Stamp.What.push.rawValue else {
-                apnsLost += 1
-                apnsFirstProblem = apnsFirstProblem ?? "no launch entry stamp: \(response.headers["bgtask-push-state"].first ?? "?") \(response.headers["bgtask-push-detail"].first ?? "")"
-                continue
-            }
-            apnsPush.append(Double(stamp.monotonicNs &- t0) / 1000)
-            usleep(10_000)
+            guard response.status == 200 else { return (false, "HTTP \(response.status)") }
+            return (true, "\(response.headers["bgtask-push-state"].first ?? "?") \(response.headers["bgtask-push-detail"].first ?? "")")
         }
+        let (push, pushAck, pushLost, pushFirstProblem) = (pushes.handler, pushes.answer, pushes.lost, pushes.firstProblem)
+        let (apnsPush, apnsAck, apnsLost, apnsFirstProblem) = (apnsPushes.handler, apnsPushes.answer, apnsPushes.lost, apnsPushes.firstProblem)
 
         let inRate = inC2.perSecond
         let rate = rates.p50

@@ -53,15 +53,8 @@ extension PendingRequestStore {
     func withSnapshot<T>(_ body: (StoreSnapshot) throws(BGTaskError) -> T) throws(BGTaskError) -> T {
         let file = databaseURL.path
         var outcome: Result<T, BGTaskError>?
-        do {
-            // The transaction is this function's own (its BEGIN and COMMIT prepared once).
-            try pool.unsafeRead { db in
-                try db.inCachedTransaction("DEFERRED") {
-                    do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file))) } catch { outcome = .failure(error) }
-                }
-            }
-        } catch {
-            throw StoreErrors.wrap(error, file: file, operation: "read a snapshot for the scheduling pass")
+        try read("read a snapshot for the scheduling pass") { db in
+            do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file))) } catch { outcome = .failure(error) }
         }
         return try outcome!.get()
     }

@@ -652,11 +652,11 @@ struct SubmissionCache {
 }
 
 extension PendingRequestStore {
-    /// One write transaction (BEGIN IMMEDIATE ... COMMIT); every error becomes a `BGTaskError`
-    /// naming the file and `operation`.
+    /// One write transaction (BEGIN IMMEDIATE ... COMMIT, prepared once: `inCachedTransaction`);
+    /// every error becomes a `BGTaskError` naming the file and `operation`.
     func write<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
-            return try pool.write(body)
+            return try pool.writeWithoutTransaction { db in try db.inCachedTransaction("IMMEDIATE") { try body(db) } }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
@@ -688,10 +688,11 @@ extension PendingRequestStore {
         }
     }
 
-    /// One read of a consistent snapshot.
+    /// One read of a consistent snapshot (a DEFERRED transaction of this function's own, its
+    /// BEGIN and COMMIT prepared once: what `pool.read` does, without compiling them each time).
     func read<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
-            return try pool.read(body)
+            return try pool.unsafeRead { db in try db.inCachedTransaction("DEFERRED") { try body(db) } }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
@@ -843,7 +844,8 @@ extension PendingRequestStore {
 extension Database {
     /// `inTransaction`, with its BEGIN and COMMIT prepared once: GRDB compiles both anew for
     /// every transaction (its authorizer inspects each), and the launch's path runs three short
-    /// transactions (the submission, the scheduling pass's snapshot, the launch's record).
+    /// transactions (the submission, the scheduling pass's snapshot, the launch's record). The
+    /// store's `read`, `write` and `writeUnsynced` all go through here.
     /// `kind`: DEFERRED (a read) or IMMEDIATE (a write). Rolled back when `body` or the commit
     /// throws: the connection is never left inside a transaction.
     func inCachedTransaction<T>(_ kind: StaticString, _ body: () throws -> T) throws -> T {
