@@ -52,6 +52,11 @@ struct BGTaskBench: ParsableCommand {
         valueName: "seconds"))
     var profileSubmissions: Double?
 
+    @Option(name: .customLong("profile-drain"), help: ArgumentHelp(
+        "Only submit every one of 200 apps' requests at once to a host (immediate policy, --max-launches 2) this many times, each drained to its last handler, and print the launches/s and the host's CPU per launch: a steady load to profile.",
+        valueName: "rounds"))
+    var profileDrain: Int?
+
     func run() throws {
         var iterations = quick ? Iterations.quickRun : Iterations.full
         if !scaleSizes.isEmpty { iterations.scaleSizes = scaleSizes }
@@ -78,6 +83,10 @@ struct BGTaskBench: ParsableCommand {
         }
         if let profileLaunches {
             try Self.profile(profileLaunches, root: root)
+            return
+        }
+        if let profileDrain {
+            try Self.profileDrain(profileDrain, root: root)
             return
         }
 
@@ -189,5 +198,37 @@ struct BGTaskBench: ParsableCommand {
         let client = (us(after.ru_utime) + us(after.ru_stime) - us(before.ru_utime) - us(before.ru_stime)) / Double(max(result.acknowledged, 1))
         print(String(format: "%.0f submissions/s (pipelined, 4 threads × 64), host CPU %.1f µs and client CPU %.1f µs each, %d refused",
                      result.perSecond, result.hostCPUPerSubmitUs, client, result.refused))
+    }
+
+    /// `--profile-drain ROUNDS`: the e2e section's sustained load alone (200 apps due at once,
+    /// drained), with the host's CPU per launch from its threads' schedstat.
+    static func profileDrain(_ rounds: Int, root: URL) throws {
+        raiseDescriptorLimit()
+        let apps = Iterations.full.e2eApps
+        let inProcess = try LaunchBench(root: root.appendingPathComponent("inprocess"), launcher: .zygote)
+        let floor = try inProcess.throughput(Iterations.full.launchThroughput, threads: 2).perSecond
+        inProcess.stop()
+        let e2e = try EndToEndHost(root: root.appendingPathComponent("drain"), apps: apps)
+        defer { e2e.stop() }
+        // One round unmeasured: the host's first launches of each app (its caches, the zygote's spares).
+        var rates = Samples(), hostCPU = Samples()
+        for round in 0...max(rounds, 1) {
+            for fifo in e2e.fifos.values { _ = fifo.take() }
+            let batch = e2e.apps.map { EndToEndHost.submission($0, "bench.stamp") }
+            let cpu0 = ProcStat.cpuNanoseconds(e2e.host.pid)
+            let t0 = monotonicNs()
+            let responses = try e2e.client.send(batch, window: 256)
+            guard responses.allSatisfy(\.ok) else { throw BenchError("submit refused: \(responses.first { !$0.ok }?.error?.message ?? "?")") }
+            let stamps = collectStamps(Array(e2e.fifos.values), what: .handler, count: apps, timeout: 120)
+            let last = stamps.map(\.stamp.monotonicNs).max() ?? monotonicNs()
+            usleep(300_000) // the last launches end and are recorded
+            let cpu = Double(ProcStat.growth(from: cpu0, to: ProcStat.cpuNanoseconds(e2e.host.pid))) / 1000 / Double(max(stamps.count, 1))
+            if stamps.count < apps { progress("only \(stamps.count) of \(apps) handlers entered") }
+            guard round > 0 else { continue }
+            rates.append(Double(stamps.count) / (Double(last - t0) / 1e9))
+            hostCPU.append(cpu)
+        }
+        print(String(format: "%d apps due at once, %d rounds: %.0f launches/s (p50; min %.0f, max %.0f), %.1f %% of in-process launches on 2 threads (%.0f/s); host CPU %.0f µs per launch (p50; min %.0f)",
+                     apps, rounds, rates.p50, rates.min, rates.max, rates.p50 / floor * 100, floor, hostCPU.p50, hostCPU.min))
     }
 }
