@@ -354,6 +354,50 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(try store.dueApps(at: t0.addingTimeInterval(100)) == ["b.x", "c.x", "d.x"])
     }
 
+    /// The scheduling pass reads through a connection of its own (`passReader`): it must see
+    /// every commit made before the pass, and one pass sees one snapshot, whatever commits
+    /// while it runs.
+    @Test func theSchedulingSnapshotSeesEveryEarlierCommitAndNoneMadeDuringIt() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        try store.accept(refresh("\(feed).refresh"), app: feed)
+        try store.withSnapshot { source throws(BGTaskError) in
+            #expect(try source.dueApps(at: t0) == [feed])
+            // Committed by the writer while the pass reads: not in this pass.
+            do { try store.accept(refresh("\(mail).refresh"), app: mail) } catch { Issue.record("\(error)") }
+            try store.beginLaunch(id: "L1", app: feed, reason: "scheduled", tasks: assignments([refresh("\(feed).refresh")]), at: t0)
+            #expect(try source.dueApps(at: t0) == [feed])
+            #expect(try source.pending(app: mail).isEmpty)
+            #expect(try source.pending(app: feed).map(\.request.identifier) == ["\(feed).refresh"])
+        }
+        try store.withSnapshot { source throws(BGTaskError) in
+            #expect(try source.dueApps(at: t0) == [mail])
+            #expect(try source.pending(app: feed).isEmpty)
+        }
+    }
+
+    /// The registered identifiers of an app's state are decoded once per distinct text: a
+    /// changed list is read as changed, and the memory of decoded lists stays bounded.
+    @Test func registeredIdentifiersAreReadAnewWhenTheyChangeAndTheirMemoryIsBounded() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        var state = AppState(app: feed)
+        state.lastRegistered = ["\(feed).refresh"]
+        try store.saveAppState(state)
+        #expect(try store.appState(feed).lastRegistered == ["\(feed).refresh"])
+        state.lastRegistered = ["\(feed).refresh", "\(feed).clean"]
+        try store.saveAppState(state)
+        #expect(try store.appState(feed).lastRegistered == ["\(feed).refresh", "\(feed).clean"])
+        let limit = PendingRequestStore.registeredCacheSize
+        for index in 0..<(limit + 10) {
+            #expect(try PendingRequestStore.registeredIdentifiers("[\"x.\(index)\"]") == ["x.\(index)"])
+            #expect(PendingRequestStore.registeredCacheCount <= limit)
+        }
+        #expect(throws: (any Error).self) { try PendingRequestStore.registeredIdentifiers("[\"unterminated") }
+    }
+
     @Test func dueAppsAndNextDueDateSearchAnIndexNeverScanRequests() throws {
         let scratch = try StoreScratch()
         defer { scratch.remove() }

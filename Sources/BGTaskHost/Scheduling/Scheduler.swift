@@ -53,8 +53,14 @@ extension PendingRequestStore {
     func withSnapshot<T>(_ body: (StoreSnapshot) throws(BGTaskError) -> T) throws(BGTaskError) -> T {
         let file = databaseURL.path
         var outcome: Result<T, BGTaskError>?
-        try read("read a snapshot for the scheduling pass") { db in
-            do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file))) } catch { outcome = .failure(error) }
+        do {
+            try passReader.inDatabase { db in
+                try db.inCachedTransaction("DEFERRED") {
+                    do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file))) } catch { outcome = .failure(error) }
+                }
+            }
+        } catch {
+            throw StoreErrors.wrap(error, file: file, operation: "read a snapshot for the scheduling pass")
         }
         return try outcome!.get()
     }

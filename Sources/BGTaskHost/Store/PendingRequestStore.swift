@@ -69,6 +69,10 @@ public final class PendingRequestStore: @unchecked Sendable {
 
     /// The connections: one writer (synchronous = FULL), concurrent readers (WAL snapshots).
     let pool: DatabasePool
+    /// The scheduling pass's own read-only connection (`withSnapshot`; one pass at a time, on
+    /// the host queue): a read from the pool checks the schema's version in a read transaction
+    /// of its own before the pass's, and takes a reader through the pool's locks.
+    let passReader: DatabaseQueue
 
     /// Writes to the transfer table so far (each of TransferStore.swift's writes counts one,
     /// before it runs): a reader that found nothing to do can tell that nothing changed since.
@@ -109,6 +113,11 @@ public final class PendingRequestStore: @unchecked Sendable {
             }
             try migrator.migrate(pool)
             self.pool = pool
+            var readOnly = Configuration()
+            readOnly.label = "bgtask.store.pass"
+            readOnly.readonly = true
+            readOnly.busyMode = .timeout(Self.busyTimeout)
+            passReader = try DatabaseQueue(path: path, configuration: readOnly)
         } catch {
             throw StoreErrors.wrap(error, file: path, operation: "open the database")
         }
@@ -544,7 +553,7 @@ public final class PendingRequestStore: @unchecked Sendable {
     }
 
     static func appState(_ db: Database, _ app: String) throws -> AppState {
-        guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM app_state WHERE app = ?"), arguments: [app]) else {
+        guard let row = try Row.fetchOne(db.cachedStatement(sql: appStateSQL), arguments: [app]) else {
             return AppState(app: app)
         }
         return try appState(row, app: app)
@@ -558,34 +567,54 @@ public final class PendingRequestStore: @unchecked Sendable {
             var states: [String: AppState] = [:]
             func collect(_ rows: RowCursor) throws {
                 while let row = try rows.next() {
-                    let app = try row.decode(String.self, forColumn: "app")
+                    let app = try row.decode(String.self, atIndex: 0)
                     states[app] = try Self.appState(row, app: app)
                 }
             }
             guard let apps else {
-                try collect(Row.fetchCursor(db, sql: "SELECT * FROM app_state"))
+                try collect(Row.fetchCursor(db, sql: "SELECT \(Self.appStateColumns) FROM app_state"))
                 return states
             }
             for chunk in Self.chunks(apps) {
-                try collect(Row.fetchCursor(db, sql: "SELECT * FROM app_state WHERE app IN (\(Self.placeholders(chunk.count)))",
+                try collect(Row.fetchCursor(db, sql: "SELECT \(Self.appStateColumns) FROM app_state WHERE app IN (\(Self.placeholders(chunk.count)))",
                                             arguments: StatementArguments(chunk)))
             }
             return states
         }
     }
 
+    /// The columns `appState(_:app:)` reads, in its order (by index: a lookup by name compares
+    /// the name with every column's).
+    static let appStateColumns = "app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered"
+
+    static let appStateSQL = "SELECT \(appStateColumns) FROM app_state WHERE app = ?"
+
+    /// An app's state from a row of `appStateColumns`.
     static func appState(_ row: Row, app: String) throws -> AppState {
         var state = AppState(app: app)
-        state.refreshEnabled = try row.decode(Bool.self, forColumn: "refresh_enabled")
-        state.penaltyLevel = try row.decode(Int.self, forColumn: "penalty_level")
-        state.penaltyUntil = try row.decode(Double?.self, forColumn: "penalty_until").map(Date.init(timeIntervalSince1970:))
-        state.lastLaunchAt = try row.decode(Double?.self, forColumn: "last_launch_at").map(Date.init(timeIntervalSince1970:))
-        state.lastLaunchID = try row.decode(String?.self, forColumn: "last_launch_id")
-        state.lastRegistered = try row.decode(String?.self, forColumn: "last_registered").map {
-            try JSONDecoder().decode([String].self, from: Data($0.utf8))
-        }
+        state.refreshEnabled = try row.decode(Bool.self, atIndex: 1)
+        state.penaltyLevel = try row.decode(Int.self, atIndex: 2)
+        state.penaltyUntil = try row.decode(Double?.self, atIndex: 3).map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchAt = try row.decode(Double?.self, atIndex: 4).map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchID = try row.decode(String?.self, atIndex: 5)
+        state.lastRegistered = try row.decode(String?.self, atIndex: 6).map(registeredIdentifiers)
         return state
     }
+
+    /// `last_registered` decoded, remembered by its text: an app registers the same handlers
+    /// launch after launch, and every scheduling pass reads the state of the app it launches.
+    static func registeredIdentifiers(_ json: String) throws -> [String] {
+        if let known = registeredCache.withLock({ $0[json] }) { return known }
+        let identifiers = try JSONDecoder().decode([String].self, from: Data(json.utf8))
+        registeredCache.withLock { cache in
+            if cache.count >= registeredCacheSize { cache.removeAll(keepingCapacity: true) }
+            cache[json] = identifiers
+        }
+        return identifiers
+    }
+    private static let registeredCache = LockedValue<[String: [String]]>([:])
+    static let registeredCacheSize = 1_024
+    static var registeredCacheCount: Int { registeredCache.withLock { $0.count } }
 
     public func saveAppState(_ state: AppState) throws(BGTaskError) {
         try write("save the state of \(state.app)") { db in try Self.saveAppState(db, state) }
