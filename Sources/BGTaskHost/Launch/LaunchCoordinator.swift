@@ -152,9 +152,15 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         let store = core.store
         control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
         let queue = core.queue
-        control.onEvent = { [weak self] event in
-            guard let self else { return }
-            queue.async { self.launchEvent(launchID, event) }
+        // What a launch says as it runs (entry returned, tasks begun and ended, progress) is
+        // the host's business only in a foreground launch (its stay, its continued-processing
+        // tasks); a background launch's supervisor keeps it to itself, without a hop onto this
+        // queue for each.
+        if role == .foreground {
+            control.onEvent = { [weak self] event in
+                guard let self else { return }
+                queue.async { self.launchEvent(launchID, event) }
+            }
         }
         running[launchID] = RunningLaunch(
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
