@@ -83,7 +83,10 @@ public enum ChildMessage: Sendable, Equatable {
     case title(task: UInt64, title: String, subtitle: String?)
     /// Every task ended; the runner has killed what it started (`descendants`: whether it had
     /// started anything, so the host knows whether to look for leftovers) and exits next.
-    case finished(at: UInt64, descendants: Bool)
+    /// `peakResidentBytes`: the app process's own peak resident set (its `ru_maxrss`), which
+    /// the host's samples may have missed in a short launch (the app's word: it can only raise
+    /// its record's peak, which the host bounds).
+    case finished(at: UInt64, descendants: Bool, peakResidentBytes: UInt64)
     /// The answer to `probeChildren`: whether the runner has a child process now.
     case children(Bool)
     /// The confinement the runner applied to itself, sent before it loads any plugin code (so

@@ -379,7 +379,7 @@ extension ChildMessage: WireMessage {
         case let .pending(seq): writer.u8(14); writer.u64(seq)
         case let .progress(task, completed, total): writer.u8(15); writer.u64(task); writer.i64(completed); writer.i64(total)
         case let .title(task, title, subtitle): writer.u8(16); writer.u64(task); writer.string(title); writer.optional(subtitle) { $0.string($1) }
-        case let .finished(at, descendants): writer.u8(17); writer.u64(at); writer.bool(descendants)
+        case let .finished(at, descendants, peak): writer.u8(17); writer.u64(at); writer.bool(descendants); writer.u64(peak)
         case let .children(has): writer.u8(18); writer.bool(has)
         case let .sandbox(layers):
             writer.u8(19)
@@ -421,7 +421,7 @@ extension ChildMessage: WireMessage {
         case 15: self = .progress(task: try reader.u64("task"), completed: try reader.i64("completed"), total: try reader.i64("total"))
         case 16: self = .title(task: try reader.u64("task"), title: try reader.string("title"),
                                subtitle: try reader.optional("subtitle") { (r: inout WireReader) throws(ChannelError) in try r.string("subtitle") })
-        case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"))
+        case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"), peakResidentBytes: try reader.u64("peakResidentBytes"))
         case 18: self = .children(try reader.bool("children"))
         case 19:
             let layers = try reader.array("layers") { (r: inout WireReader) throws(ChannelError) in

@@ -275,7 +275,7 @@ enum ZygoteServer {
             .loading(path: assignment.executablePath, at: bgtask_monotonic_ns()),
             .registered(identifier: "a.b.c", at: bgtask_monotonic_ns()), .launched(at: bgtask_monotonic_ns()),
             .taskBegan(task: 1, at: bgtask_monotonic_ns()), .taskCompleted(task: 1, success: true, at: bgtask_monotonic_ns()),
-            .finished(at: bgtask_monotonic_ns(), descendants: false),
+            .finished(at: bgtask_monotonic_ns(), descendants: false, peakResidentBytes: 0),
         ]
         for message in messages {
             if let channel {

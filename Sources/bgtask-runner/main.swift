@@ -211,7 +211,9 @@ runner.finish = {
     let hadDescendants = killDescendants()
     // UserDefaults changes the app did not synchronize: iOS keeps them (cfprefsd has them).
     _ = bgtask_flush_preferences()
-    runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants))
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants, peakResidentBytes: UInt64(max(usage.ru_maxrss, 0)) * 1024))
     fflush(stdout)
     fflush(stderr)
     // Not exit(): handler threads may still be running app code, and tearing down globals under

@@ -219,7 +219,8 @@ import _BGTaskSystemShims
     }
 
     /// A forged `finished` on the launch channel does not disarm anything: the process is
-    /// still there, so it is killed, and the record says why.
+    /// still there, so it is killed, and the record says why. The peak it claims (2^64 - 1
+    /// bytes) is bounded by the machine's memory.
     @Test func aForgedFinishedMessageDoesNotDisarmTheWatchdog() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
@@ -231,6 +232,7 @@ import _BGTaskSystemShims
         #expect(record.error?.contains("said its tasks had ended but its process was still running") == true, "\(record.error ?? "")")
         #expect(record.task("\(Self.id).forgefinished")?.outcome == .unfinished)
         #expect(try record.logText().contains("hostile: forged finished, running on"))
+        #expect(record.peakRSSBytes == LaunchState.physicalMemoryBytes, "\(record.peakRSSBytes)")
     }
 
     /// A launch that says, before its grace ends, that its tasks all ended is on its way out:

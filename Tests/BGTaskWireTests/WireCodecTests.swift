@@ -20,7 +20,7 @@ struct WireCodecTests {
         .submit(seq: 9, request: request), .submit(seq: 10, request: TaskRequest(kind: .refresh, identifier: "r")),
         .cancel(seq: 11, identifier: nil), .cancel(seq: 12, identifier: "x"), .pending(seq: 13),
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
-        .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true), .finished(at: 100, descendants: false),
+        .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true, peakResidentBytes: 1 << 20), .finished(at: 100, descendants: false, peakResidentBytes: .max),
         .children(true), .children(false),
         .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
         .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),

@@ -63,6 +63,8 @@ struct LaunchState {
     var killed: RunRecord.Termination?
     var expiredAtNs: UInt64?
     var peakRSS: UInt64 = 0
+    /// The app's own peak, from its `finished` report (bounded by the machine's memory).
+    var reportedPeakRSS: UInt64 = 0
     var cgroup: CgroupV2.LaunchGroup?
     var launcher = "spawn"
     /// Per task: when its expiration's grace ends (single-task expirations).
@@ -121,7 +123,8 @@ struct LaunchState {
             tasks[task]?.completedNs = at
             tasks[task]?.success = success
         case .fatal(let error): fatal = error
-        case let .finished(_, descendants):
+        case let .finished(_, descendants, peak):
+            reportedPeakRSS = max(reportedPeakRSS, min(peak, Self.physicalMemoryBytes))
             if !finished { finishedNs = bgtask_monotonic_ns() }
             finished = true
             if descendants { hadDescendants = true }
@@ -156,11 +159,17 @@ struct LaunchState {
 
     /// The launch's peak resident memory. ru_maxrss of a posix_spawned child starts at its
     /// parent's size (the vfork shares the parent's memory until exec), so it counts only for
-    /// zygote children; the samples count always.
+    /// zygote children; the samples count always, and so does the app's own peak, which it
+    /// reports as it finishes (a launch shorter than the first sample's interval has no sample
+    /// of its app at all). That report is the app's word: it can raise the figure, never lower
+    /// it, and never above the machine's memory.
     func peak(_ usage: rusage) -> UInt64 {
-        guard launcher == "zygote" else { return peakRSS }
-        return max(peakRSS, UInt64(max(usage.ru_maxrss, 0)) * 1024)
+        let sampled = max(peakRSS, reportedPeakRSS)
+        guard launcher == "zygote" else { return sampled }
+        return max(sampled, UInt64(max(usage.ru_maxrss, 0)) * 1024)
     }
+
+    static let physicalMemoryBytes = UInt64(max(sysconf(Int32(_SC_PHYS_PAGES)), 0)) * UInt64(max(sysconf(Int32(_SC_PAGESIZE)), 0))
 
     private func ms(_ ns: UInt64?) -> Double? {
         guard let ns else { return nil }
