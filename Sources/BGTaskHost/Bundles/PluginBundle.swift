@@ -27,8 +27,9 @@ public struct PluginBundle: Sendable, Equatable {
     /// Extensions in `PlugIns/` that did not, with the reason.
     public var invalidExtensions: [BGTaskError]
 
-    public var executableURL: URL { url.appendingPathComponent(executableName) }
-    public var infoPlistURL: URL { url.appendingPathComponent("Info.plist") }
+    // `isDirectory` given: without it, Foundation stats the path to decide (every launch reads these).
+    public var executableURL: URL { url.appendingPathComponent(executableName, isDirectory: false) }
+    public var infoPlistURL: URL { url.appendingPathComponent("Info.plist", isDirectory: false) }
 
     public static let healthResearchEntitlement = "com.apple.developer.background-tasks.health-research"
     public static let continuedProcessingGPUEntitlement = "com.apple.developer.background-tasks.continued-processing.gpu"

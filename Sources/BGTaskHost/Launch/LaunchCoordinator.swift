@@ -138,8 +138,10 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         let launchID = LaunchPlan.newLaunchID()
         var plan = LaunchPlan(
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
-            dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)"),
-            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log"), eventJSON: eventJSON)
+            // `isDirectory` given: without it, Foundation stats each path to decide.
+            dataDirectory: configuration.stateDirectory.appendingPathComponent("containers/\(bundle.identifier)", isDirectory: true),
+            logFile: configuration.stateDirectory.appendingPathComponent("logs/\(launchID).log", isDirectory: false), eventJSON: eventJSON,
+            groupsDirectory: configuration.stateDirectory.appendingPathComponent("groups", isDirectory: true))
         plan.push = push
         plan.environment.merge(LaunchPlan.unifiedLoggingEnvironment(keepingPrivateValues: configuration.logPrivateValues)) { $1 }
         let conditions = device.conditions()
@@ -204,8 +206,9 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
 
     /// The logs of launches pruned from the history go with them (`logs/LAUNCH_ID.log`).
     private func removeLogs(of launchIDs: [String]) {
-        let logs = core.configuration.stateDirectory.appendingPathComponent("logs")
-        for id in launchIDs { unlink(logs.appendingPathComponent("\(id).log").path) }
+        guard !launchIDs.isEmpty else { return }
+        let logs = core.configuration.stateDirectory.appendingPathComponent("logs", isDirectory: true).path
+        for id in launchIDs { unlink("\(logs)/\(id).log") }
     }
 
     private func ended(_ record: RunRecord) {

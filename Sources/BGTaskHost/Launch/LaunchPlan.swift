@@ -133,7 +133,7 @@ public struct LaunchPlan: Sendable {
         self.launchID = launchID
         self.dataDirectory = dataDirectory
         self.groupsDirectory = groupsDirectory
-            ?? dataDirectory.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("groups")
+            ?? dataDirectory.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("groups", isDirectory: true)
         self.logFile = logFile
         self.eventJSON = eventJSON
         self.environment = environment
