@@ -169,7 +169,7 @@ struct LaunchState {
         return max(sampled, UInt64(max(usage.ru_maxrss, 0)) * 1024)
     }
 
-    static let physicalMemoryBytes = UInt64(max(sysconf(Int32(_SC_PHYS_PAGES)), 0)) * UInt64(max(sysconf(Int32(_SC_PAGESIZE)), 0))
+    static let physicalMemoryBytes = ProcessInfo.processInfo.physicalMemory
 
     private func ms(_ ns: UInt64?) -> Double? {
         guard let ns else { return nil }
