@@ -365,7 +365,7 @@ public final class PendingRequestStore: @unchecked Sendable {
             try db.cachedStatement(sql: """
                     INSERT INTO launch (id, app, reason, pid, started_at, state, tasks)
                     VALUES (?, ?, ?, NULL, ?, 'running', ?)
-                    """).execute(arguments: [id, app, reason, date.timeIntervalSince1970, try Self.json(tasks)])
+                    """).execute(arguments: [id, app, reason, date.timeIntervalSince1970, Self.json(tasks)])
             for identifier in Set(tasks.map(\.identifier)) {
                 try db.cachedStatement(sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL")
                     .execute(arguments: [id, app, identifier])
@@ -403,7 +403,7 @@ public final class PendingRequestStore: @unchecked Sendable {
                              updatingState update: ((inout AppState) -> Void)? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
         let json: String
-        do { json = String(decoding: try record.jsonData(), as: UTF8.self) } catch {
+        do { json = try Self.json(record) } catch {
             throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
         }
         let body = { (db: Database) throws -> [String] in
@@ -633,7 +633,7 @@ public final class PendingRequestStore: @unchecked Sendable {
                 arguments: [
                     state.app, state.refreshEnabled, state.penaltyLevel,
                     state.penaltyUntil?.timeIntervalSince1970, state.lastLaunchAt?.timeIntervalSince1970,
-                    state.lastLaunchID, try state.lastRegistered.map { try Self.json($0) },
+                    state.lastLaunchID, state.lastRegistered.map { Self.json($0) },
                 ])
     }
 
@@ -798,7 +798,7 @@ extension PendingRequestStore {
     /// Marks a launch ended with its record, inserting the launch when it was never begun.
     /// `json`: the record's JSON when the caller encoded it before the transaction.
     static func end(_ db: Database, _ record: RunRecord, file: String, json encoded: String? = nil) throws {
-        let text = try encoded ?? String(decoding: record.jsonData(), as: UTF8.self)
+        let text = try encoded ?? json(record)
         let endedAt = record.startedAt.timeIntervalSince1970 + record.wallMs / 1000
         if let app = try String.fetchOne(db.cachedStatement(sql: "SELECT app FROM launch WHERE id = ?"), arguments: [record.launchID]) {
             guard app == record.app else {
@@ -817,7 +817,7 @@ extension PendingRequestStore {
                     """,
                 arguments: [
                     record.launchID, record.app, record.reason, record.pid, record.startedAt.timeIntervalSince1970,
-                    try json(tasks), text, endedAt,
+                    json(tasks), text, endedAt,
                 ])
         }
     }
@@ -826,6 +826,15 @@ extension PendingRequestStore {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         return String(decoding: try encoder.encode(value), as: UTF8.self)
+    }
+
+    /// What a launch writes at its begin and end, in the encoder's text without the encoder
+    /// (`RecordJSON`: a few µs where the encoder took tens, at every launch).
+    static func json(_ tasks: [TaskAssignment]) -> String { RecordJSON.tasks(tasks) }
+    static func json(_ identifiers: [String]) -> String { RecordJSON.strings(identifiers) }
+    /// A record's JSON (`RunRecord.jsonData`'s text).
+    static func json(_ record: RunRecord) throws -> String {
+        try RecordJSON.record(record) ?? String(decoding: record.jsonData(), as: UTF8.self)
     }
 
     /// Creates the directory when missing (syncing its parent, so the new entry survives power
