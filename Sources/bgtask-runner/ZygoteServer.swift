@@ -186,10 +186,11 @@ enum ZygoteServer {
     /// the runtime's and the allocator's pages otherwise taken by the launch), a thread (the
     /// launch's parent reader) and the dynamic linker's reads. A fresh fork pays for each page
     /// it first touches (copy-on-write, or a library page it has not mapped yet); paid here,
-    /// while the spare waits, it is off the launch's critical path. Only the launch's own side: the parent's half (encoding the
-    /// start, decoding the child's messages) would fault pages no launch touches, and spares
-    /// cost CPU that concurrent launches need. No Dispatch queue: a launch uses one only for
-    /// expiration, and its worker thread would be one more thread for every launch to end.
+    /// while the spare waits, it is off the launch's critical path. Only the launch's own side:
+    /// the parent's half (encoding the start, decoding the child's messages) would fault pages
+    /// no launch touches, and spares cost CPU that concurrent launches need. No Dispatch queue:
+    /// a launch uses one only for expiration, and its worker thread would be one more thread for
+    /// every launch to end.
     /// Async-signal-safe: no — starts a thread and uses Dispatch; the spare is an ordinary process
     /// and forks nothing afterwards (its thread makes it unforkable by `bgtask_clone_parent`).
     private static func rehearse() {

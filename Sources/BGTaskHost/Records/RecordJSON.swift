@@ -46,7 +46,7 @@ struct RecordJSON {
     mutating func key(_ name: StaticString) {
         separate()
         bytes.append(UInt8(ascii: "\""))
-        bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        raw(name)
         bytes.append(UInt8(ascii: "\""))
         bytes.append(UInt8(ascii: ":"))
         needsComma = false
@@ -57,6 +57,11 @@ struct RecordJSON {
         string(name)
         bytes.append(UInt8(ascii: ":"))
         needsComma = false
+    }
+
+    /// Literal text, as it is (no allocation, unlike `Array(text.utf8)`).
+    private mutating func raw(_ text: StaticString) {
+        bytes.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
     }
 
     private mutating func separate() {
@@ -81,7 +86,7 @@ struct RecordJSON {
             case 0x0D: bytes.append(UInt8(ascii: "\\")); bytes.append(UInt8(ascii: "r"))
             case 0x09: bytes.append(UInt8(ascii: "\\")); bytes.append(UInt8(ascii: "t"))
             case 0x00..<0x20:
-                bytes.append(contentsOf: Array("\\u00".utf8))
+                raw("\\u00")
                 bytes.append(Self.hex[Int(byte >> 4)])
                 bytes.append(Self.hex[Int(byte & 0x0F)])
             default: bytes.append(byte)
@@ -94,7 +99,7 @@ struct RecordJSON {
 
     mutating func bool(_ value: Bool) {
         separate()
-        bytes.append(contentsOf: value ? Array("true".utf8) : Array("false".utf8))
+        if value { raw("true") } else { raw("false") }
     }
 
     mutating func integer<I: BinaryInteger>(_ value: I) {
