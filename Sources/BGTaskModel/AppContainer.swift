@@ -52,6 +52,11 @@ public enum AppContainer {
     /// off says so in its record's `sandbox`, as for --no-sandbox.
     public static let sandboxLayersSwitch = "BGTASK_SANDBOX_LAYERS_OFF"
 
+    /// `best-effort` in a launch's environment when the operator asked for it (`bgtask host
+    /// --sandbox best-effort`): a layer the machine offers that cannot be applied is reported in
+    /// the record and the launch runs. Unset (`required`): such a launch fails, with the reason.
+    public static let sandboxModeVariable = "BGTASK_SANDBOX_MODE"
+
     /// `1` in the environment of a zygote whose launches are confined: each spare installs the
     /// system-call filter (the same for every app) while it waits, instead of the launch on its
     /// way to the handler. The zygote removes it from its environment at once.
@@ -97,6 +102,17 @@ public struct AppGroup: Codable, Sendable, Equatable {
 }
 
 /// One confinement layer of a launch, as its run record reports it (DESIGN.md: "sandbox").
+/// How much confinement the operator asks of every launch (`--sandbox`).
+public enum SandboxMode: String, Codable, Sendable, CaseIterable {
+    /// Every layer the machine offers, or the launch fails with the reason (the default).
+    case required
+    /// Every layer that applies; one the machine offers that cannot be applied is reported in
+    /// the record's `sandbox`, and the launch runs without it.
+    case bestEffort = "best-effort"
+    /// None (`--no-sandbox`): for debugging a plugin the sandbox stops.
+    case off
+}
+
 public struct SandboxLayer: Codable, Sendable, Equatable {
     public var applied: Bool
     /// What the layer is (`ABI 7`), or why the launch runs without it.

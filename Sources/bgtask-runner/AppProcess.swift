@@ -12,11 +12,12 @@ import _BGTaskSystemShims
 /// from the environment the host gave the launch (`AppContainer.environment`).
 enum AppProcess {
     /// Called on the main thread once the launch is known, before the plugin is loaded.
-    static func prepare(_ assignment: LaunchAssignment) {
+    /// `executablePath` is the one the launch reaches its executable by (`PluginLibrary`).
+    static func prepare(_ assignment: LaunchAssignment, executablePath: String) {
         // Bundle.main is built on first use from the process's executable path: the bundle's
         // executable instead of the runner's. The zygote never asks for the main bundle, so no
         // child inherits one built for the runner (LaunchTests checks both launch paths).
-        if bgtask_set_main_executable(assignment.executablePath) != 0 {
+        if bgtask_set_main_executable(executablePath) != 0 {
             runner.report(.log(level: BGTASK_LOG_ERROR, message: "runner: this Foundation does not export _CFGetProcessPath; Bundle.main is the runner's, not \(assignment.bundleIdentifier)'s"))
         }
         for group in assignment.appGroups {

@@ -143,58 +143,114 @@ enum Sandbox {
         notePidNamespace(entered, error: entered ? nil : text(error))
     }
 
-    static func apply(_ assignment: LaunchAssignment) -> [String: SandboxLayer] {
+    /// Why the launch's own Landlock rules could not be added (`grantLaunchPaths`), or nil.
+    nonisolated(unsafe) static var grantError: String?
+
+    /// Adds the launch's own rules to the ruleset: its bundle (read and execute), its container
+    /// and its app groups (read and write). Called as root, before `becomeApp`: the rules are
+    /// made from descriptors the host's uid opens, so a bundle or state directory beneath a
+    /// directory the app's uid cannot traverse (a 0700 home) still gets its rules (the app then
+    /// reaches its container by path only when `ContainerReach` passed at the host's start).
+    /// Async-signal-safe: no — allocates; the launch, an ordinary process, single-threaded.
+    static func grantLaunchPaths(_ assignment: LaunchAssignment) {
+        startedAsRoot = geteuid() == 0
+        guard assignment.confine, !layersSwitchedOff().contains("landlock") else { return }
+        if preparedRuleset < 0 { prepareRuleset() }
+        guard preparedRuleset >= 0 else { return }
+        var error = [CChar](repeating: 0, count: 512)
+        let readWrite = [assignment.dataDirectory] + assignment.appGroups.map(\.directory)
+        let granted = withCStrings([assignment.bundlePath]) {
+            bgtask_landlock_allow(preparedRuleset, $0, 1, Int32(BGTASK_LANDLOCK_READ_EXECUTE), &error, error.count)
+        } == 0 && withCStrings(readWrite) {
+            bgtask_landlock_allow(preparedRuleset, $0, Int32(readWrite.count), Int32(BGTASK_LANDLOCK_READ_WRITE), &error, error.count)
+        } == 0
+        if !granted {
+            close(preparedRuleset)
+            preparedRuleset = -1
+            grantError = text(error)
+        }
+    }
+
+    /// Whether a layer that cannot be applied fails the launch (`required`, the default) or is
+    /// only reported (`best-effort`, which the operator names: `--sandbox best-effort`).
+    static var failsClosed: Bool {
+        guard let value = getenv(AppContainer.sandboxModeVariable) else { return true }
+        return String(cString: value) != SandboxMode.bestEffort.rawValue
+    }
+
+    /// Confines the launch with every layer it can have, and says which it has. `failure` is
+    /// set when a layer this machine offers could not be applied and the host requires every
+    /// one (the default): the caller reports the layers, then fails the launch with it.
+    static func apply(_ assignment: LaunchAssignment) -> (layers: [String: SandboxLayer], failure: String?) {
         var layers: [String: SandboxLayer] = ["pid_namespace": pidNamespace]
         guard assignment.confine else {
             for name in ["landlock", "seccomp", "no_new_privs"] {
                 layers[name] = SandboxLayer(applied: false, detail: "confinement is off for this launch (--no-sandbox)")
             }
-            return layers
+            return (layers, nil)
         }
+        // Layers this machine offers (and the operator did not leave off) that did not apply.
+        var failed: [String] = []
         layers["no_new_privs"] = bgtask_set_no_new_privs() == 0
             ? SandboxLayer(applied: true, detail: "set")
             : SandboxLayer(applied: false, detail: "prctl: \(String(cString: strerror(errno)))")
+        if layers["no_new_privs"]?.applied == false { failed.append("no_new_privs") }
+        if !pidNamespace.applied && namespacesOffered { failed.append("pid_namespace") }
 
         let switchedOff = layersSwitchedOff()
-        if preparedRuleset < 0 && !switchedOff.contains("landlock") { prepareRuleset() }
+        if preparedRuleset < 0 && grantError == nil && !switchedOff.contains("landlock") { prepareRuleset() }
         var error = [CChar](repeating: 0, count: 512)
-        var abi = Int(preparedABI)
         if switchedOff.contains("landlock") {
             if preparedRuleset >= 0 { close(preparedRuleset) }
             preparedRuleset = -1
             layers["landlock"] = SandboxLayer(applied: false, detail: "left off by \(AppContainer.sandboxLayersSwitch) (a benchmark's switch)")
+        } else if let grantError {
+            layers["landlock"] = SandboxLayer(applied: false, detail: grantError)
+            failed.append("landlock")
         } else if preparedRuleset < 0 {
             layers["landlock"] = SandboxLayer(applied: false, detail: preparationError ?? "landlock: not available in this kernel")
+            // Offered (the kernel has an ABI) and yet not prepared: a failure, not an absence.
+            if preparedABI > 0 { failed.append("landlock") }
         } else {
-            let readWrite = [assignment.dataDirectory] + assignment.appGroups.map(\.directory)
-            let granted = withCStrings([assignment.bundlePath]) {
-                bgtask_landlock_allow(preparedRuleset, $0, 1, Int32(BGTASK_LANDLOCK_READ_EXECUTE), &error, error.count)
-            } == 0 && withCStrings(readWrite) {
-                bgtask_landlock_allow(preparedRuleset, $0, Int32(readWrite.count), Int32(BGTASK_LANDLOCK_READ_WRITE), &error, error.count)
-            } == 0
-            if !granted || bgtask_landlock_restrict(preparedRuleset, &error, error.count) != 0 { abi = 0 }
-            if !granted { close(preparedRuleset) }
+            var abi = Int(preparedABI)
+            if bgtask_landlock_restrict(preparedRuleset, &error, error.count) != 0 { abi = 0 }
             preparedRuleset = -1
             signalsScoped = abi >= 6
             layers["landlock"] = abi > 0
                 ? SandboxLayer(applied: true, detail: "ABI \(abi): files\(abi >= 6 ? ", signals and abstract sockets" : " only (signal and socket scoping need ABI 6)")")
                 : SandboxLayer(applied: false, detail: text(error))
+            if abi == 0 { failed.append("landlock") }
         }
 
         error = [CChar](repeating: 0, count: 512)
         if let installed = filterInSpare {
             layers["seccomp"] = installed
-            return layers
-        }
-        if switchedOff.contains("seccomp") {
+        } else if switchedOff.contains("seccomp") {
             layers["seccomp"] = SandboxLayer(applied: false, detail: "left off by \(AppContainer.sandboxLayersSwitch) (a benchmark's switch)")
-            return layers
+        } else {
+            layers["seccomp"] = bgtask_apply_syscall_filter(&error, error.count) == 0
+                ? SandboxLayer(applied: true, detail: "deny-list filter, native ABI only")
+                : SandboxLayer(applied: false, detail: text(error))
+            if layers["seccomp"]?.applied == false { failed.append("seccomp") }
         }
-        layers["seccomp"] = bgtask_apply_syscall_filter(&error, error.count) == 0
-            ? SandboxLayer(applied: true, detail: "deny-list filter, native ABI only")
-            : SandboxLayer(applied: false, detail: text(error))
-        return layers
+        guard !failed.isEmpty, failsClosed else { return (layers, nil) }
+        let reasons = failed.map { name in
+            let detail = layers[name]?.detail ?? "not applied"
+            return detail.hasPrefix(name + ": ") ? detail : "\(name): \(detail)"
+        }.joined(separator: "; ")
+        return (layers, "confinement failed closed: \(failed.joined(separator: ", ")) could not be applied, and this machine offers \(failed.count == 1 ? "it" : "them") (\(reasons)); fix the cause, or start the host with --sandbox best-effort to launch without \(failed.count == 1 ? "it" : "them")")
     }
+
+    /// Whether this machine gives launches a PID namespace: the zygote's probe passed, or a
+    /// spawned runner runs as root (which may always unshare one). A launch without one where
+    /// it is offered fails closed.
+    static var namespacesOffered: Bool {
+        if switchedOff() { return false }
+        return namespacesUnavailable == nil && startedAsRoot
+    }
+
+    /// Whether the launch began as root (noted by `grantLaunchPaths`, before `becomeApp`).
+    nonisolated(unsafe) static var startedAsRoot = false
 
     /// Whether this zygote's spares install the system-call filter while they wait (its launches
     /// are confined, and the benchmark's switch does not leave the filter off). Set once, in the

@@ -62,13 +62,20 @@ if let backstop = assignment.memoryBackstopBytes {
 
 runner = Runner(assignment: assignment, channel: channel)
 hostTable = makeHostTable()
+// What the launch needs of paths it may not reach as its own uid, opened while it is still the
+// host's: its Landlock rules and its library (loaded through this descriptor below).
+Sandbox.grantLaunchPaths(assignment)
+PluginLibrary.open(assignment)
 // The app's own user first (what the launch makes is the app's), then the app process, then
 // confined: before any other thread exists and before any plugin code runs.
 let identityLayer = Sandbox.becomeApp(assignment)
-AppProcess.prepare(assignment)
-var sandboxLayers = Sandbox.apply(assignment)
+let executablePath = PluginLibrary.executablePath(assignment)
+AppProcess.prepare(assignment, executablePath: executablePath)
+let confinement = Sandbox.apply(assignment)
+var sandboxLayers = confinement.layers
 sandboxLayers["uid"] = identityLayer
 runner.report(.sandbox(sandboxLayers))
+if let failure = confinement.failure { launchFailed(failure) }
 
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
@@ -131,12 +138,9 @@ func launchFailed(_ error: String) -> Never {
 /// launch's path, for a name only a failure needs).
 var library: String { String(assignment.executablePath.split(separator: "/").last ?? Substring(assignment.executablePath)) }
 runner.report(.loading(path: assignment.executablePath, at: bgtask_monotonic_ns()))
-guard let handle = dlopen(assignment.executablePath, RTLD_NOW | RTLD_LOCAL) else {
+guard let handle = PluginLibrary.load(executablePath) else {
     let reason = dlerror().map { String(cString: $0) } ?? "unknown error"
-    // As its own uid the app must be able to reach its bundle: say so where that is the cause.
-    let hint = assignment.identity != nil && reason.contains("Permission denied")
-        ? " (the app runs as uid \(getuid()): its bundle, and every directory above it, must be readable and traversable by others)" : ""
-    launchFailed("dlopen \(assignment.executablePath): \(reason)\(hint)")
+    launchFailed("dlopen \(assignment.executablePath): \(reason)")
 }
 guard let entrySymbol = dlsym(handle, BGTASK_ENTRY_SYMBOL) else {
     launchFailed("\(library) does not export the entry symbol '\(BGTASK_ENTRY_SYMBOL)' (see bgtask/plugin.h, or the Swift boilerplate in the README)")

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskModel
 import Foundation
 import Logging
 
@@ -25,7 +26,7 @@ struct BGTaskCommand: ParsableCommand {
 struct StateOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(
         "The state directory (app containers, logs, the database).",
-        discussion: "Default: $BGTASK_STATE, else $XDG_STATE_HOME/bgtask, else ~/.local/state/bgtask.",
+        discussion: "Default: $BGTASK_STATE, else /var/lib/bgtask as root, else $XDG_STATE_HOME/bgtask, else ~/.local/state/bgtask.",
         valueName: "dir"), completion: .directory)
     var state: String?
 
@@ -36,11 +37,17 @@ struct StateOptions: ParsableArguments {
         if let state { return URL(fileURLWithPath: state) }
         let environment = ProcessInfo.processInfo.environment
         if let path = environment["BGTASK_STATE"], !path.isEmpty { return URL(fileURLWithPath: path) }
+        // Root's: the system's state, where the apps' own uids can reach their containers (a
+        // 0700 home cannot be searched by them; see ContainerReach).
+        if geteuid() == 0 { return URL(fileURLWithPath: Self.rootStateDirectory) }
         if let xdg = environment["XDG_STATE_HOME"], !xdg.isEmpty {
             return URL(fileURLWithPath: xdg).appendingPathComponent("bgtask")
         }
         return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".local/state/bgtask")
     }
+
+    /// A root user's default state directory (the systemd unit's `StateDirectory=bgtask`).
+    static let rootStateDirectory = "/var/lib/bgtask"
 
     /// A logger at the default level, for code that runs before the options are read.
     static func fallbackLogger() -> Logger {
@@ -82,8 +89,17 @@ enum LogDestination {
 
 /// Launch limits `run` and `host` share.
 struct LimitOptions: ParsableArguments {
-    @Flag(name: .customLong("no-sandbox"), help: "Run launches without confinement (Landlock, the system-call filter, no_new_privs): for debugging a plugin the sandbox stops. Records say so.")
+    @Flag(name: .customLong("no-sandbox"), help: "Run launches without confinement (Landlock, the system-call filter, no_new_privs): for debugging a plugin the sandbox stops. Records say so. The same as --sandbox off.")
     var noSandbox = false
+
+    @Option(name: .customLong("sandbox"), help: ArgumentHelp(
+        "How much confinement every launch must have: required, best-effort or off.",
+        discussion: "required (the default): every layer this machine offers (bgtask doctor lists them), or the launch fails with the reason. best-effort: a layer that cannot be applied is named in the record and the launch runs without it. off: as --no-sandbox.",
+        valueName: "mode"))
+    var sandboxMode: SandboxMode?
+
+    /// The mode asked for: `--no-sandbox` is `off`.
+    var sandbox: SandboxMode { noSandbox ? .off : sandboxMode ?? .required }
 
     @Option(name: .long, help: ArgumentHelp("The launch's time budget (e.g. 30s, 2m, 1h30m). Default: 30s for refresh, 10m for processing.", valueName: "duration"), transform: DurationArgument.parse)
     var budget: DurationArgument?

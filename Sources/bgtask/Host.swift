@@ -1,5 +1,6 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskModel
 import Foundation
 import Glibc
 import Logging
@@ -164,7 +165,8 @@ extension BGTaskCommand {
             // Before the host starts any process: `auto` moves this one into a leaf cgroup.
             configuration.cgroupRoot = try limits.cgroupRoot(logger: logger)
             configuration.processLimit = limits.processLimit
-            configuration.confine = !limits.noSandbox
+            configuration.confine = limits.sandbox != .off
+            configuration.sandboxFailsClosed = limits.sandbox == .required
             let parentWatch = Self.exitWithParent(logger: logger)
             defer { parentWatch?.cancel() }
             do {
@@ -180,3 +182,4 @@ extension BGTaskCommand {
 
 extension SchedulingPolicy: ExpressibleByArgument {}
 extension HostClock.Mode: ExpressibleByArgument {}
+extension SandboxMode: ExpressibleByArgument {}

@@ -120,8 +120,15 @@ extension BGTaskCommand {
             var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: options.makeLogger())
             supervisor.cgroupRoot = try limitOptions.cgroupRoot(logger: supervisor.logger)
             supervisor.processLimit = limitOptions.processLimit
-            supervisor.confine = !limitOptions.noSandbox
-            if supervisor.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: state) }
+            supervisor.confine = limitOptions.sandbox != .off
+            supervisor.sandboxFailsClosed = limitOptions.sandbox == .required
+            if supervisor.confine && geteuid() == 0 {
+                do { try ContainerReach.check(stateDirectory: state.path) } catch {
+                    printError(error.description)
+                    throw Status.cannotLaunch
+                }
+                supervisor.identities = AppIdentities(stateDirectory: state)
+            }
             let record: RunRecord
             do { record = try supervisor.run(plan, broker: InMemoryRequestBroker(notificationsAllowed: notifications.map { $0 == "on" })) } catch {
                 printError(error.description)

@@ -13,6 +13,9 @@ final class HostProcess: @unchecked Sendable {
     let arguments: [String]
     /// Changes to the host's environment (nil removes a variable), set before `start()`.
     var environment: [String: String?] = [:]
+    /// A command the host is started through (its arguments then the host's), set before
+    /// `start()`: e.g. one that confines the host first.
+    var launcher: [String] = []
 
     init(scratch: Scratch, arguments: [String] = ["--clock", "virtual"]) throws {
         self.scratch = scratch
@@ -41,7 +44,7 @@ final class HostProcess: @unchecked Sendable {
         defer { posix_spawnattr_destroy(&attributes) }
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
         posix_spawnattr_setpgroup(&attributes, 0)
-        let args = [Products.cli, "host", "--plugins", plugins.path, "--state", scratch.state.path] + arguments
+        let args = launcher + [Products.cli, "host", "--plugins", plugins.path, "--state", scratch.state.path] + arguments
         let argv = args.map { strdup($0) } + [nil]
         var variables = ProcessInfo.processInfo.environment
         // The host ends with this test process, whatever kills it.
@@ -49,7 +52,7 @@ final class HostProcess: @unchecked Sendable {
         for (key, value) in environment { variables[key] = value }
         let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
-        let rc = posix_spawn(&pid, Products.cli, &actions, &attributes, argv, envp)
+        let rc = posix_spawn(&pid, launcher.first ?? Products.cli, &actions, &attributes, argv, envp)
         guard rc == 0 else { throw POSIXError(POSIXErrorCode(rawValue: rc) ?? .EIO) }
         // Ready when the control socket answers.
         let deadline = Date().addingTimeInterval(30)

@@ -45,6 +45,9 @@ public final class TaskHost: @unchecked Sendable {
         public var useZygote = true
         /// Confine launches (see LaunchSupervisor.confine).
         public var confine = true
+        /// A layer the machine offers that cannot be applied fails the launch (see
+        /// LaunchSupervisor.sandboxFailsClosed); false: `--sandbox best-effort`.
+        public var sandboxFailsClosed = true
         /// How often device conditions are re-read while something depends on them.
         public var conditionsInterval: Duration = .seconds(1)
         /// Continued-processing tasks that may run at once, over all apps.
@@ -105,6 +108,7 @@ public final class TaskHost: @unchecked Sendable {
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
         self.configuration = configuration
         if let warning = try StateDirectory.prepare(configuration.stateDirectory) { logger.warning("\(warning)") }
+        if configuration.confine && geteuid() == 0 { try ContainerReach.check(stateDirectory: configuration.stateDirectory.path) }
         lock = try StateDirectory.Lock(configuration.stateDirectory)
         let store = try PendingRequestStore(directory: configuration.stateDirectory)
         let clock = try HostClock(mode: configuration.clock, store: store)

@@ -63,6 +63,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             supervisor.zygote = Zygote(runnerPath: configuration.runnerPath, logger: core.logger, confine: configuration.confine)
         }
         supervisor.confine = configuration.confine
+        supervisor.sandboxFailsClosed = configuration.sandboxFailsClosed
         if configuration.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: configuration.stateDirectory) }
         self.supervisor = supervisor
     }

@@ -44,6 +44,11 @@ public struct LaunchSupervisor: Sendable {
     /// Confine every launch (Landlock, seccomp-bpf, no_new_privs; see the runner's Sandbox).
     /// Off only for debugging: records then say each layer is off.
     public var confine = true
+    /// Confinement fails closed: a layer this machine offers (Landlock, seccomp, no_new_privs,
+    /// a PID namespace for a root host) that cannot be applied fails the launch with the reason
+    /// (`launch-failed`). False only when the operator asks for less (`--sandbox best-effort`):
+    /// the record then says which layer is missing and why, and the launch runs.
+    public var sandboxFailsClosed = true
     /// When set (the host runs as root), each app runs as its own uid from this table, its
     /// container is its own, and its app groups' gids are its supplementary groups.
     public var identities: AppIdentities?
@@ -221,6 +226,7 @@ public struct LaunchSupervisor: Sendable {
         if getenv("SWIFT_BACKTRACE") == nil { overrides["SWIFT_BACKTRACE"] = "enable=no" }
         for (key, value) in plan.environment { overrides[key] = value }
         if !confine { overrides[AppContainer.pidNamespaceSwitch] = "off" }
+        if confine && !sandboxFailsClosed { overrides[AppContainer.sandboxModeVariable] = SandboxMode.bestEffort.rawValue }
         return overrides
     }
 
