@@ -76,6 +76,18 @@ extension BGTaskCommand {
 
         @Option(name: .customLong("apns-team-id"), help: ArgumentHelp("With --apns-auth-key: the team identifier a provider token's iss must name.", valueName: "team"))
         var apnsTeamID: String?
+
+        @Option(name: .customLong("apns-max-connections"), help: "APNs endpoint connections open at once; one more is closed as it is accepted (logged). Default: 256.")
+        var apnsMaxConnections = APNsEndpointLimits().maximumConnections
+
+        @Option(name: .customLong("apns-max-streams"), help: "HTTP/2 streams open at once on one APNs endpoint connection (SETTINGS_MAX_CONCURRENT_STREAMS). Default: 100.")
+        var apnsMaxStreams = APNsEndpointLimits().maximumStreamsPerConnection
+
+        @Option(name: .customLong("apns-handshake-timeout"), help: ArgumentHelp("An APNs endpoint connection whose TLS handshake has not finished this long after it was accepted is closed. Default: 10s.", valueName: "duration"), transform: DurationArgument.parse)
+        var apnsHandshakeTimeout: DurationArgument?
+
+        @Option(name: .customLong("apns-idle-timeout"), help: ArgumentHelp("An APNs endpoint connection with no open stream for this long is closed. Default: 60s.", valueName: "duration"), transform: DurationArgument.parse)
+        var apnsIdleTimeout: DurationArgument?
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
@@ -100,6 +112,11 @@ extension BGTaskCommand {
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
             guard historyPerApp >= 1 else { throw ValidationError("--history-per-app must be at least 1") }
             guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+            guard apnsMaxConnections >= 1 else { throw ValidationError("--apns-max-connections must be at least 1") }
+            guard (1...10_000).contains(apnsMaxStreams) else { throw ValidationError("--apns-max-streams must be 1 to 10000, not \(apnsMaxStreams)") }
+            for (name, value) in [("--apns-handshake-timeout", apnsHandshakeTimeout), ("--apns-idle-timeout", apnsIdleTimeout)] where value?.duration == .zero {
+                throw ValidationError("\(name) must be more than 0")
+            }
             for (name, value) in [("--request-timeout", requestTimeout), ("--idle-timeout", idleTimeout)] where value?.duration == .zero {
                 throw ValidationError("\(name) must be more than 0")
             }
@@ -147,6 +164,10 @@ extension BGTaskCommand {
                 configuration.apnsProviderKeys[parts[0]] = parts[1]
             }
             configuration.apnsTeamID = apnsTeamID
+            configuration.apnsLimits.maximumConnections = apnsMaxConnections
+            configuration.apnsLimits.maximumStreamsPerConnection = apnsMaxStreams
+            if let apnsHandshakeTimeout { configuration.apnsLimits.handshakeTimeout = apnsHandshakeTimeout.duration }
+            if let apnsIdleTimeout { configuration.apnsLimits.idleTimeout = apnsIdleTimeout.duration }
             configuration.allowNotifications = allowNotifications
             configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }

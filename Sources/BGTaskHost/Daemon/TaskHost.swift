@@ -75,6 +75,8 @@ public final class TaskHost: @unchecked Sendable {
         /// Provider token keys (key identifier → PEM file) and team: token authentication on.
         public var apnsProviderKeys: [String: String] = [:]
         public var apnsTeamID: String?
+        /// The APNs endpoint's connection cap, handshake and idle timeouts, streams per connection.
+        public var apnsLimits = APNsEndpointLimits()
         /// Local notifications are authorized for every app whose own switch is not off
         /// (`--allow-notifications`); otherwise denied until the operator allows an app.
         public var allowNotifications = false
@@ -204,7 +206,7 @@ public final class TaskHost: @unchecked Sendable {
         var list: [HostPart] = [launches, catalog, server]
         if let (address, port) = configuration.apnsEndpoint {
             let scheduling = self.scheduling
-            list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
+            list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID, limits: configuration.apnsLimits), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
         }
         // Before scheduling: its first pass sees the transfers a previous host left.
         list.append(transfers)

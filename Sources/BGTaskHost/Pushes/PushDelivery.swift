@@ -78,8 +78,16 @@ final class PushDelivery: @unchecked Sendable {
         guard core.queue.sync(execute: { catalog.apps[push.app] != nil }) else {
             return .failure(PushRefusal(410, "Unregistered", "no app \(push.app.prefix(255)) is installed (no valid bundle in \(core.configuration.pluginsDirectory.path))"))
         }
-        if ((try? core.store.push(id: push.id)) ?? nil) != nil {
-            return .failure(PushRefusal(400, "BadMessageId", "a push with apns-id \(push.id) was received already"))
+        // A provider that got no answer sends the same push again with the same apns-id; APNs
+        // accepts it. The host keeps the push it has (one delivery per apns-id) and answers
+        // with where that push stands.
+        if let kept = (try? core.store.push(id: push.id)) ?? nil {
+            // Another app's push is not this provider's to ask about.
+            guard kept.app == push.app else {
+                return .failure(PushRefusal(400, "BadMessageId", "apns-id \(push.id) is a push for another app"))
+            }
+            core.logger.info("push retried", metadata: ["push.id": "\(push.id)", "bundle.id": "\(kept.app)", "state": "\(kept.state.rawValue)"])
+            return .success(core.queue.sync { report(kept) })
         }
         do {
             let coalesced = try core.store.enqueuePush(push)

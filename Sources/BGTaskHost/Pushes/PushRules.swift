@@ -98,12 +98,19 @@ public enum PushRules {
         if let collapse = submission.collapseID, collapse.utf8.count > maximumCollapseIDBytes {
             return .failure(.init(400, "BadCollapseId", "apns-collapse-id is \(collapse.utf8.count) bytes, over \(maximumCollapseIDBytes)"))
         }
-        var id = UUID().uuidString
+        // Kept in canonical form (upper-case), so a retry written in another case is the same
+        // push; the APNs endpoint answers with the apns-id exactly as the provider sent it.
+        let id: String
         if let given = submission.id {
             guard let uuid = UUID(uuidString: given) else {
                 return .failure(.init(400, "BadMessageId", "apns-id '\(given.prefix(40))' is not a UUID"))
             }
             id = uuid.uuidString
+        } else {
+            guard let made = APNsID.make() else {
+                return .failure(.init(500, "InternalServerError", "no random bytes for an apns-id (getrandom failed)"))
+            }
+            id = made
         }
         return .success(StoredPush(
             id: id, app: submission.app, payload: String(decoding: payload, as: UTF8.self), kind: kind, priority: priority,
