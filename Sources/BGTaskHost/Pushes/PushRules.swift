@@ -1,4 +1,5 @@
 import BGTaskModel
+import BGTaskSystem
 import Foundation
 
 /// A push as a provider sends it (the APNs endpoint's request, or `bgtask push`), before it is
@@ -98,7 +99,7 @@ public enum PushRules {
         if let collapse = submission.collapseID, collapse.utf8.count > maximumCollapseIDBytes {
             return .failure(.init(400, "BadCollapseId", "apns-collapse-id is \(collapse.utf8.count) bytes, over \(maximumCollapseIDBytes)"))
         }
-        var id = UUID().uuidString
+        var id = RandomIdentifier.uuidString()
         if let given = submission.id {
             guard let uuid = UUID(uuidString: given) else {
                 return .failure(.init(400, "BadMessageId", "apns-id '\(given.prefix(40))' is not a UUID"))
