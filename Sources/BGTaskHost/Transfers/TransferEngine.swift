@@ -91,6 +91,10 @@ final class TransferEngine: @unchecked Sendable {
         // A refused connection fails the attempt at once: the part retries with its own
         // backoff (and says so in `heldBy`), rather than the pool retrying unseen.
         configuration.connectionPool.retryConnectionEstablishment = false
+        // Pooled connections are descriptors the transfers' share pays for (TransferBounds):
+        // no more idle per server than an app runs at once, and not kept long.
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = TransferBounds().runningPerApp
+        configuration.connectionPool.idleTimeout = .seconds(10)
         client = HTTPClient(eventLoopGroup: group, configuration: configuration, backgroundActivityLogger: logger)
     }
 
