@@ -384,3 +384,16 @@ int64_t bgtask_directory_usage(const char *path, int64_t max_entries) {
     if (nftw(path, add_usage, 16, FTW_PHYS | FTW_MOUNT | FTW_ACTIONRETVAL) == -1) return -1;
     return usage_total;
 }
+
+int bgtask_getrandom(void *buffer, size_t length) {
+    size_t done = 0;
+    while (done < length) {
+        long n = syscall(SYS_getrandom, (char *)buffer + done, length - done, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        done += (size_t)n;
+    }
+    return 0;
+}

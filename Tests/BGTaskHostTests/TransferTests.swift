@@ -27,20 +27,30 @@ import Testing
             kind: .app, url: URL(fileURLWithPath: "/nonexistent/Downloader.app"), identifier: TransferTests.app, executableName: "libDownloader.so",
             permittedIdentifiers: [], backgroundModes: [], mappedHandlers: [], entitlements: [:], extensionPoint: nil, extensions: [], invalidExtensions: [])
 
-        init() throws {
+        let bounds: TransferBounds
+        /// The state directory is a tmpfs of this many MiB (mounted by `init`, unmounted by `finish`).
+        let tmpfsMiB: Int?
+
+        /// `tmpfsMiB`: the state directory on a tmpfs of that size, private (no propagation):
+        /// root only (`SmallFilesystem.mount`).
+        init(bounds: TransferBounds = TransferBounds(), tmpfsMiB: Int? = nil) throws {
             scratch = try Scratch()
+            self.bounds = bounds
+            self.tmpfsMiB = tmpfsMiB
+            if let tmpfsMiB { try SmallFilesystem.mount(scratch.state, mebibytes: tmpfsMiB) }
             try FileManager.default.createDirectory(at: scratch.state.appendingPathComponent("containers/\(TransferTests.app)/tmp"), withIntermediateDirectories: true)
             try server.start()
-            (store, part) = try Self.makePart(scratch.state, conditions: conditions)
+            (store, part) = try Self.makePart(scratch.state, conditions: conditions, bounds: bounds)
         }
 
-        static func makePart(_ state: URL, conditions: LockedValue<DeviceConditions>) throws -> (PendingRequestStore, BackgroundTransfers) {
+        static func makePart(_ state: URL, conditions: LockedValue<DeviceConditions>, bounds: TransferBounds = TransferBounds()) throws -> (PendingRequestStore, BackgroundTransfers) {
             let store = try PendingRequestStore(directory: state)
             var environment = BackgroundTransfers.Environment(
                 store: store, clock: try HostClock(mode: .real, store: store), stateDirectory: state, identities: nil,
                 conditions: { conditions.withLock { $0 } }, logger: Logger(label: "transfers-test"))
             environment.firstRetryDelay = 0.2
             environment.maximumRetryDelay = 0.5
+            environment.bounds = bounds
             let part = BackgroundTransfers(environment)
             try part.start()
             return (store, part)
@@ -49,7 +59,7 @@ import Testing
         /// A new part (and store) over the same state directory: a host restarted.
         func restart() throws {
             part.stop()
-            (store, part) = try Self.makePart(scratch.state, conditions: conditions)
+            (store, part) = try Self.makePart(scratch.state, conditions: conditions, bounds: bounds)
         }
 
         var container: URL { scratch.state.appendingPathComponent("containers/\(TransferTests.app)") }
@@ -99,6 +109,7 @@ import Testing
         func finish() {
             part.stop()
             server.stop()
+            if tmpfsMiB != nil { SmallFilesystem.unmount(scratch.state) }
             scratch.remove()
         }
 

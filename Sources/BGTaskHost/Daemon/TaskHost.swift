@@ -133,7 +133,8 @@ public final class TaskHost: @unchecked Sendable {
         transfers = BackgroundTransfers(.init(
             store: store, clock: clock, stateDirectory: configuration.stateDirectory,
             identities: configuration.confine && geteuid() == 0 ? AppIdentities(stateDirectory: configuration.stateDirectory) : nil,
-            conditions: { device.conditions() }, logger: logger))
+            conditions: { device.conditions() }, logger: logger,
+            bounds: TransferBounds(diskReserveBytes: configuration.diskReserveBytes)))
         scheduling.transfers = transfers
         verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
                              submissions: submissions, pushes: pushes, notifications: notifications)

@@ -1,4 +1,5 @@
 import BGTaskModel
+import BGTaskSystem
 import Foundation
 
 /// A push as a provider sends it (the APNs endpoint's request, or `bgtask push`), before it is
@@ -107,10 +108,7 @@ public enum PushRules {
             }
             id = uuid.uuidString
         } else {
-            guard let made = APNsID.make() else {
-                return .failure(.init(500, "InternalServerError", "no random bytes for an apns-id (getrandom failed)"))
-            }
-            id = made
+            id = RandomIdentifier.uuidString()
         }
         return .success(StoredPush(
             id: id, app: submission.app, payload: String(decoding: payload, as: UTF8.self), kind: kind, priority: priority,

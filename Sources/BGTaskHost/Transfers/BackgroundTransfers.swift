@@ -1,4 +1,5 @@
 import BGTaskModel
+import BGTaskSystem
 import BGTaskWire
 import Dispatch
 import Foundation
@@ -52,6 +53,9 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         var maximumRetryDelay: TimeInterval = 60
         /// Running transfers' bytes are written to the store at most this often.
         var progressSaveInterval: TimeInterval = 2
+        /// What transfers may cost the host, per app and together (the disk reserve is the
+        /// host's `--disk-reserve`).
+        var bounds = TransferBounds()
     }
 
     /// Something a scheduling pass should look at (a transfer ended, a hold lifts): called on the
@@ -70,6 +74,9 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     /// Transfers that may still move bytes (waiting, running), by id.
     private var live: [String: StoredTransfer] = [:]
     private struct Attempt {
+        /// The app it runs for (kept here: a cancelled transfer leaves `live` before its
+        /// attempt's end arrives, and the attempt still holds its connection until then).
+        var app: String
         var handle: TransferAttemptHandle
         var generation: Int
         var stop: StopReason?
@@ -85,9 +92,22 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     private var timers: [String: DispatchWorkItem] = [:]
     private struct SessionKey: Hashable { var app: String; var session: String }
     private var attached: [SessionKey: (launchID: String, send: @Sendable (String) -> Void)] = [:]
+    /// A look at the queued transfers is due (the host's descriptors held them back).
+    private var queuedLookArmed = false
+    /// What each app's transfers hold in the spool directory.
+    let staging: StagingLedger
 
     init(_ environment: Environment) {
         self.environment = environment
+        staging = StagingLedger(bounds: environment.bounds,
+                                directory: environment.stateDirectory.appendingPathComponent("transfers").path)
+    }
+
+    /// Bytes and inodes `app`'s transfers hold in the host's staging now (partial downloads,
+    /// copied upload bodies; a delivered download is in the app's container, and no longer
+    /// here): what per-app disk quotas add to the container's use. Any thread.
+    func stagingUsage(app: String) -> (bytes: UInt64, inodes: Int) {
+        staging.usage(app: app)
     }
 
     var partName: String { "background transfers" }
@@ -107,6 +127,10 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         engine = TransferEngine(logger: logger)
         queue.sync {
             for var transfer in unfinished {
+                var info = stat()
+                if let spool = transfer.spool, stat(spool, &info) == 0 {
+                    staging.set(transfer.id, app: transfer.app, UInt64(max(0, info.st_blocks)) * 512)
+                }
                 if transfer.info.state == .running {
                     transfer.info.state = .waiting
                     transfer.info.heldBy = "resuming after the host restarted"
@@ -151,13 +175,23 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     }
 
     private func create(_ request: TransferRequest, from caller: TransferCaller) -> TransferCallAnswer {
-        let id = UUID().uuidString
+        let id = RandomIdentifier.uuidString()
         let now = Date()
         var body: (fd: Int32, size: Int64)?
         if request.kind == .upload, let path = request.bodyFile {
             switch UploadBodyFile.open(path, roots: allowedRoots(caller.bundle), owner: try? environment.identities?.uid(forApp: caller.app)) {
             case .success(let opened): body = opened
             case .failure(let refusal): return .failure(TransferCallAnswer.invalidArgument, "bodyFile: \(refusal.message)")
+            }
+            // Staged as it is: its data, holes kept holes. Charged before a byte is copied:
+            // a body the app's cap or the disk reserve has no room for is refused here.
+            if let opened = body {
+                let data = UInt64(UploadBodyFile.dataBytes(opened.fd, size: opened.size))
+                if let refusal = staging.grow(id, app: caller.app, to: data) ?? staging.checkDisk(adding: data) {
+                    staging.release(id)
+                    close(opened.fd)
+                    return .failure(TransferCallAnswer.unavailable, "bodyFile: '\(path.prefix(300))' (\(opened.size) bytes, \(data) of data) cannot be staged: \(refusal)")
+                }
             }
         }
         var info = TransferInfo(id: id, app: caller.app, request: request, createdAt: now.timeIntervalSince1970)
@@ -172,20 +206,23 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         case .data: break
         }
         let created: Bool
-        do { created = try store.createTransfer(transfer, activeLimit: TransferLimits.activePerApp) } catch {
+        let queuedLimit = environment.bounds.queuedPerApp
+        do { created = try store.createTransfer(transfer, activeLimit: queuedLimit) } catch {
             if let body { close(body.fd) }
+            staging.release(id)
             return .failure(TransferCallAnswer.failed, "the host could not keep the transfer: \(error)")
         }
         guard created else {
             if let body { close(body.fd) }
-            return .failure(TransferCallAnswer.unavailable, "\(caller.app) has \(TransferLimits.activePerApp) transfers not yet delivered, the most the host keeps for an app")
+            staging.release(id)
+            return .failure(TransferCallAnswer.unavailable, "\(TransferBounds.tooManyQueuedName): \(caller.app) has \(queuedLimit) transfers not yet delivered, the most the host keeps for an app (deliver or cancel some first)")
         }
         logger.info("transfer created", metadata: ["transfer.id": "\(id)", "bundle.id": "\(caller.app)", "session": "\(request.session)",
                                                   "kind": "\(request.kind.rawValue)", "launch.id": "\(caller.launchID)"])
         return queue.sync {
             live[id] = transfer
             armResourceTimeout(transfer)
-            if let body, let spool = transfer.spool { copyBody(id: id, from: body.fd, size: body.size, to: spool) }
+            if let body, let spool = transfer.spool { copyBody(id: id, app: caller.app, from: body.fd, size: body.size, to: spool) }
             if let send = caller.send {
                 // Creating a task in a session attaches the launch to it, as attach does.
                 attached[SessionKey(app: caller.app, session: request.session)] = (caller.launchID, send)
@@ -203,15 +240,21 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
 
     /// Copies an upload's body into the spool (off the part's queue), so that the upload survives
     /// the app deleting or changing its file; then the transfer may start.
-    private func copyBody(id: String, from fd: Int32, size: Int64, to spool: String) {
+    private func copyBody(id: String, app: String, from fd: Int32, size: Int64, to spool: String) {
         copying.insert(id)
+        let staging = self.staging
         copyQueue.async { [self] in
-            let result = UploadBodyFile.copy(fd, size: size, to: spool)
+            // Each part charged (the app may have written data into its holes since) and the
+            // disk reserve asked, before it is written.
+            let result = UploadBodyFile.copy(fd, size: size, to: spool) { copied, adding in
+                staging.grow(id, app: app, to: UInt64(copied + adding)) ?? staging.checkDisk(adding: UInt64(adding))
+            }
             close(fd)
             queue.async { [self] in
                 copying.remove(id)
                 if case .failure(let error) = result {
-                    finish(id, state: .failed, error: TransferError(code: TransferError.fileDoesNotExistCode, message: error.description))
+                    let code = error.refusal != nil ? TransferError.cannotWriteToFileCode : TransferError.fileDoesNotExistCode
+                    finish(id, state: .failed, error: TransferError(code: code, message: error.description))
                 } else {
                     consider(id)
                 }
@@ -343,6 +386,16 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
             return
         }
         guard attempts[id] == nil, let engine else { return }
+        // Bounded: the app's running attempts, then the host's descriptors. Not written to the
+        // store (a queued transfer is a waiting one; the hold is recomputed on every look).
+        let appRunning = attempts.values.reduce(0) { $0 + ($1.app == transfer.app ? 1 : 0) }
+        if let queued = environment.bounds.queuedHold(app: transfer.app, running: appRunning)
+            ?? environment.bounds.descriptorHold(running: attempts.count) {
+            transfer.info.heldBy = queued
+            live[id] = transfer
+            if appRunning < environment.bounds.runningPerApp { armQueuedLook() }
+            return
+        }
         transfer.info.state = .running
         transfer.info.heldBy = nil
         transfer.info.attempts += 1
@@ -356,14 +409,41 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
             id: id, kind: transfer.info.kind, url: transfer.request.url, method: transfer.request.method, headers: transfer.request.headers,
             requestTimeout: transfer.request.requestTimeout, spool: transfer.info.kind == .download ? transfer.spool : nil,
             validator: transfer.validator, body: transfer.info.kind == .upload ? transfer.spool : nil,
-            bodyLength: transfer.info.bytesExpectedToSend, inlineLimit: TransferLimits.inlineBodyBytes)
+            bodyLength: transfer.info.bytesExpectedToSend, inlineLimit: TransferLimits.inlineBodyBytes,
+            app: transfer.app, staging: staging)
         logger.debug("transfer attempt", metadata: ["transfer.id": "\(id)", "attempt": "\(transfer.info.attempts)"])
         let handle = engine.start(attempt) { [weak self] event in
             guard let self else { return }
             self.queue.async { self.handle(event, of: id, generation: mine) }
         }
         // Its events hop onto this queue: none is handled before the attempt is kept.
-        attempts[id] = Attempt(handle: handle, generation: mine)
+        attempts[id] = Attempt(app: transfer.app, handle: handle, generation: mine)
+    }
+
+    /// Starts the queued transfers that may start now, oldest first: after an attempt ended
+    /// (its app's slot and its descriptors are free). On the queue.
+    private func startQueued() {
+        let queued = live.values.filter { $0.info.state == .waiting && $0.info.heldBy?.hasPrefix("queued") == true && attempts[$0.id] == nil }
+        guard !queued.isEmpty else { return }
+        let conditions = environment.conditions()
+        for transfer in queued.sorted(by: { ($0.info.createdAt, $0.id) < ($1.info.createdAt, $1.id) }) {
+            consider(transfer.id, conditions)
+            // Held for the host's descriptors: so is every other one now (one count of
+            // /proc/self/fd a pass, not one a queued transfer).
+            if let held = live[transfer.id]?.info.heldBy, held.hasPrefix("queued: transfers of all apps") || held.hasPrefix("queued: the host has") { break }
+        }
+    }
+
+    /// Looks at the queued transfers again in a second: nothing else says when the host's
+    /// descriptors are free again.
+    private func armQueuedLook() {
+        guard !queuedLookArmed else { return }
+        queuedLookArmed = true
+        queue.asyncAfter(deadline: .now() + 1) { [weak self] in
+            guard let self else { return }
+            self.queuedLookArmed = false
+            self.startQueued()
+        }
     }
 
     // MARK: Attempts' events
@@ -373,6 +453,7 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         if case let .finished(result) = event {
             let stop = attempts.removeValue(forKey: id)?.stop
             finished(id, result, stop: stop)
+            startQueued()
             return
         }
         guard var transfer = live[id] else { return }
@@ -444,7 +525,10 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
             finish(id, state: .completed, error: nil)
         case (nil, let .failed(error, retry, restart)):
             if restart {
-                if let spool = transfer.spool, transfer.info.kind == .download { truncate(spool, 0) }
+                if let spool = transfer.spool, transfer.info.kind == .download {
+                    truncate(spool, 0)
+                    staging.set(id, app: transfer.app, 0)
+                }
                 transfer.validator = nil
                 transfer.info.bytesReceived = 0
             }
@@ -481,6 +565,7 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         transfer.info.error = error
         transfer.info.finishedAt = Date().timeIntervalSince1970
         if let spool = transfer.spool { unlink(spool) }
+        staging.release(id)
         transfer.spool = nil
         transfer.validator = nil
         let route = attached[SessionKey(app: transfer.app, session: transfer.info.session)]

@@ -29,6 +29,10 @@ struct TransferAttempt: Sendable {
     var inlineLimit: Int = TransferLimits.inlineBodyBytes
     /// Progress events at most this often (and the last one at the end).
     var progressInterval: TimeInterval = 0.25
+    /// The app whose transfer it is, and the staging its spool writes are charged to (the
+    /// app's cap, the host's disk reserve) before they are made. Nil: not charged.
+    var app: String = ""
+    var staging: StagingLedger?
 }
 
 /// What an attempt reports, in order, on any thread: at most one `response`, `progress` at most
@@ -87,6 +91,10 @@ final class TransferEngine: @unchecked Sendable {
         // A refused connection fails the attempt at once: the part retries with its own
         // backoff (and says so in `heldBy`), rather than the pool retrying unseen.
         configuration.connectionPool.retryConnectionEstablishment = false
+        // Pooled connections are descriptors the transfers' share pays for (TransferBounds):
+        // no more idle per server than an app runs at once, and not kept long.
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = TransferBounds().runningPerApp
+        configuration.connectionPool.idleTimeout = .seconds(10)
         client = HTTPClient(eventLoopGroup: group, configuration: configuration, backgroundActivityLogger: logger)
     }
 
@@ -206,8 +214,11 @@ struct TransferFileError: Error, CustomStringConvertible {
     var path: String
     var errno: Int32?
     var action: String
+    /// The staging bound that stopped it (the app's cap, the host's disk reserve), if one did.
+    var refusal: StagingRefusal?
     var description: String {
-        "cannot \(action) (\(path))" + (errno.map { ": \(String(cString: strerror($0)))" } ?? "")
+        if let refusal { return "cannot \(action) (\(path)): \(refusal)" }
+        return "cannot \(action) (\(path))" + (errno.map { ": \(String(cString: strerror($0)))" } ?? "")
     }
 }
 
@@ -351,6 +362,7 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
                 return restart("the server resumed at \(head.headers.first(name: "Content-Range") ?? "an unnamed range"), not at byte \(offset)")
             }
             expected = range.total ?? (length >= 0 ? offset + length : -1)
+            if let refusal = stagingRefusal(forTotal: expected) { return refuse(refusal) }
             // The app asked for the whole resource: what it gets is the whole resource's answer
             // (200, its full length, no Content-Range), however many attempts it took.
             var whole = response
@@ -366,11 +378,27 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
         // A 200 to a resume (the file changed: If-Range), or any other answer: from zero.
         offset = 0
         expected = length
+        if let refusal = stagingRefusal(forTotal: length) { return refuse(refusal) }
         report(.response(response, validator: validator, offset: 0, expected: expected))
         let fd = self.fd
         return threadPool.runIfActive(eventLoop: loop) {
             if ftruncate(fd, 0) != 0 { throw TransferFileError(path: self.attempt.spool ?? "", errno: errno, action: "truncate the spool file") }
         }
+    }
+
+    /// A download whose announced length the app's staging cap or the disk reserve has no
+    /// room for fails at its head, before a byte is written (charged whole: what it will hold).
+    private func stagingRefusal(forTotal total: Int64) -> StagingRefusal? {
+        guard let staging = attempt.staging, total > 0 else { return nil }
+        var info = stat()
+        let have = fstat(fd, &info) == 0 ? Int64(info.st_size) : 0
+        return staging.grow(attempt.id, app: attempt.app, to: UInt64(total))
+            ?? staging.checkDisk(adding: UInt64(max(0, total - min(have, offset))))
+    }
+
+    private func refuse(_ refusal: StagingRefusal) -> EventLoopFuture<Void> {
+        failure = .failed(refusal.transferError, retry: false, restart: false)
+        return loop.makeFailedFuture(refusal)
     }
 
     private func restart(_ detail: String) -> EventLoopFuture<Void> {
@@ -429,10 +457,20 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
         guard !writing, pending.readableBytes > 0, writeFailure == nil else { return }
         writing = true
         let (buffer, at, fd, path, delay) = (pending, pendingAt, spoolFD, attempt.spool ?? "", writeDelay)
+        let (staging, id, app) = (attempt.staging, attempt.id, attempt.app)
         pending = ByteBuffer()
         pending.reserveCapacity(buffer.readableBytes)
         let write = threadPool.runIfActive(eventLoop: loop) {
             if let delay { Thread.sleep(forTimeInterval: delay.timeInterval) }
+            // Charged before it is written: past the app's staging cap, or into the host's
+            // disk reserve, the download fails (not the host, not the disk).
+            if let staging {
+                let end = UInt64(at) + UInt64(buffer.readableBytes)
+                var info = stat()
+                let size = fstat(fd, &info) == 0 ? UInt64(max(0, info.st_size)) : 0
+                if let refusal = staging.grow(id, app: app, to: end)
+                    ?? staging.checkDisk(adding: end > size ? end - size : 0) { throw refusal }
+            }
             try buffer.withUnsafeReadableBytes { bytes in
                 var done = 0
                 while done < bytes.count {
@@ -518,6 +556,7 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
             threadPool.runIfActive(eventLoop: loop) { () -> TransferAttemptResult in
                 defer { Glibc.close(fd) }
                 if case .failure(let error) = written, case .completed = outcome {
+                    if let refusal = error as? StagingRefusal { return .failed(refusal.transferError, retry: false, restart: false) }
                     return .failed(TransferError(code: TransferError.cannotWriteToFileCode, message: "\(error)"), retry: true, restart: false)
                 }
                 if case .completed = outcome, fsync(fd) != 0 {
@@ -564,6 +603,9 @@ final class TransferDelegate: HTTPClientResponseDelegate, @unchecked Sendable {
             case ECONNREFUSED, EHOSTUNREACH, ENETUNREACH: return retry(TransferError.cannotConnectToHostCode, "cannot connect: \(io)")
             default: return retry(TransferError.networkConnectionLostCode, "the connection was lost: \(io)")
             }
+        }
+        if let refusal = error as? StagingRefusal {
+            return .failed(refusal.transferError, retry: false, restart: false)
         }
         if let file = error as? TransferFileError {
             return .failed(TransferError(code: TransferError.cannotWriteToFileCode, message: file.description), retry: false, restart: false)

@@ -54,37 +54,86 @@ enum UploadBodyFile {
         return .success((fd, Int64(info.st_size)))
     }
 
-    /// Copies `size` bytes from `fd` into `spool` (through `spool.tmp`, renamed when synced: a
-    /// spool file that exists is whole).
-    static func copy(_ fd: Int32, size: Int64, to spool: String) -> Result<Void, TransferFileError> {
+    /// `SEEK_DATA` and `SEEK_HOLE` (Glibc's module leaves them out: they need _GNU_SOURCE).
+    static let seekData: Int32 = 3
+    static let seekHole: Int32 = 4
+
+    /// The file's data ranges in [0, `size`), holes left out: its extents as the filesystem
+    /// tells them (SEEK_DATA/SEEK_HOLE); the whole file when the filesystem cannot tell.
+    static func dataRanges(_ fd: Int32, size: Int64) -> [Range<Int64>] {
+        var ranges: [Range<Int64>] = []
+        var position: Int64 = 0
+        while position < size {
+            let start = Int64(lseek(fd, off_t(position), seekData))
+            if start < 0 {
+                // ENXIO: no data past `position`; anything else (EINVAL): no extents here.
+                if errno == ENXIO { break }
+                return ranges + [position..<size]
+            }
+            guard start < size else { break }
+            var end = Int64(lseek(fd, off_t(start), seekHole))
+            if end < 0 || end > size { end = size }
+            guard end > start else { break }
+            ranges.append(start..<end)
+            position = end
+        }
+        return ranges
+    }
+
+    /// Bytes of data in the file's first `size` bytes (its holes not counted): what staging it
+    /// costs.
+    static func dataBytes(_ fd: Int32, size: Int64) -> Int64 {
+        dataRanges(fd, size: size).reduce(0) { $0 + ($1.upperBound - $1.lowerBound) }
+    }
+
+    /// Copies the first `size` bytes of `fd` into `spool` (through `spool.tmp`, renamed when
+    /// synced: a spool file that exists is whole). Only its data is copied, holes stay holes
+    /// (a 1 GiB sparse file is not 1 GiB of zeros in staging). Before each part is written,
+    /// `admit(copied, adding)` is asked (the app's staging cap, the host's disk reserve): a
+    /// refusal stops the copy, the temporary file removed.
+    static func copy(_ fd: Int32, size: Int64, to spool: String,
+                     admit: (_ copied: Int64, _ adding: Int64) -> StagingRefusal? = { _, _ in nil }) -> Result<Void, TransferFileError> {
         let temporary = spool + ".tmp"
         let out = Glibc.open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard out >= 0 else { return .failure(TransferFileError(path: temporary, errno: errno, action: "create the upload's spool file")) }
         defer { close(out) }
+        func fail(_ error: TransferFileError) -> Result<Void, TransferFileError> {
+            unlink(temporary)
+            return .failure(error)
+        }
         var buffer = [UInt8](repeating: 0, count: 256 * 1024)
         var copied: Int64 = 0
-        while copied < size {
-            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, off_t(copied)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                unlink(temporary)
-                return .failure(TransferFileError(path: spool, errno: n < 0 ? errno : nil, action: "copy the upload's body (the app's file shrank or could not be read)"))
-            }
-            var written = 0
-            while written < n {
-                let w = buffer.withUnsafeBytes { write(out, $0.baseAddress! + written, n - written) }
-                if w < 0 && errno == EINTR { continue }
-                guard w > 0 else {
-                    unlink(temporary)
-                    return .failure(TransferFileError(path: temporary, errno: errno, action: "write the upload's spool file"))
+        for range in dataRanges(fd, size: size) {
+            var at = range.lowerBound
+            while at < range.upperBound {
+                let want = Int(min(Int64(buffer.count), range.upperBound - at))
+                if let refusal = admit(copied, Int64(want)) {
+                    return fail(TransferFileError(path: spool, errno: nil, action: "stage the upload's body", refusal: refusal))
                 }
-                written += w
+                let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(at)) }
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else {
+                    return fail(TransferFileError(path: spool, errno: n < 0 ? errno : nil, action: "copy the upload's body (the app's file shrank or could not be read)"))
+                }
+                var written = 0
+                while written < n {
+                    let w = buffer.withUnsafeBytes { pwrite(out, $0.baseAddress! + written, n - written, off_t(at) + off_t(written)) }
+                    if w < 0 && errno == EINTR { continue }
+                    guard w > 0 else {
+                        return fail(TransferFileError(path: temporary, errno: errno, action: "write the upload's spool file"))
+                    }
+                    written += w
+                }
+                at += Int64(n)
+                copied += Int64(n)
             }
-            copied += Int64(n)
+        }
+        // The length, holes and all (a trailing hole is no data to copy).
+        guard ftruncate(out, off_t(size)) == 0 else {
+            return fail(TransferFileError(path: temporary, errno: errno, action: "size the upload's spool file"))
         }
         guard fsync(out) == 0, rename(temporary, spool) == 0 else {
-            unlink(temporary)
-            return .failure(TransferFileError(path: spool, errno: errno, action: "keep the upload's spool file"))
+            return fail(TransferFileError(path: spool, errno: errno, action: "keep the upload's spool file"))
         }
         return .success(())
     }

@@ -232,5 +232,10 @@ int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, 
  * payload length, 0 at end of stream, -1 and errno.
  * Async-signal-safe: yes */
 ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t length);
+/* getrandom(2) into `buffer`, whole (short reads and EINTR retried): 0, or -1 and errno. Needs
+ * no descriptor (unlike /dev/urandom, which Foundation's UUID() reads and which yields an
+ * all-zero UUID when the process is out of descriptors).
+ * Async-signal-safe: yes */
+int bgtask_getrandom(void *buffer, size_t length);
 
 #endif
