@@ -201,6 +201,13 @@ final class LaunchLog {
             let fd = openat(directoryFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             if fd >= 0 { return fd }
             let error = errno
+            if error == ENOSPC || error == EDQUOT {
+                // No inode left (an app made files until there was none): one of the host's
+                // spare inodes, beside the logs (`StoreReserve`), takes the log's name.
+                let logs = directory.lastIndex(of: "/").map { String(directory[..<$0]) } ?? "."
+                let spare = StoreReserve.takeSpareInode(reserve: (logs.isEmpty ? "" : logs) + "/reserve", into: directoryFD, name: name)
+                if spare >= 0 { return spare }
+            }
             guard error == EEXIST, attempt == 0 else {
                 failure = "\(path): \(String(cString: strerror(error)))"
                 return -1
