@@ -385,6 +385,10 @@ int64_t bgtask_directory_usage(const char *path, int64_t max_entries) {
     return usage_total;
 }
 
+int bgtask_allocate_keeping_size(int fd, int64_t offset, int64_t length) {
+    return fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)length);
+}
+
 int64_t bgtask_directory_usage_entries(const char *path, int64_t max_entries, int64_t *entries, int *complete) {
     int64_t limit = max_entries > 0 ? max_entries : 1;
     usage_total = 0;

@@ -182,7 +182,7 @@ public struct LaunchSupervisor: Sendable {
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         record.processLimit = cgroup?.processLimit
-        let logError = log.failure.map { "\($0): the launch's output from then on was not kept" }
+        let logError = log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" }
         if plan.limits.diskQuota.isOn || logError != nil {
             // What the app holds now, for the record (one walk; the quota's kill, if any, says
             // what it held then).

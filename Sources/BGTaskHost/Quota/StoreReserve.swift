@@ -15,6 +15,12 @@ import _BGTaskSystemShims
 ///   ballast is released: never acknowledged and then lost, and never spending the space the
 ///   records need. The ballast is allocated again once the filesystem has room for it twice
 ///   over (`restoreIfRoom`, looked at before each submission, at most every 100 ms).
+/// - **Log ballast** (`STATE/reserve/log-ballast`, as large): the same, for launch logs, given
+///   out in grants of `logGrant` (256 KiB), at most one per launch: a log write that finds the
+///   disk full shrinks the ballast by a grant and allocates that much to the log at once
+///   (`grantLogSpace`), then writes again. Another app's launch keeps its log after one app
+///   filled the disk, and the filler's own log cannot take more than its grant. Apart from
+///   the store's, so that logs can never spend what records need.
 /// - **Spare inodes** (`STATE/reserve/spare-NN`, 64 empty files): a launch log made when the
 ///   filesystem has no inode left takes one (a link under the log's name, then the spare's
 ///   name removed: no new inode is needed; `LaunchLog`). The database needs none: its file,
@@ -25,6 +31,7 @@ import _BGTaskSystemShims
 public final class StoreReserve: @unchecked Sendable {
     public let directory: String
     public let ballastPath: String
+    public let logBallastPath: String
     public let bytes: UInt64
     public static let defaultBytes: UInt64 = 8 << 20
     public static let spareInodes = 64
@@ -43,6 +50,7 @@ public final class StoreReserve: @unchecked Sendable {
     public init(stateDirectory: URL, bytes: UInt64 = StoreReserve.defaultBytes) {
         directory = stateDirectory.appendingPathComponent("reserve", isDirectory: true).path
         ballastPath = directory + "/ballast"
+        logBallastPath = directory + "/log-ballast"
         self.bytes = bytes
     }
 
@@ -55,7 +63,8 @@ public final class StoreReserve: @unchecked Sendable {
         }
         let spares = replenishSpareInodes()
         let ballast = allocate()
-        return [ballast, spares].compactMap { $0 }.first
+        let logBallast = allocateLogBallast()
+        return [ballast, logBallast, spares].compactMap { $0 }.first
     }
 
     /// True while the ballast's blocks are given back (the disk was full).
@@ -93,7 +102,8 @@ public final class StoreReserve: @unchecked Sendable {
         }
         if due {
             var info = statvfs()
-            if statvfs(directory, &info) == 0, UInt64(info.f_bavail) * UInt64(info.f_frsize) >= bytes * 2, allocate() == nil {
+            if statvfs(directory, &info) == 0, UInt64(info.f_bavail) * UInt64(info.f_frsize) >= bytes * 3, allocate() == nil {
+                _ = allocateLogBallast()
                 _ = replenishSpareInodes()
             }
         }
@@ -127,6 +137,36 @@ public final class StoreReserve: @unchecked Sendable {
             $0.releasedBecause = nil
         }
         return nil
+    }
+
+    /// Allocates the log ballast (see the type's comment). nil, or why it could not.
+    private func allocateLogBallast() -> String? {
+        guard bytes > 0 else { return nil }
+        let fd = open(logBallastPath, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "cannot make the host's disk reserve for logs \(logBallastPath): \(String(cString: strerror(errno)))" }
+        defer { close(fd) }
+        let result = posix_fallocate(fd, 0, off_t(bytes))
+        guard result == 0 else {
+            ftruncate(fd, 0)
+            return "cannot allocate the host's disk reserve for logs at \(logBallastPath): \(String(cString: strerror(result)))"
+        }
+        return nil
+    }
+
+    /// What one launch's log may take from the log ballast.
+    static let logGrant: Int = 256 * 1024
+
+    /// A launch's log found the disk full: moves `logGrant` bytes from the log ballast beside
+    /// its directory (`STATE/logs` → `STATE/reserve/log-ballast`) to the log (`log`, allocated
+    /// from `offset` on without changing its size). True when the log has them. Restored with
+    /// the store's ballast (`restoreIfRoom`).
+    static func grantLogSpace(reserve: String, to log: Int32, at offset: Int64) -> Bool {
+        let fd = open(reserve + "/log-ballast", O_WRONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size >= logGrant, ftruncate(fd, info.st_size - off_t(logGrant)) == 0 else { return false }
+        return bgtask_allocate_keeping_size(log, offset, Int64(logGrant)) == 0
     }
 
     /// Makes the missing spare inodes (empty files). nil, or why not all could be made.
