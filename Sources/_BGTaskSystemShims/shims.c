@@ -397,3 +397,19 @@ int bgtask_getrandom(void *buffer, size_t length) {
     }
     return 0;
 }
+
+int bgtask_allocate_keeping_size(int fd, int64_t offset, int64_t length) {
+    return fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)length);
+}
+
+int64_t bgtask_directory_usage_entries(const char *path, int64_t max_entries, int64_t *entries, int *complete) {
+    int64_t limit = max_entries > 0 ? max_entries : 1;
+    usage_total = 0;
+    usage_left = limit;
+    int result = nftw(path, add_usage, 16, FTW_PHYS | FTW_MOUNT | FTW_ACTIONRETVAL);
+    if (result == -1) return -1;
+    /* add_usage counts down once per entry and stops the walk at 0. */
+    if (entries) *entries = limit - (usage_left > 0 ? usage_left : 0);
+    if (complete) *complete = result != FTW_STOP;
+    return usage_total;
+}

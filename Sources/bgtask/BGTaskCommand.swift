@@ -116,6 +116,17 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .customLong("disk-reserve"), help: ArgumentHelp("Free space to keep on the filesystem of the apps' containers (e.g. 1GB, 0 for none): a launch that writes while there is less is killed, and its record says so (disk). Default: 64 MiB.", valueName: "size"))
     var diskReserve: ByteCountArgument?
 
+    @Option(name: .customLong("disk-quota"), help: ArgumentHelp("What each app's containers (its own and its app groups') and transfer staging may hold (e.g. 500MB, 0 for no limit): an app over it is not launched, a launch that passes it is killed (disk-quota), and records say so. Default: 1 GiB.", valueName: "size"))
+    var diskQuota: ByteCountArgument?
+
+    @Option(name: .customLong("disk-quota-inodes"), help: ArgumentHelp("How many files and directories each app's containers and staging may hold (0 for no limit), enforced as --disk-quota is. Default: 100000.", valueName: "count"))
+    var diskQuotaInodes: UInt64?
+
+    /// The disk quota these options give (the defaults for what is not given).
+    var quota: DiskQuota {
+        DiskQuota(bytes: diskQuota?.bytes ?? DiskQuota.defaultBytes, inodes: diskQuotaInodes ?? DiskQuota.defaultInodes)
+    }
+
     @Option(name: .long, help: ArgumentHelp(
         "A delegated cgroup v2 directory, or auto: a child cgroup per launch with memory.max (instead of sampling), pids.max and cgroup.kill.",
         discussion: "auto uses the cgroup this process was started in when it is delegated to it (systemd's Delegate=yes), else says why and samples.",

@@ -27,8 +27,24 @@ extension BGTaskCommand {
                     print("\(finding.available ? "yes" : "no ")  \(finding.layer): \(finding.detail)")
                     if let remedy = finding.remedy { print("     to get it: \(remedy)") }
                 }
+                // Not a confinement layer (it does not change the exit status): how the hosts'
+                // per-app disk quotas are enforced on the default state directory's filesystem.
+                print("disk quotas: \(ProjectQuotas.enforcement(Self.defaultStateDirectory()))")
             }
             if findings.contains(where: { !$0.available }) { throw ExitCode.failure }
+        }
+
+        /// The default state directory (`StateOptions.stateDirectory` without --state), or its
+        /// nearest existing ancestor: where a host would keep the apps' containers.
+        static func defaultStateDirectory() -> String {
+            let environment = ProcessInfo.processInfo.environment
+            var path = environment["BGTASK_STATE"].flatMap { $0.isEmpty ? nil : $0 }
+                ?? environment["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 + "/bgtask" }
+                ?? FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".local/state/bgtask").path
+            while !FileManager.default.fileExists(atPath: path), path.count > 1 {
+                path = (path as NSString).deletingLastPathComponent
+            }
+            return path
         }
 
         /// `bgtask 0.1.0 on Linux 6.1.0-18-amd64 (x86_64), uid 1000`: what a bug report needs first.

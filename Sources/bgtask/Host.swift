@@ -56,6 +56,9 @@ extension BGTaskCommand {
         @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("A control connection idle this long between requests is closed. Default: 30s.", valueName: "duration"), transform: DurationArgument.parse)
         var idleTimeout: DurationArgument?
 
+        @Option(name: .customLong("store-reserve"), help: ArgumentHelp("Disk the host keeps allocated in its state directory for its own records (0 for none): released when the disk is full so that run records and acknowledged requests are still written; new submissions are refused (disk full) until it is back. Default: 8 MiB.", valueName: "size"))
+        var storeReserve: ByteCountArgument?
+
         @Flag(name: .customLong("log-private"), help: "Keep private values in launches' unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
         var logPrivate = false
 
@@ -177,6 +180,8 @@ extension BGTaskCommand {
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes
             if let logLimit = limits.logLimit { configuration.logLimitBytes = logLimit.bytes }
             if let reserve = limits.diskReserve { configuration.diskReserveBytes = reserve.bytes }
+            configuration.diskQuota = limits.quota
+            if let storeReserve { configuration.storeReserveBytes = storeReserve.bytes }
             configuration.controlLimits.maximumConnections = maxConnections
             if let requestTimeout { configuration.controlLimits.requestTimeout = requestTimeout.duration }
             if let idleTimeout { configuration.controlLimits.idleTimeout = idleTimeout.duration }

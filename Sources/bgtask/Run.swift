@@ -97,6 +97,7 @@ extension BGTaskCommand {
             if let memoryLimit = limitOptions.memoryLimit { limits.memoryLimitBytes = memoryLimit.bytes }
             if let logLimit = limitOptions.logLimit { limits.logLimitBytes = logLimit.bytes }
             if let reserve = limitOptions.diskReserve { limits.diskReserveBytes = reserve.bytes }
+            limits.diskQuota = limitOptions.quota
 
             let state = options.stateDirectory
             // As the host does: an owner-only state directory, SIGPIPE a write error rather than

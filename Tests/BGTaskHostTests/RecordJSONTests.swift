@@ -107,6 +107,8 @@ import Testing
                             deliveredAfterMs: 0.75, result: "new-data", completedMs: 12)
         record.notificationsAdded = ["n1", awkward]
         record.transfers = .init(delivered: ["t1", "t2"], sessions: ["com.example.session", awkward])
+        record.disk = .init(bytes: UInt64.max, inodes: 12, quotaBytes: 1 << 30, quotaInodes: 100_000, enforcement: awkward,
+                            exceeded: awkward, logError: awkward)
         return record
     }
 
@@ -172,6 +174,10 @@ import Testing
         record.notificationsAdded = maybe((0..<Int.random(in: 0...2, using: &generator)).map { _ in text() })
         record.transfers = maybe(RunRecord.TransfersRecord(delivered: (0..<Int.random(in: 0...2, using: &generator)).map { _ in text() },
                                                            sessions: maybe([text()])))
+        record.disk = maybe(RunRecord.DiskRecord(
+            bytes: maybe(UInt64.random(in: 0 ... .max, using: &generator)), inodes: maybe(UInt64.random(in: 0...1_000_000, using: &generator)),
+            quotaBytes: UInt64.random(in: 0 ... .max, using: &generator), quotaInodes: UInt64.random(in: 0...1_000_000, using: &generator),
+            enforcement: maybe(text()), exceeded: maybe(text()), logError: maybe(text())))
         return record
     }
 

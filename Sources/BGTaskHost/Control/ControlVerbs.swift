@@ -368,6 +368,11 @@ final class ControlVerbs: @unchecked Sendable {
             let state = (try? store.appState(stored.app)) ?? AppState(app: stored.app)
             let appRunning = launches.launch(of: stored.app) != nil
             var blockers = scheduling.eligibility(device.conditions()).blockers(for: stored, app: catalog.apps[stored.app], state: state, appRunning: appRunning)
+            // The app's last launch was not started (over its disk quota, or the host's failure):
+            // the scheduler passes it by until its pause ends.
+            if let failure = launches.startFailure(of: stored.app) {
+                blockers.append(Blocker(failure.diskQuota ? .diskQuota : .startFailed, failure.message, until: failure.until))
+            }
             if core.clock.mode == .virtual, let index = blockers.firstIndex(where: { $0.knownCode == .notDue }), let until = blockers[index].until {
                 blockers[index].message += " (virtual clock: bgtask clock advance \(Eligibility.format(until.timeIntervalSince(now))))"
             }

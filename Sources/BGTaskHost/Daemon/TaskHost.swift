@@ -66,6 +66,11 @@ public final class TaskHost: @unchecked Sendable {
         public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
         /// Free space kept on the containers' filesystem (see LaunchLimits.diskReserveBytes).
         public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
+        /// Each app's disk quota (`--disk-quota`, `--disk-quota-inodes`; see DiskQuota).
+        public var diskQuota = DiskQuota()
+        /// The host's reserve in its state directory for records and acknowledged requests
+        /// (`--store-reserve`; see StoreReserve). 0: none.
+        public var storeReserveBytes: UInt64 = StoreReserve.defaultBytes
         /// Launches keep private values in their unified-logging entries (`--log-private`).
         public var logPrivateValues = false
         /// Serve an APNs-compatible provider endpoint at this address and port (nil: none).
@@ -112,7 +117,11 @@ public final class TaskHost: @unchecked Sendable {
         if let warning = try StateDirectory.prepare(configuration.stateDirectory) { logger.warning("\(warning)") }
         if configuration.confine && geteuid() == 0 { try ContainerReach.check(stateDirectory: configuration.stateDirectory.path) }
         lock = try StateDirectory.Lock(configuration.stateDirectory)
-        let store = try PendingRequestStore(directory: configuration.stateDirectory)
+        // The disk reserve before the database: made while there is room (see StoreReserve).
+        let reserve = StoreReserve(stateDirectory: configuration.stateDirectory, bytes: configuration.storeReserveBytes)
+        if let warning = reserve.prepare() { logger.warning("\(warning)") }
+        let store = try PendingRequestStore(directory: configuration.stateDirectory, reserve: reserve)
+        logger.info("disk quotas per app: \(configuration.diskQuota.isOn ? "\(RunRecord.mib(configuration.diskQuota.bytes)), \(configuration.diskQuota.inodes) files" : "none"); \(ProjectQuotas.cachedEnforcement(configuration.stateDirectory.path))")
         let clock = try HostClock(mode: configuration.clock, store: store)
         if let reason = clock.resetReason { logger.warning("virtual clock reset: \(reason)") }
         core = HostCore(configuration: configuration, store: store, clock: clock, logger: logger, queue: DispatchQueue(label: "bgtask.host"))

@@ -41,7 +41,13 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private var finishedRecords: [String: RunRecord] = [:]
     /// Apps whose last launch could not be started, and when to try again (real time).
     private var retryAfter: [String: Date] = [:]
+    /// Why each app in `retryAfter` was not started, for `bgtask why`: its record's error, and
+    /// whether it was its disk quota.
+    private var startFailures: [String: (message: String, diskQuota: Bool)] = [:]
     static let startFailureBackoff: TimeInterval = 30
+    /// An app refused over its disk quota is measured again this much later (each refusal is a
+    /// walk of its containers and a record in its history).
+    static let diskQuotaBackoff: TimeInterval = 120
     /// Continued-processing tasks: running, queued, their progress (see ContinuedLaunches.swift).
     var continued: ContinuedProcessing
     var stallTimer: DispatchSourceTimer?
@@ -115,7 +121,16 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     var backingOff: Set<String> { Set(retryAfter.keys) }
 
     /// Forgets start failures whose backoff is over.
-    func pruneBackoffs(now: Date = Date()) { retryAfter = retryAfter.filter { $0.value > now } }
+    func pruneBackoffs(now: Date = Date()) {
+        retryAfter = retryAfter.filter { $0.value > now }
+        startFailures = startFailures.filter { retryAfter[$0.key] != nil }
+    }
+
+    /// Why the app's last launch was not started and until when it waits (nil: it does not).
+    func startFailure(of app: String) -> (message: String, diskQuota: Bool, until: Date)? {
+        guard let until = retryAfter[app], until > Date(), let failure = startFailures[app] else { return nil }
+        return (failure.message, failure.diskQuota, until)
+    }
 
     // MARK: Starting
 
@@ -136,6 +151,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         if let memory = configuration.memoryLimitBytes { limits.memoryLimitBytes = memory }
         limits.logLimitBytes = configuration.logLimitBytes
         limits.diskReserveBytes = configuration.diskReserveBytes
+        limits.diskQuota = configuration.diskQuota
         let launchID = LaunchPlan.newLaunchID()
         var plan = LaunchPlan(
             bundle: bundle, tasks: tasks, role: role, reason: reason, limits: limits, launchID: launchID,
@@ -220,9 +236,14 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             do { removeLogs(of: try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp)) } catch {
                 core.logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
             }
-            retryAfter[record.app] = Date().addingTimeInterval(Self.startFailureBackoff)
-            core.queue.asyncAfter(deadline: .now() + Self.startFailureBackoff + 0.01) { [weak self] in self?.onEnded() }
-            core.logger.error("could not start a launch; retrying later", metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
+            // Over its disk quota: the app's fault, measured again after a longer pause.
+            let overQuota = record.disk?.exceeded != nil
+            let pause = overQuota ? Self.diskQuotaBackoff : Self.startFailureBackoff
+            retryAfter[record.app] = Date().addingTimeInterval(pause)
+            startFailures[record.app] = (record.error ?? "the launch could not be started", overQuota)
+            core.queue.asyncAfter(deadline: .now() + pause + 0.01) { [weak self] in self?.onEnded() }
+            core.logger.error(overQuota ? "not launching an app over its disk quota; measuring again later" : "could not start a launch; retrying later",
+                              metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
         } else {
             do {
                 // The record and the app's state in one transaction (launch bookkeeping: not

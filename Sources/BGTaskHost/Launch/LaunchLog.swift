@@ -30,6 +30,17 @@ final class LaunchLog {
     private var file: Int32 = -1
     /// Why the file could not be written, once (then the log's bytes are dropped).
     private(set) var failure: String?
+    /// Bytes that could not be written (the disk was full).
+    private(set) var lostBytes: UInt64 = 0
+    /// The log took its grant from the host's reserve for logs (once per launch).
+    private var grantTaken = false
+    /// The host's reserve beside the log's directory (`STATE/logs` → `STATE/reserve`).
+    private var reserveDirectory: String? {
+        guard let slash = path.lastIndex(of: "/") else { return nil }
+        let directory = path[..<slash]
+        guard let parent = directory.lastIndex(of: "/") else { return nil }
+        return String(path[..<parent]) + "/reserve"
+    }
     private var buffer: [UInt8] = []
     /// Bytes written to the file.
     private(set) var keptBytes: UInt64 = 0
@@ -168,15 +179,25 @@ final class LaunchLog {
 
     private func write(_ bytes: UnsafeRawBufferPointer) {
         if file < 0 {
-            guard failure == nil else { return }
-            file = create()
-            guard file >= 0 else { return }
+            if failure == nil { file = create() }
+            guard file >= 0 else {
+                lostBytes += UInt64(bytes.count)
+                return
+            }
         }
         var offset = 0
         while offset < bytes.count {
             let n = retryingEINTR { Glibc.write(file, bytes.baseAddress! + offset, bytes.count - offset) }
             guard n > 0 else {
-                failure = "\(path): \(String(cString: strerror(errno)))"
+                let error = errno
+                // The disk is full (another app filled it): the log takes its one grant from
+                // the host's reserve for logs, and the write is tried again (see StoreReserve).
+                if (error == ENOSPC || error == EDQUOT), !grantTaken, let reserve = reserveDirectory {
+                    grantTaken = true
+                    if StoreReserve.grantLogSpace(reserve: reserve, to: file, at: Int64(lseek(file, 0, SEEK_CUR))) { continue }
+                }
+                if failure == nil { failure = "\(path): \(String(cString: strerror(error)))" }
+                lostBytes += UInt64(bytes.count - offset)
                 return
             }
             offset += n
@@ -201,6 +222,14 @@ final class LaunchLog {
             let fd = openat(directoryFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             if fd >= 0 { return fd }
             let error = errno
+            if error == ENOSPC || error == EDQUOT {
+                // No inode left (an app made files until there was none): one of the host's
+                // spare inodes, beside the logs (`StoreReserve`), takes the log's name.
+                if let reserve = reserveDirectory {
+                    let spare = StoreReserve.takeSpareInode(reserve: reserve, into: directoryFD, name: name)
+                    if spare >= 0 { return spare }
+                }
+            }
             guard error == EEXIST, attempt == 0 else {
                 failure = "\(path): \(String(cString: strerror(error)))"
                 return -1

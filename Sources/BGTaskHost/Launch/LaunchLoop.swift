@@ -30,6 +30,8 @@ struct LaunchLoop {
     private var memory: MemorySampler
     private let sampling: Bool
     private var disk: DiskReserveWatch
+    /// The app's disk quota (its use measured before the launch: `LaunchState.diskUseAtStart`).
+    private(set) var quota: DiskQuotaWatch
 
     /// How long a child that closed its channel has to exit before it counts as hung up, and
     /// one that said its tasks had ended has to be gone before it is killed. A dying process
@@ -57,6 +59,10 @@ struct LaunchLoop {
             reserve: plan.limits.diskReserveBytes,
             containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
             startNs: state.startNs, checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
+        quota = DiskQuotaWatch(
+            quota: state.diskUseAtStart == nil ? .none : plan.limits.diskQuota, directories: DiskAccounting.directories(of: plan),
+            app: plan.bundle.identifier, startNs: state.startNs, use: state.diskUseAtStart ?? DiskUse(),
+            lookInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
     }
 
     mutating func run(_ state: inout LaunchState) {
@@ -118,6 +124,9 @@ struct LaunchLoop {
         } else if let exhaustion = disk.check(at: now) {
             state.diskExhaustion = exhaustion
             kill(.disk, &state, "disk kill", ["reserve": "\(disk.reserve)"])
+        } else if let exceeded = quota.check(at: now) {
+            state.diskQuotaExceeded = "\(exceeded) while it ran"
+            kill(.diskQuota, &state, "disk quota kill", ["bytes": "\(quota.use.bytes)", "inodes": "\(quota.use.inodes)"])
         } else if sampling,
                   let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in (try? channel.send(ParentMessage.probeChildren)) != nil }),
                   rss > plan.limits.memoryLimitBytes {
@@ -155,6 +164,7 @@ struct LaunchLoop {
             if let closedAt = channelClosedAt { next = min(next, closedAt + Self.exitAfterHangUp) }
             if let finishedNs = state.finishedNs { next = min(next, finishedNs + Self.exitAfterFinished) }
             if disk.isOn { next = min(next, max(disk.nextCheckNs, now)) }
+            if quota.isOn { next = min(next, max(quota.nextCheckNs, now)) }
             for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { next = min(next, deadline) }
         } else {
             next = UInt64.max

@@ -14,6 +14,9 @@ public struct LaunchLimits: Sendable, Equatable {
     /// Free space its container's filesystem keeps: a launch that writes while there is less
     /// is killed (`disk`). 0: none.
     public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
+    /// What its app's containers (its own, its groups') and staging may hold: a launch of an
+    /// app over it is refused, one that passes it while running is killed (`disk-quota`).
+    public var diskQuota = DiskQuota()
 
     public init(budget: Duration, grace: Duration, memoryLimitBytes: UInt64) {
         self.budget = budget

@@ -57,6 +57,10 @@ struct LaunchState {
     var lingering: String?
     /// Why a launch was killed for writing under the disk reserve.
     var diskExhaustion: String?
+    /// Why the launch was killed over its app's disk quota (`disk-quota`).
+    var diskQuotaExceeded: String?
+    /// What the app's containers and staging held before the launch (nil: no quota).
+    var diskUseAtStart: DiskUse?
     var fatal: String?
     var error: String?
     var forcedTermination: RunRecord.Termination?
@@ -186,11 +190,13 @@ struct LaunchState {
         if bgtask_wifexited(status) != 0 { exitStatus = bgtask_wexitstatus(status) }
         let openTasks = tasks.values.contains { !$0.notRegistered && $0.completedNs == nil }
 
-        if let killed, killed == .watchdog || killed == .jetsam || killed == .disk {
+        if let killed, killed == .watchdog || killed == .jetsam || killed == .disk || killed == .diskQuota {
             termination = killed
             signal = "SIGKILL"
             if killed == .disk {
                 error = diskExhaustion
+            } else if killed == .diskQuota {
+                error = diskQuotaExceeded
             } else if killed == .watchdog, let lingering {
                 error = lingering
             } else if killed == .watchdog {

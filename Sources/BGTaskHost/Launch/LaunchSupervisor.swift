@@ -93,6 +93,20 @@ public struct LaunchSupervisor: Sendable {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
         let (groups, identity) = try prepareContainers(plan)
+        // The app's disk quota, measured before anything of the launch exists: an app over it
+        // is not launched (a `launch-failed` record that says why; its requests stay pending).
+        var diskUseAtStart: DiskUse?
+        if plan.limits.diskQuota.isOn {
+            let use = DiskAccounting.measure(DiskAccounting.directories(of: plan)) + DiskAccounting.staging(of: plan.bundle.identifier)
+            if let exceeded = plan.limits.diskQuota.exceeded(by: use) {
+                var record = RunRecord.notStarted(plan, error: BGTaskError(
+                    .launch, file: plan.dataDirectory.path,
+                    "not launched: \(exceeded); it launches again once it holds less (remove files from its container, or raise --disk-quota or --disk-quota-inodes)"))
+                record.disk = Self.diskRecord(plan, use: use, exceeded: exceeded, logError: nil)
+                return record
+            }
+            diskUseAtStart = use
+        }
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -142,6 +156,7 @@ public struct LaunchSupervisor: Sendable {
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
         var state = LaunchState(plan: plan, startNs: startNs, log: log)
+        state.diskUseAtStart = diskUseAtStart
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
         if !startFirst { startError = sendStart(cgroup) }
@@ -172,8 +187,25 @@ public struct LaunchSupervisor: Sendable {
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         record.processLimit = cgroup?.processLimit
+        let logError = log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" }
+        if plan.limits.diskQuota.isOn || logError != nil {
+            // What the app holds now, for the record (one walk; the quota's kill, if any, says
+            // what it held then).
+            let use = plan.limits.diskQuota.isOn
+                ? DiskAccounting.measure(DiskAccounting.directories(of: plan)) + DiskAccounting.staging(of: plan.bundle.identifier) : nil
+            record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded, logError: logError)
+        }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
+    }
+
+    /// The record's `disk`: the app's use against its quota, how it is enforced, and a log lost.
+    static func diskRecord(_ plan: LaunchPlan, use: DiskUse?, exceeded: String?, logError: String?) -> RunRecord.DiskRecord {
+        let quota = plan.limits.diskQuota
+        return RunRecord.DiskRecord(
+            bytes: use?.bytes, inodes: use?.inodes, quotaBytes: quota.bytes, quotaInodes: quota.inodes,
+            enforcement: quota.isOn ? ProjectQuotas.cachedEnforcement(plan.dataDirectory.deletingLastPathComponent().path) : nil,
+            exceeded: exceeded, logError: logError)
     }
 
     /// The app's container laid out as on iOS (its HOME), its app groups' containers and the

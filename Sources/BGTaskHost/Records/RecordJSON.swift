@@ -176,6 +176,18 @@ extension RecordJSON {
             json.key("budget_ms"); json.number(record.budgetMs)
             json.key("bundle_path"); json.string(record.bundlePath)
             json.key("cpu_ms"); json.number(record.cpuMs)
+            if let disk = record.disk {
+                json.key("disk")
+                json.object { json in
+                    json.field("bytes", disk.bytes)
+                    json.field("enforcement", disk.enforcement)
+                    json.field("exceeded", disk.exceeded)
+                    json.field("inodes", disk.inodes)
+                    json.field("log_error", disk.logError)
+                    json.key("quota_bytes"); json.integer(disk.quotaBytes)
+                    json.key("quota_inodes"); json.integer(disk.quotaInodes)
+                }
+            }
             json.field("error", record.error)
             json.field("exit_status", record.exitStatus)
             json.field("expired_at_ms", record.expiredAtMs)

@@ -14,6 +14,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
         /// Killed while it wrote, with its container's filesystem under the host's reserve
         /// (`--disk-reserve`): one app filling the disk cannot stop the host or other apps.
         case disk
+        /// Killed while its app's containers (its own, its groups', its staging) held more than
+        /// its disk quota (`--disk-quota`, `--disk-quota-inodes`); `disk` says how much.
+        case diskQuota = "disk-quota"
         /// Died by a signal or exited abnormally (`signal`, `exit_status`, `error` say how).
         case crashed
         /// The bundle, dlopen, entry symbol, ABI or launch entry failed (`error` says which).
@@ -156,6 +159,43 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// Background URL sessions: the transfers the app was told of in the launch, and for a
     /// `background-transfer` launch the sessions it was launched for (nil: none).
     public var transfers: TransfersRecord? = nil
+    /// The app's disk use against its quota, and a launch log the disk could not keep (nil:
+    /// no quota and nothing lost).
+    public var disk: DiskRecord? = nil
+
+    public struct DiskRecord: Codable, Sendable, Equatable {
+        /// What the app's containers and staging held at the launch's end (or at its refusal),
+        /// allocated bytes and files; nil when not measured.
+        public var bytes: UInt64?
+        public var inodes: UInt64?
+        /// The quota (0: none of that kind).
+        public var quotaBytes: UInt64
+        public var quotaInodes: UInt64
+        /// How the quota is enforced: `accounting (...)`, with what the filesystem offers.
+        public var enforcement: String?
+        /// Why the app was over its quota: the launch was refused (`launch-failed`) or killed
+        /// (`disk-quota`). Nil when it was not.
+        public var exceeded: String?
+        /// The launch's log could not be written (the disk or its inodes were full): what was
+        /// lost, and why.
+        public var logError: String?
+
+        public init(bytes: UInt64? = nil, inodes: UInt64? = nil, quotaBytes: UInt64 = 0, quotaInodes: UInt64 = 0,
+                    enforcement: String? = nil, exceeded: String? = nil, logError: String? = nil) {
+            self.bytes = bytes
+            self.inodes = inodes
+            self.quotaBytes = quotaBytes
+            self.quotaInodes = quotaInodes
+            self.enforcement = enforcement
+            self.exceeded = exceeded
+            self.logError = logError
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case bytes, inodes, enforcement, exceeded
+            case quotaBytes = "quota_bytes", quotaInodes = "quota_inodes", logError = "log_error"
+        }
+    }
 
     public struct TransfersRecord: Codable, Sendable, Equatable {
         /// Transfer ids delivered (`delivered` calls), at most `InputLimits.recordListEntries`.
@@ -176,7 +216,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
-        case notificationsAdded = "notifications_added", transfers
+        case notificationsAdded = "notifications_added", transfers, disk
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -284,7 +324,17 @@ extension RunRecord: CustomStringConvertible {
             if !missing.isEmpty { text += "; without " + missing.map { "\($0): \(sandbox[$0]!.detail)" }.joined(separator: "; ") }
             lines.append(text)
         }
+        if let disk {
+            if let bytes = disk.bytes {
+                let quota = disk.quotaBytes > 0 || disk.quotaInodes > 0
+                    ? " of a quota of \(disk.quotaBytes > 0 ? Self.mib(disk.quotaBytes) : "no limit") and \(disk.quotaInodes > 0 ? "\(disk.quotaInodes)" : "no limit of") files"
+                    : ""
+                lines.append("  disk: \(Self.mib(bytes)) in \(disk.inodes ?? 0) files\(quota)\(disk.enforcement.map { ", by \($0)" } ?? "")")
+            }
+            if let exceeded = disk.exceeded { lines.append("  over its disk quota: \(exceeded)") }
+        }
         lines.append("  log: \(log ?? "none (the launch wrote nothing)")")
+        if let lost = disk?.logError { lines.append("  log lost: \(lost)") }
         if logTruncated == true { lines.append("  log truncated: \(logBytesDropped ?? 0) bytes past its limit were discarded") }
         return lines.joined(separator: "\n")
     }

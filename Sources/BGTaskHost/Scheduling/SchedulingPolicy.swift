@@ -23,7 +23,7 @@ public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
     /// True when a launch ended in a way that earns a penalty.
     public static func isBad(_ record: RunRecord) -> Bool {
         switch record.termination {
-        case .watchdog, .jetsam, .disk, .crashed: return true
+        case .watchdog, .jetsam, .disk, .diskQuota, .crashed: return true
         case .exited, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
         }
     }
@@ -68,6 +68,12 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     case concurrency
     /// Not blocking: a note that the app's last launch did not register the handler.
     case handlerNotRegistered = "handler-not-registered"
+    /// The app's last launch was refused: its containers hold more than its disk quota. It is
+    /// measured again when the refusal's pause ends.
+    case diskQuota = "disk-quota"
+    /// The app's last launch could not be started (not its fault: the host's); retried after
+    /// a pause.
+    case startFailed = "start-failed"
 
     /// Lifts when the machine's power or network comes back, which the host learns only by
     /// looking again (it re-reads device conditions while such a request waits).

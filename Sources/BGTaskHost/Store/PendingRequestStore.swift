@@ -81,14 +81,20 @@ public final class PendingRequestStore: @unchecked Sendable {
     private let submissionGroups = GroupCommit<PendingSubmission, Result<SubmissionRules.Rejection?, BGTaskError>>()
     /// The write-ahead log, synced after a group of submissions is committed and visible.
     let writeAheadLog: WriteAheadLog
+    /// The host's disk reserve (`StoreReserve`): released so that a write of the host's own
+    /// bookkeeping (a record, a launch's begin, a recovery) that found the disk full is run
+    /// again and kept; while released, submissions are refused ("disk full: ..."). Nil: none
+    /// (`bgtask run`, tests, benchmarks).
+    public let reserve: StoreReserve?
 
     /// How long a statement waits for a lock another connection or process holds.
     static let busyTimeout: TimeInterval = 5
 
     /// Opens (creating and migrating) the database in `directory`. A file that is not a
     /// database, or a directory that cannot be written, is a `BGTaskError` naming the file.
-    public init(directory: URL) throws(BGTaskError) {
+    public init(directory: URL, reserve: StoreReserve? = nil) throws(BGTaskError) {
         databaseURL = directory.appendingPathComponent("bgtask.sqlite")
+        self.reserve = reserve
         let path = databaseURL.path
         writeAheadLog = WriteAheadLog(databasePath: path)
         try Self.prepare(directory: directory, databasePath: path)
@@ -97,6 +103,9 @@ public final class PendingRequestStore: @unchecked Sendable {
         configuration.label = "bgtask.store"
         configuration.foreignKeysEnabled = true
         configuration.busyMode = .timeout(Self.busyTimeout)
+        // Temporary tables and indices (a sort, a statement journal) in memory: a file for them
+        // would need a new inode, and a filesystem out of inodes must not fail a record.
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA temp_store = MEMORY") }
         do {
             // DatabasePool puts the database in WAL mode.
             let pool = try DatabasePool(path: path, configuration: configuration)
@@ -200,8 +209,13 @@ public final class PendingRequestStore: @unchecked Sendable {
         let path = databaseURL.path
         var outcomes: [Result<SubmissionRules.Rejection?, BGTaskError>] = []
         outcomes.reserveCapacity(group.count)
+        // The disk was found full and the reserve given to records: no new request is taken
+        // (never acknowledged and then lost) until the reserve is back.
+        if let reserve, !reserve.restoreIfRoom() {
+            return group.map { .failure(BGTaskError(.system, file: path, reserve.fullMessage(operation: $0.operation))) }
+        }
         do {
-            try writeUnsynced("submit \(group.count) request(s)") { db in
+            try writeUnsynced("submit \(group.count) request(s)", usingReserve: false) { db in
                 var cache = SubmissionCache()
                 for submission in group {
                     // Each submission writes with one statement, which SQLite applies whole or
@@ -685,7 +699,9 @@ extension PendingRequestStore {
     /// every error becomes a `BGTaskError` naming the file and `operation`.
     func write<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
-            return try pool.writeWithoutTransaction { db in try db.inCachedTransaction("IMMEDIATE") { try body(db) } }
+            return try withReserve {
+                try pool.writeWithoutTransaction { db in try db.inCachedTransaction("IMMEDIATE") { try body(db) } }
+            }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
@@ -698,9 +714,12 @@ extension PendingRequestStore {
     /// or a kernel crash before then loses it. For writes whose loss the host recovers from and
     /// that no client was told are durable (the launch bookkeeping), and for submissions, whose
     /// answer waits for `WriteAheadLog.sync` (`commitSubmissions`).
-    func writeUnsynced<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
+    /// `usingReserve`: false for submissions, which are refused rather than written into the
+    /// host's reserve (`withReserve`).
+    func writeUnsynced<T>(_ operation: @autoclosure () -> String, usingReserve: Bool = true,
+                          _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
-            return try pool.writeWithoutTransaction { db in
+            return try withReserve(usingReserve) { try pool.writeWithoutTransaction { db in
                 try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute()
                 do {
                     let result = try db.inCachedTransaction("IMMEDIATE") { try body(db) }
@@ -711,9 +730,24 @@ extension PendingRequestStore {
                     try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
                     throw error
                 }
-            }
+            } }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
+        }
+    }
+
+    /// Runs `attempt` (a whole transaction); when it failed because the disk is full
+    /// (`StoreErrors.isDiskFull`) and the host's reserve is held, releases the reserve and runs
+    /// it once more, into the space given back: a launch's record, or the bookkeeping that keeps
+    /// an acknowledged request, is not lost to a full disk. The failed attempt was rolled back
+    /// (`inCachedTransaction`), so running it again writes it once.
+    func withReserve<T>(_ allowed: Bool = true, _ attempt: () throws -> T) throws -> T {
+        do {
+            return try attempt()
+        } catch {
+            guard allowed, StoreErrors.isDiskFull(error), let reserve,
+                  reserve.release(because: "SQLite: \((error as? DatabaseError)?.message ?? "\(error)")") else { throw error }
+            return try attempt()
         }
     }
 

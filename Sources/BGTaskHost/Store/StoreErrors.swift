@@ -13,12 +13,23 @@ enum StoreErrors {
     static func wrap(_ error: any Error, file: String, operation: String) -> BGTaskError {
         if let error = error as? BGTaskError { return error }
         if let error = error as? DatabaseError {
-            return BGTaskError(.system, file: file, "cannot \(operation): \(explain(error))")
+            // Named first: a client told "disk full" knows the request was not kept and why.
+            let full = isDiskFull(error) ? "disk full: " : ""
+            return BGTaskError(.system, file: file, "\(full)cannot \(operation): \(explain(error))")
         }
         if error is DecodingError || error is RowDecodingError || error is StoreCorruption {
             return BGTaskError(.system, file: file, "cannot \(operation): the database holds a value that cannot be decoded (\(error)); the file was changed by something other than bgtask, move it aside to start empty")
         }
         return BGTaskError(.system, file: file, "cannot \(operation): \(error)")
+    }
+
+    /// SQLite could not write for want of space: SQLITE_FULL (ENOSPC), or a write or a shared
+    /// memory resize that failed (SQLite reports EDQUOT so). What the host's reserve is for
+    /// (`PendingRequestStore.withReserve`).
+    static func isDiskFull(_ error: any Error) -> Bool {
+        guard let error = error as? DatabaseError else { return false }
+        if error.resultCode == .SQLITE_FULL { return true }
+        return error.extendedResultCode == .SQLITE_IOERR_WRITE || error.extendedResultCode == .SQLITE_IOERR_SHMSIZE
     }
 
     /// A sentence for a SQLite error: what it means here, then SQLite's own words.

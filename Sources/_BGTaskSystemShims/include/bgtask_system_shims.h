@@ -225,6 +225,15 @@ int bgtask_open_descriptors(int lowest, int highest, int *out, int capacity);
  * other filesystems not entered, stopping after `max_entries`; -1 when `path` cannot be read.
  * Async-signal-safe: no — nftw allocates and opens directories; the host's threads only. */
 int64_t bgtask_directory_usage(const char *path, int64_t max_entries);
+/* `bgtask_directory_usage`, and the entries (inodes: files, directories, links) beneath
+ * `path`, the directory itself included, into *entries; *complete is 0 when the walk stopped at
+ * `max_entries` (what is beneath is then more than it says). -1 when `path` cannot be read.
+ * Async-signal-safe: no — the host's threads only (a disk quota's accounting). */
+int64_t bgtask_directory_usage_entries(const char *path, int64_t max_entries, int64_t *entries, int *complete);
+/* fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length): blocks for a file's later writes, its
+ * size unchanged. 0, or -1 and errno.
+ * Async-signal-safe: yes */
+int bgtask_allocate_keeping_size(int fd, int64_t offset, int64_t length);
 /* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno.
  * Async-signal-safe: yes */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);

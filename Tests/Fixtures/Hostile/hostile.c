@@ -14,6 +14,12 @@
  *                                       (CLONE_PARENT, giving up the subreaper) and sleeps.
  *  - com.example.hostile.memfd          writes 256 MiB into a memfd it never maps, and waits.
  *  - com.example.hostile.abi32          makes a 32-bit system call (int 0x80).
+ *  - com.example.hostile.fillbytes      writes 256 KiB blocks into its container's
+ *                                       Documents until a write fails (ENOSPC, EDQUOT) or
+ *                                       1 GiB is written, says how far it got, and waits.
+ *  - com.example.hostile.fillinodes     makes empty files in its container's tmp until one
+ *                                       cannot be made (ENOSPC) or 1,000,000 are made, says
+ *                                       how many, and waits.
  */
 #define _GNU_SOURCE
 #include <bgtask/plugin.h>
@@ -285,6 +291,55 @@ static void escape(void *context, const bgtask_task_info *task) {
     api->set_task_completed(host, task->task, true);
 }
 
+/* Waits to be killed (the host's quota), or for the launch's end. */
+static void hold(void) {
+    for (;;) pause();
+}
+
+static void fill_bytes(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/Documents/fill.bin", container);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    static char chunk[256 * 1024];
+    memset(chunk, 0x5a, sizeof chunk);
+    long long written = 0;
+    int error = 0;
+    if (fd < 0) error = errno;
+    while (fd >= 0 && written < (1LL << 30)) {
+        ssize_t n = write(fd, chunk, sizeof chunk);
+        if (n <= 0) {
+            error = n < 0 ? errno : ENOSPC;
+            break;
+        }
+        written += n;
+    }
+    printf("hostile: fillbytes stopped after %lld bytes: %s\n", written, error ? strerrorname_np(error) : "ceiling");
+    fflush(stdout);
+    hold();
+}
+
+static void fill_inodes(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    char path[4200];
+    long made = 0;
+    int error = 0;
+    for (; made < 1000000; made++) {
+        snprintf(path, sizeof path, "%s/tmp/f%ld", container, made);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            error = errno;
+            break;
+        }
+        close(fd);
+    }
+    printf("hostile: fillinodes stopped after %ld files: %s\n", made, error ? strerrorname_np(error) : "ceiling");
+    fflush(stdout);
+    hold();
+}
+
 static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_launch_info *info,
                       char *error, size_t error_size) {
     (void)error;
@@ -299,6 +354,8 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.escape", escape, NULL);
     api->register_handler(host, "com.example.hostile.memfd", memfd_hoard, NULL);
     api->register_handler(host, "com.example.hostile.abi32", abi32, NULL);
+    api->register_handler(host, "com.example.hostile.fillbytes", fill_bytes, NULL);
+    api->register_handler(host, "com.example.hostile.fillinodes", fill_inodes, NULL);
     return 0;
 }
 
