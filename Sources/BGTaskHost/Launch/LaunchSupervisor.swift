@@ -87,7 +87,7 @@ public struct LaunchSupervisor: Sendable {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
-        let (groups, identity) = try prepareContainers(plan)
+        let (groups, refusedGroups, identity) = try prepareContainers(plan)
 
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
@@ -96,8 +96,11 @@ public struct LaunchSupervisor: Sendable {
         defer { channels.parent.close() }
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
-        // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
-        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes)
+        // The child's stdout and stderr: a pipe into the launch log (see LaunchLog), whose
+        // header says whose it is (the entries' app is the host's word, not the child's).
+        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
+                                header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID))
+        for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
@@ -167,18 +170,22 @@ public struct LaunchSupervisor: Sendable {
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         record.processLimit = cgroup?.processLimit
+        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
     }
 
-    /// The app's container laid out as on iOS (its HOME), its app groups' containers and the
-    /// log directory; the identity the launch runs as. Paths as strings once (URL operations are
-    /// a measurable part of a short launch).
-    private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], identity: LaunchIdentity?) {
+    /// The app's container laid out as on iOS (its HOME), the containers of the app groups it
+    /// is granted (`AppGroupOwners`: the group's owner, its extensions, the operator's grant;
+    /// the rest refused, with why) and the log directory; the identity the launch runs as.
+    /// Paths as strings once (URL operations are a measurable part of a short launch).
+    private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], refused: [String: String], identity: LaunchIdentity?) {
         let dataPath = plan.dataDirectory.path
         let logPath = plan.logFile.path
         let made = try prepareContainer(dataPath, subdirectories: AppContainer.directories)
-        let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
+        let decision = try AppGroupOwners(stateDirectory: plan.groupsDirectory.deletingLastPathComponent())
+            .decide(app: plan.bundle.containingApp ?? plan.bundle.identifier, groups: plan.bundle.appGroups, claim: true)
+        let groups = try decision.granted.map { identifier throws(BGTaskError) in
             let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
             _ = try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
             return AppGroup(identifier: identifier, directory: directory)
@@ -188,7 +195,7 @@ public struct LaunchSupervisor: Sendable {
         // A directory the app had removed and the host made again is the host's (root's): the
         // app's again, or it could not write its own Caches. (A new container is given whole.)
         if let identity { for path in made { lchown(path, identity.uid, identity.gid) } }
-        return (groups, identity)
+        return (groups, decision.refused, identity)
     }
 
     /// What a prepared container looked like: its directory's and its Library's identity and
