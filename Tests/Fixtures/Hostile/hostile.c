@@ -20,6 +20,8 @@
  *                                       a new id, on the launch channel: BGTASK_TEST_FLOOD_COUNT
  *                                       of them (default 1,000,000) or for 15 s, whichever
  *                                       ends first; then completes.
+ *  - com.example.hostile.groupsteal     reads and writes the container of app group
+ *                                       group.com.example.iosapp (another app's) by its path.
  *  - com.example.hostile.registerflood  registers BGTASK_TEST_REGISTER_COUNT (default 100,000)
  *                                       continued-processing identifiers
  *                                       (com.example.hostile.many.N, real registrations).
@@ -356,6 +358,16 @@ static void register_flood(void *context, const bgtask_task_info *task) {
     api->set_task_completed(host, task->task, true);
 }
 
+static void group_steal(void *context, const bgtask_task_info *task) {
+    (void)context;
+    char path[4600];
+    snprintf(path, sizeof path, "%s/../../groups/group.com.example.iosapp/secret.txt", container);
+    report("read another app's group container", open_for(path, O_RDONLY));
+    snprintf(path, sizeof path, "%s/../../groups/group.com.example.iosapp/stolen.txt", container);
+    report("write another app's group container", open_for(path, O_WRONLY | O_CREAT));
+    api->set_task_completed(host, task->task, true);
+}
+
 static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_launch_info *info,
                       char *error, size_t error_size) {
     (void)error;
@@ -373,6 +385,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.forgelog", forge_log, NULL);
     api->register_handler(host, "com.example.hostile.btflood", bt_flood, NULL);
     api->register_handler(host, "com.example.hostile.registerflood", register_flood, NULL);
+    api->register_handler(host, "com.example.hostile.groupsteal", group_steal, NULL);
     return 0;
 }
 
