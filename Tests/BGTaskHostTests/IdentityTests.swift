@@ -189,7 +189,7 @@ import Testing
         let scratch = try Scratch()
         defer { scratch.remove() }
         let owner = try scratch.bundle("IOSApp", info: "Tests/Fixtures/IOSApp/Info.plist", name: "IOSApp.app")
-        let (first, _) = try scratch.run(owner, ["--task", "com.example.iosapp.files"])
+        let (first, _) = try scratch.run(owner, ["--task", "com.example.iosapp.files:processing"])
         #expect(first.appGroupsRefused == nil)
         let group = scratch.state.appendingPathComponent("groups/group.com.example.iosapp")
         try "the owner's\n".write(to: group.appendingPathComponent("secret.txt"), atomically: true, encoding: .utf8)
@@ -204,7 +204,9 @@ import Testing
             """)
         let info = scratch.url.appendingPathComponent("Claiming-Info.plist")
         try claiming.write(to: info, atomically: true, encoding: .utf8)
-        let hostile = try scratch.bundle("Hostile", info: info.path, name: "Claiming.app")
+        let hostile = scratch.url.appendingPathComponent("Claiming.app")
+        let made = try runCLI(["bundle", "--library", Products.library("Hostile"), "--info", info.path, "--output", hostile.path])
+        try #require(made.status == 0, "\(made.stderr)")
 
         let validate = try runCLI(["validate", hostile.path, "--state", scratch.state.path])
         #expect(validate.stdout.contains("app group refused: app group 'group.com.example.iosapp' belongs to com.example.iosapp"), "\(validate.stdout)")
