@@ -77,11 +77,24 @@ extension BGTaskCommand {
         @Flag(name: .long, help: "Print the result as JSON.")
         var json = false
 
+        @Option(name: .long, help: ArgumentHelp(
+            "Also say which of the bundle's app groups a host on this state directory would refuse it (each group is its first app's, its extensions' and whom the operator grants it).",
+            valueName: "dir"), completion: .directory)
+        var state: String?
+
         func run() throws {
             let url = URL(fileURLWithPath: bundle).standardizedFileURL
             do {
                 let app = try BundleReader.read(url)
-                let summary = BundleSummary(app)
+                var summary = BundleSummary(app)
+                if let state {
+                    let owners = AppGroupOwners(stateDirectory: URL(fileURLWithPath: state))
+                    var refused = try owners.decide(app: app.identifier, groups: app.appGroups, claim: false).refused
+                    for ext in app.extensions {
+                        refused.merge(try owners.decide(app: app.identifier, groups: ext.appGroups, claim: false).refused) { first, _ in first }
+                    }
+                    summary.appGroupsRefused = refused
+                }
                 if json {
                     let encoder = JSONEncoder()
                     encoder.outputFormatting = [.sortedKeys]
@@ -115,6 +128,8 @@ struct BundleSummary: Encodable {
     var mappedHandlers: [String: String]
     var extensions: [BundleSummary]
     var invalidExtensions: [String]
+    /// With `--state`: the app groups a host on that state directory would refuse (group → why).
+    var appGroupsRefused: [String: String]?
 
     init(_ bundle: PluginBundle) {
         identifier = bundle.identifier
@@ -133,6 +148,7 @@ struct BundleSummary: Encodable {
         case valid, identifier, kind, executable, extensions
         case permittedIdentifiers = "permitted_identifiers", backgroundModes = "background_modes"
         case mappedHandlers = "mapped_handlers", invalidExtensions = "invalid_extensions"
+        case appGroupsRefused = "app_groups_refused"
     }
 
     var text: String {
@@ -144,6 +160,7 @@ struct BundleSummary: Encodable {
         }
         for ext in extensions { lines.append("  extension: \(ext.identifier)") }
         for problem in invalidExtensions { lines.append("  invalid extension: \(problem)") }
+        for (_, why) in (appGroupsRefused ?? [:]).sorted(by: { $0.key < $1.key }) { lines.append("  app group refused: \(why)") }
         return lines.joined(separator: "\n")
     }
 }

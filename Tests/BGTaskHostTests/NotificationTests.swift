@@ -270,7 +270,8 @@ import Testing
         try FileManager.default.createDirectory(at: bin, withIntermediateDirectories: true)
         let record = scratch.url.appendingPathComponent("gdbus-args")
         let fake = bin.appendingPathComponent("gdbus")
-        try "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > \(record.path).tmp\nmv \(record.path).tmp \(record.path)\nexit 3\n"
+        // It answers GetCapabilities as a server with body markup does.
+        try "#!/bin/sh\ncase \"$*\" in *GetCapabilities*) echo \"(['body', 'body-markup'],)\"; exit 0;; esac\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > \(record.path).tmp\nmv \(record.path).tmp \(record.path)\nexit 3\n"
             .write(to: fake, atomically: true, encoding: .utf8)
         try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: fake.path)
         let path = "\(bin.path):" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
@@ -301,6 +302,30 @@ import Testing
         #expect(DesktopNotifier.gvariantString("it's a \\ test\n\u{1}") == "'it\\'s a \\\\ test\\n\\u0001'")
         let command = DesktopNotifier.command(.notifySend("/usr/bin/notify-send"), app: "a.b", content: NotificationContent(body: "only a body"))
         #expect(command == ["/usr/bin/notify-send", "--app-name=a.b", "--expire-time=5000", "--", "a.b", "only a body"])
+    }
+
+    /// Markup (hostile class): an app's `<a href>`, `<img src="file:///etc/shadow">` and `<b>`
+    /// reach a server that renders body markup as text (entities), never as a link, an image
+    /// of a local file or bold; the summary is plain text by the spec and sent as it is, on
+    /// one line. A server without body markup gets the text as written (it shows it as is).
+    @Test func markupInANotificationReachesTheDesktopAsText() {
+        let hostile = NotificationContent(title: "<b>Bank</b> <a href=\"https://evil.example\">login</a>",
+                                          subtitle: "<img src=\"file:///etc/shadow\">",
+                                          body: "<a href='https://evil.example/x?a=1&b=2'>update</a> & <b>now</b>")
+        let escapedBody = "&lt;img src=&quot;file:///etc/shadow&quot;&gt;\n"
+            + "&lt;a href=&apos;https://evil.example/x?a=1&amp;b=2&apos;&gt;update&lt;/a&gt; &amp; &lt;b&gt;now&lt;/b&gt;"
+        let gdbus = DesktopNotifier.command(.gdbus("/usr/bin/gdbus"), app: "a.b", content: hostile)
+        #expect(gdbus[gdbus.count - 4] == DesktopNotifier.gvariantString(escapedBody), "\(gdbus)")
+        #expect(gdbus[gdbus.count - 5] == DesktopNotifier.gvariantString(hostile.title))
+        let notifySend = DesktopNotifier.command(.notifySend("/usr/bin/notify-send"), app: "a.b", content: hostile)
+        #expect(notifySend.last == escapedBody)
+        for argument in gdbus + notifySend where argument != gdbus[gdbus.count - 5] && argument != notifySend[notifySend.count - 2] {
+            #expect(!argument.contains("<"), "\(argument)")
+        }
+        let plain = DesktopNotifier.command(.notifySend("/usr/bin/notify-send"), app: "a.b", content: hostile, bodyMarkup: false)
+        #expect(plain.last == "<img src=\"file:///etc/shadow\">\n" + hostile.body)
+        let twoLines = DesktopNotifier.command(.notifySend("/n"), app: "a.b", content: NotificationContent(title: "one\ntwo"))
+        #expect(twoLines[twoLines.count - 2] == "one two")
     }
 
     @Test func aCommandThatHangsIsKilledAtItsDeadline() {

@@ -50,6 +50,10 @@ import _BGTaskSystemShims
         "take the supervisor's descriptors (pidfd_getfd)": "denied (EPERM)",
         "System V shared memory": "denied (EPERM)",
         "watch the state directory (inotify)": "denied (EACCES)",
+        // inotify is not Landlock's: the state directory's modes hold it (0711, the database
+        // 0600, the logs 0700, the host's uid; apps run as their own).
+        "watch the database (inotify)": "denied (EACCES)",
+        "watch the logs (inotify)": "denied (EACCES)",
         "write its own container": "ALLOWED",
         "rewrite its own bundle": "denied (EACCES)",
         "install a bundle in the plugin directory": "denied (EACCES)",

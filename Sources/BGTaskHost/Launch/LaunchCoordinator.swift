@@ -252,7 +252,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                 removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp) { state in
                     state.lastLaunchAt = now
                     state.lastLaunchID = record.launchID
-                    state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered : record.registered
+                    state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered
+                        : record.listEntriesOmitted?["registered"] != nil ? nil : record.registered
                     if SchedulingPolicy.isBad(record) {
                         state.penaltyLevel += 1
                         state.penaltyUntil = now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))

@@ -19,6 +19,11 @@ import _BGTaskSystemShims
 /// The file is the host's, in a directory a launch may be able to write: it is made new
 /// (`O_EXCL`, mode 0600) and never through a link, so nothing a launch put at its path (a
 /// symlink, a hard link, a FIFO, a file) is ever followed, appended to or opened.
+///
+/// Whose lines they are is the host's word, not the child's: the file's first line, written
+/// as the file is made and before any byte of the child's, is the host's header naming the
+/// launch's app and launch (`LaunchLogHeader`), and readers take an entry's app from it, never
+/// from the line (which the child writes, in any format it likes).
 final class LaunchLog {
     let path: String
     /// The most the file keeps, in bytes.
@@ -52,6 +57,13 @@ final class LaunchLog {
     /// The supervisor's lines that came while the child was inside a line: they go in after the
     /// line ends, so that no line of the child's is cut in two.
     private var heldLines: [UInt8] = []
+    /// The host's first line (`LaunchLogHeader.line`), nil for none.
+    private let header: String?
+
+    /// The most the supervisor's lines may wait for the child to end its line: past it the
+    /// child's line is cut (a newline is put in) and they go in, so a child that never ends a
+    /// line while it sends `log` calls cannot grow the host's memory.
+    static let heldLinesLimit = 1 << 20
 
     /// What one `drain()` reads at most: a few reads' worth (well under a millisecond).
     static let drainBudget = 256 * 1024
@@ -60,9 +72,10 @@ final class LaunchLog {
     /// something that escaped the launch still writes.
     static let finalDrainBytes = 16 << 20
 
-    init(path: String, limit: UInt64 = LaunchLimits.defaultLogLimitBytes) throws(BGTaskError) {
+    init(path: String, limit: UInt64 = LaunchLimits.defaultLogLimitBytes, header: LaunchLogHeader? = nil) throws(BGTaskError) {
         self.path = path
         self.limit = limit
+        self.header = header?.line
         var fds: [Int32] = [-1, -1]
         try syscall("pipe2") { bgtask_pipe_cloexec(&fds) }
         readEnd = fds[0]
@@ -121,7 +134,12 @@ final class LaunchLog {
         drain()
         let tag = level >= 2 ? "error" : level == 1 ? "info" : "debug"
         let line = Array("[bgtask \(tag)] \(text)\n".utf8)
-        if midLine && readEnd >= 0 {
+        if midLine && readEnd >= 0 && heldLines.count + line.count > Self.heldLinesLimit {
+            Array("\n".utf8).withUnsafeBytes { keep($0) }
+            midLine = false
+            flushHeld()
+            line.withUnsafeBytes { keep($0) }
+        } else if midLine && readEnd >= 0 {
             heldLines += line
         } else {
             line.withUnsafeBytes { keep($0) }
@@ -220,7 +238,19 @@ final class LaunchLog {
         defer { close(directoryFD) }
         for attempt in 0..<2 {
             let fd = openat(directoryFD, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            if fd >= 0 { return fd }
+            if fd >= 0 {
+                // The header first: whose log this is, before any byte of the child's.
+                if let header {
+                    let bytes = Array((header + "\n").utf8)
+                    var offset = 0
+                    while offset < bytes.count {
+                        let n = retryingEINTR { bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) } }
+                        guard n > 0 else { break }
+                        offset += n
+                    }
+                }
+                return fd
+            }
             let error = errno
             if error == ENOSPC || error == EDQUOT {
                 // No inode left (an app made files until there was none): one of the host's

@@ -341,6 +341,12 @@ struct LaunchLoop {
         case .progress(let task, let completed, let total):
             // At most 20 updates a second per task reach the host: a plugin reporting in a
             // tight loop must not flood it. The last one before completion always does.
+            // Kept per task the launch has: a forged progress for any other id is refused, or
+            // the host would keep an entry for every id a flood names.
+            guard state.tasks[task] != nil else {
+                state.refuse("progress", "progress for task \(task), which the launch does not have")
+                break
+            }
             let now = bgtask_monotonic_ns()
             state.pendingProgress[task] = (completed, total)
             if now >= (state.lastProgressForward[task] ?? 0) + 50_000_000 {

@@ -24,7 +24,15 @@ struct LaunchState {
     let startNs: UInt64
     var phase = Phase.spawned
     var tasks: [UInt64: TaskProgress]
+    /// Identifiers registered, as the record lists them (the first
+    /// `InputLimits.recordListEntries`; `listEntriesOmitted["registered"]` counts the rest).
     var registered: [String] = []
+    /// Entries left out of the record's lists, by list (`registered`, `background_time`,
+    /// `notifications_added`, `transfers_delivered`): counted, never listed.
+    var listEntriesOmitted: [String: Int] = [:]
+    /// Messages of the child's the host refused to keep, by kind: each kind's bound was
+    /// reached (`refuse`), or the message names what the launch does not have.
+    var messagesRefused: [String: Int] = [:]
     // Listed up to `InputLimits.recordListEntries`, counted after (whoever appends).
     var refused: [String] = [] {
         didSet { if refused.count > InputLimits.recordListEntries { refused.removeLast(); refusedOmitted += 1 } }
@@ -37,10 +45,14 @@ struct LaunchState {
     /// Local notifications the app added (the first `InputLimits.recordListEntries`).
     /// Background transfers the app was told of (`delivered`) in the launch.
     var transfersDelivered: [String] = [] {
-        didSet { if transfersDelivered.count > InputLimits.recordListEntries { transfersDelivered.removeLast() } }
+        didSet {
+            if transfersDelivered.count > InputLimits.recordListEntries { transfersDelivered.removeLast(); listEntriesOmitted["transfers_delivered", default: 0] += 1 }
+        }
     }
     var notificationsAdded: [String] = [] {
-        didSet { if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast() } }
+        didSet {
+            if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast(); listEntriesOmitted["notifications_added", default: 0] += 1 }
+        }
     }
     var finished = false
     /// When the child said every task had ended: it must be gone soon after, or it is killed.
@@ -82,8 +94,13 @@ struct LaunchState {
     /// Background-time assertions, in the order taken (at most `InputLimits.recordListEntries`
     /// listed; a launch may take any number).
     var backgroundTime: [RunRecord.BackgroundTimeRecord] = []
-    /// Assertions held now (taken, not ended), listed or not.
+    /// Assertions held now (taken, not ended), listed or not: at most
+    /// `heldBackgroundTimeLimit`; a `began` past it is refused (`messagesRefused`).
     var backgroundTimeHeld = Set<UInt64>()
+    /// Background-time assertions a launch may hold at once, as far as the host keeps count.
+    /// The runner numbers them one by one and an app holds a handful; what is past this is a
+    /// flood of forged messages (3.6 million in 20 s grew the host by 97 MiB before it).
+    static let heldBackgroundTimeLimit = 1024
     /// The push's completion handler: its result (BGTASK_FETCH_RESULT_*) and when.
     var pushCompletion: (result: UInt32, at: UInt64)?
 
@@ -112,7 +129,18 @@ struct LaunchState {
     mutating func apply(_ message: ChildMessage) {
         switch message {
         case .loading: phase = .loading
-        case .registered(let identifier, _): registered.append(identifier)
+        case .registered(let identifier, _):
+            // The runner registers only what the bundle permits, once each: a forged one that
+            // names anything else is not the app's registration.
+            guard identifier.utf8.count <= InputLimits.identifierBytes, plan.bundle.permits(identifier) else {
+                refuse("registered", "a registration the bundle does not permit (\(identifier.utf8.count) bytes)")
+                break
+            }
+            if registered.count < InputLimits.recordListEntries {
+                if !registered.contains(identifier) { registered.append(identifier) }
+            } else {
+                listEntriesOmitted["registered", default: 0] += 1
+            }
         case .registerRefused(let identifier, let reason):
             refused.append(identifier)
             log.append(level: 2, "register(forTaskWithIdentifier: \"\(identifier)\") returned false: \(reason)")
@@ -139,9 +167,15 @@ struct LaunchState {
             // Only from the runner itself: once it reports loading, plugin code may be talking.
             if phase == .spawned && sandbox == nil { sandbox = layers }
         case let .backgroundTimeBegan(id, name, at):
+            guard backgroundTimeHeld.count < Self.heldBackgroundTimeLimit || backgroundTimeHeld.contains(id) else {
+                refuse("background_time_began", "more than \(Self.heldBackgroundTimeLimit) background-time assertions held at once")
+                break
+            }
             backgroundTimeHeld.insert(id)
             if backgroundTime.count < InputLimits.recordListEntries {
-                backgroundTime.append(.init(id: id, name: name, outcome: .notEnded, beganMs: ms(at) ?? 0))
+                backgroundTime.append(.init(id: id, name: name.map { Self.bounded($0, InputLimits.titleBytes) }, outcome: .notEnded, beganMs: ms(at) ?? 0))
+            } else {
+                listEntriesOmitted["background_time", default: 0] += 1
             }
         case let .backgroundTimeEnded(id, at):
             backgroundTimeHeld.remove(id)
@@ -159,6 +193,26 @@ struct LaunchState {
         case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken: break
         case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove, .transferCall: break
         }
+    }
+
+    /// Counts a refused message of `kind`; the first of each kind says why in the launch's log
+    /// (once: a flood of them writes one line).
+    mutating func refuse(_ kind: String, _ why: String) {
+        messagesRefused[kind, default: 0] += 1
+        if messagesRefused[kind] == 1 {
+            log.append(level: 2, "the host refused a \(kind) message from the launch: \(why); later ones are counted in the record's messages_refused")
+        }
+    }
+
+    /// `text` cut to at most `bytes` UTF-8 bytes (at a character's boundary).
+    static func bounded(_ text: String, _ bytes: Int) -> String {
+        guard text.utf8.count > bytes else { return text }
+        var cut = ""
+        for character in text {
+            if cut.utf8.count + character.utf8.count > bytes { break }
+            cut.append(character)
+        }
+        return cut
     }
 
     /// The launch's peak resident memory. ru_maxrss of a posix_spawned child starts at its
@@ -288,6 +342,9 @@ struct LaunchState {
         if log.truncated { (record.logTruncated, record.logBytesDropped) = (true, log.droppedBytes) }
         if refusedOmitted > 0 { record.refusedRegistrationsOmitted = refusedOmitted }
         if submittedOmitted > 0 { record.submittedOmitted = submittedOmitted }
+        if !listEntriesOmitted.isEmpty { record.listEntriesOmitted = listEntriesOmitted }
+        if !messagesRefused.isEmpty { record.messagesRefused = messagesRefused }
+        record.fitToFrame()
         return record
     }
 }

@@ -92,7 +92,7 @@ public struct LaunchSupervisor: Sendable {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
-        let (groups, identity) = try prepareContainers(plan)
+        let (groups, refusedGroups, identity) = try prepareContainers(plan)
         // The app's disk quota, measured before anything of the launch exists: an app over it
         // is not launched (a `launch-failed` record that says why; its requests stay pending).
         var diskUseAtStart: DiskUse?
@@ -115,8 +115,11 @@ public struct LaunchSupervisor: Sendable {
         defer { channels.parent.close() }
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
-        // The child's stdout and stderr: a pipe into the launch log (see LaunchLog).
-        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes)
+        // The child's stdout and stderr: a pipe into the launch log (see LaunchLog), whose
+        // header says whose it is (the entries' app is the host's word, not the child's).
+        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
+                                header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID))
+        for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
         let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
         defer { close(nullFD) }
 
@@ -195,6 +198,7 @@ public struct LaunchSupervisor: Sendable {
                 ? DiskAccounting.measure(DiskAccounting.directories(of: plan)) + DiskAccounting.staging(of: plan.bundle.identifier) : nil
             record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded, logError: logError)
         }
+        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
     }
@@ -208,14 +212,17 @@ public struct LaunchSupervisor: Sendable {
             exceeded: exceeded, logError: logError)
     }
 
-    /// The app's container laid out as on iOS (its HOME), its app groups' containers and the
-    /// log directory; the identity the launch runs as. Paths as strings once (URL operations are
-    /// a measurable part of a short launch).
-    private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], identity: LaunchIdentity?) {
+    /// The app's container laid out as on iOS (its HOME), the containers of the app groups it
+    /// is granted (`AppGroupOwners`: the group's owner, its extensions, the operator's grant;
+    /// the rest refused, with why) and the log directory; the identity the launch runs as.
+    /// Paths as strings once (URL operations are a measurable part of a short launch).
+    private func prepareContainers(_ plan: LaunchPlan) throws(BGTaskError) -> (groups: [AppGroup], refused: [String: String], identity: LaunchIdentity?) {
         let dataPath = plan.dataDirectory.path
         let logPath = plan.logFile.path
         let made = try prepareContainer(dataPath, subdirectories: AppContainer.directories)
-        let groups = try plan.bundle.appGroups.map { identifier throws(BGTaskError) in
+        let decision = try AppGroupOwners(stateDirectory: plan.groupsDirectory.deletingLastPathComponent())
+            .decide(app: plan.bundle.containingApp ?? plan.bundle.identifier, groups: plan.bundle.appGroups, claim: true)
+        let groups = try decision.granted.map { identifier throws(BGTaskError) in
             let directory = AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: identifier)
             _ = try prepareContainer(directory, subdirectories: AppContainer.groupDirectories)
             return AppGroup(identifier: identifier, directory: directory)
@@ -225,7 +232,7 @@ public struct LaunchSupervisor: Sendable {
         // A directory the app had removed and the host made again is the host's (root's): the
         // app's again, or it could not write its own Caches. (A new container is given whole.)
         if let identity { for path in made { lchown(path, identity.uid, identity.gid) } }
-        return (groups, identity)
+        return (groups, decision.refused, identity)
     }
 
     /// What a prepared container looked like: its directory's and its Library's identity and

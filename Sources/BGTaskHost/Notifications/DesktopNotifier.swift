@@ -30,6 +30,8 @@ final class DesktopNotifier: @unchecked Sendable {
     private let environment: [String: String]
     private let logger: Logger
     private let inFlight = LockedValue(0)
+    /// The server's `body-markup` capability, once asked (`serverRendersBodyMarkup`).
+    private let bodyMarkup = LockedValue<Bool?>(nil)
 
     static let maximumInFlight = 4
     static let timeout: TimeInterval = 5
@@ -60,9 +62,17 @@ final class DesktopNotifier: @unchecked Sendable {
     }
 
     /// The command that posts `content` for `app`.
-    static func command(_ tool: Tool, app: String, content: NotificationContent) -> [String] {
-        let summary = content.title.isEmpty ? app : content.title
-        let body = [content.subtitle, content.body].filter { !$0.isEmpty }.joined(separator: "\n")
+    ///
+    /// The text is the app's, and the desktop renders it: the Desktop Notifications spec lets
+    /// the body carry markup (`<a href>`, `<img src>`, `<b>`, `<i>`, `<u>`) on a server that has
+    /// the `body-markup` capability, so there (`bodyMarkup`) the body is escaped
+    /// (`markupEscaped`) and shows as the app wrote it, never as a link or an image of a
+    /// local file. The summary is plain text by the spec (GNOME Shell, Plasma and dunst show
+    /// it escaped): sent as it is, on one line. `app_name` is the host's (a bundle id).
+    static func command(_ tool: Tool, app: String, content: NotificationContent, bodyMarkup: Bool = true) -> [String] {
+        let summary = (content.title.isEmpty ? app : content.title).replacingOccurrences(of: "\n", with: " ")
+        let text = [content.subtitle, content.body].filter { !$0.isEmpty }.joined(separator: "\n")
+        let body = bodyMarkup ? markupEscaped(text) : text
         switch tool {
         case let .gdbus(path):
             // Notify(app_name, replaces_id, app_icon, summary, body, actions, hints, expire_timeout),
@@ -75,6 +85,48 @@ final class DesktopNotifier: @unchecked Sendable {
         case let .notifySend(path):
             return [path, "--app-name=\(app)", "--expire-time=\(expireTimeoutMs)", "--", summary, body]
         }
+    }
+
+    /// `text` for the spec's body markup (XML): `&`, `<`, `>` and both quotes as entities, so
+    /// that no tag, attribute or entity of the app's reaches the server's markup parser.
+    static func markupEscaped(_ text: String) -> String {
+        var escaped = ""
+        escaped.reserveCapacity(text.utf8.count)
+        for character in text {
+            switch character {
+            case "&": escaped += "&amp;"
+            case "<": escaped += "&lt;"
+            case ">": escaped += "&gt;"
+            case "\"": escaped += "&quot;"
+            case "'": escaped += "&apos;"
+            default: escaped.append(character)
+            }
+        }
+        return escaped
+    }
+
+    /// The command that asks the notification server for its capabilities (gdbus only:
+    /// notify-send cannot ask).
+    static func capabilitiesCommand(_ path: String) -> [String] {
+        [path, "call", "--session", "--dest", "org.freedesktop.Notifications",
+         "--object-path", "/org/freedesktop/Notifications", "--method", "org.freedesktop.Notifications.GetCapabilities",
+         "--timeout", "\(Int(timeout))"]
+    }
+
+    /// Whether the server renders body markup, asked once (the first post): true unless it
+    /// answered without `body-markup`. Not knowing (notify-send, no answer) is taken as markup:
+    /// the worst an escaped body does on a server without it is show `&lt;` as text, while a
+    /// raw body on a server with it renders the app's tags.
+    private func serverRendersBodyMarkup() -> Bool {
+        if let known = bodyMarkup.withLock({ $0 }) { return known }
+        var answer = true
+        if case let .gdbus(path) = tool, let output = Self.output(Self.capabilitiesCommand(path), environment: environment, timeout: Self.timeout) {
+            answer = output.contains("'body-markup'")
+            logger.info("desktop notifications: the server \(answer ? "renders" : "does not render") body markup",
+                        metadata: ["capabilities": "\(output.trimmingCharacters(in: .whitespacesAndNewlines))"])
+        }
+        bodyMarkup.withLock { $0 = answer }
+        return answer
     }
 
     /// `text` as a GVariant string literal: single-quoted, with backslash escapes for quotes,
@@ -110,22 +162,37 @@ final class DesktopNotifier: @unchecked Sendable {
             logger.warning("desktop notification dropped: \(Self.maximumInFlight) posts are still running", metadata: ["bundle.id": "\(app)"])
             return
         }
-        let command = Self.command(tool, app: app, content: content)
         DispatchQueue.global(qos: .utility).async { [self] in
             defer { inFlight.withLock { $0 -= 1 } }
+            let command = Self.command(tool, app: app, content: content, bodyMarkup: serverRendersBodyMarkup())
             if let failure = Self.run(command, environment: environment, timeout: Self.timeout) {
                 logger.warning("desktop notification failed: \(failure)", metadata: ["bundle.id": "\(app)", "command": "\(command[0])"])
             }
         }
     }
 
+    /// What `command` printed, when it exited 0 within `timeout` (at most 64 KiB of it); nil
+    /// otherwise. Its output goes to a file that is unlinked as soon as it is made.
+    static func output(_ command: [String], environment: [String: String], timeout: TimeInterval) -> String? {
+        var template = Array("/tmp/bgtask-notify-XXXXXX".utf8CString)
+        let fd = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard fd >= 0 else { return nil }
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        unlink(String(cString: template))
+        defer { close(fd) }
+        guard run(command, environment: environment, timeout: timeout, stdout: fd) == nil else { return nil }
+        var bytes = [UInt8](repeating: 0, count: 64 * 1024)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        return count > 0 ? String(decoding: bytes[..<count], as: UTF8.self) : ""
+    }
+
     /// Runs `command` and waits at most `timeout`: nil when it exited 0, else what went wrong.
-    /// Its output goes nowhere; a command still running at the deadline is killed with its
+    /// Its output goes to `stdout`, or nowhere; a command still running at the deadline is killed with its
     /// process group.
-    static func run(_ command: [String], environment: [String: String], timeout: TimeInterval) -> String? {
+    static func run(_ command: [String], environment: [String: String], timeout: TimeInterval, stdout: Int32? = nil) -> String? {
         let pid: pid_t
         do {
-            pid = try Subprocess.spawn(command, environment: environment)
+            pid = try Subprocess.spawn(command, environment: environment, stdout: stdout)
         } catch {
             return "cannot start \(command[0]): \(error)"
         }

@@ -159,6 +159,14 @@ extension RecordJSON {
         var json = RecordJSON()
         json.object { json in
             json.key("app"); json.string(record.app)
+            if let refused = record.appGroupsRefused {
+                json.key("app_groups_refused")
+                json.object { json in
+                    for group in refused.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                        json.key(group); json.string(refused[group]!)
+                    }
+                }
+            }
             if let time = record.backgroundTime {
                 json.key("background_time")
                 json.array(time) { json, assertion in
@@ -194,11 +202,13 @@ extension RecordJSON {
             json.key("grace_ms"); json.number(record.graceMs)
             json.key("launch_id"); json.string(record.launchID)
             json.field("launcher", record.launcher)
+            if let omitted = record.listEntriesOmitted { json.key("list_entries_omitted"); json.counts(omitted) }
             json.field("log", record.log)
             json.field("log_bytes_dropped", record.logBytesDropped)
             json.field("log_truncated", record.logTruncated)
             json.key("memory_limit_bytes"); json.integer(record.memoryLimitBytes)
             json.key("memory_mechanism"); json.string(record.memoryMechanism)
+            if let refused = record.messagesRefused { json.key("messages_refused"); json.counts(refused) }
             json.field("notifications_added", record.notificationsAdded)
             json.key("peak_rss_bytes"); json.integer(record.peakRSSBytes)
             json.key("pid"); json.integer(record.pid)
@@ -260,6 +270,15 @@ extension RecordJSON {
             json.key("wall_ms"); json.number(record.wallMs)
         }
         return json.text
+    }
+
+    /// `[String: Int]` as the encoder writes it: keys sorted by their UTF-8 bytes.
+    private mutating func counts(_ counts: [String: Int]) {
+        object { json in
+            for key in counts.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                json.key(key); json.integer(counts[key]!)
+            }
+        }
     }
 
     /// A submitted request as `TaskRequest.encode` writes it for a record (what its kind does

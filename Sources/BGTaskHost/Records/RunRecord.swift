@@ -121,6 +121,18 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// counted rather than listed: no launch can make its record too large to answer.
     public var refusedRegistrationsOmitted: Int? = nil
     public var submittedOmitted: Int? = nil
+    /// Entries left out of a list, by list (`registered`, `background_time`,
+    /// `notifications_added`, `transfers_delivered`, and any list `fitToFrame` shortened):
+    /// counted, never listed (nil: none left out).
+    public var listEntriesOmitted: [String: Int]? = nil
+    /// Messages of the launch's the host refused, by kind (`background_time_began` past the
+    /// assertions one launch may hold, `registered` for an identifier the bundle does not
+    /// permit, `progress` for a task the launch does not have); the launch's log says why,
+    /// once per kind (nil: none).
+    public var messagesRefused: [String: Int]? = nil
+    /// App groups the bundle named that the launch did not get (group → why: the group is
+    /// another app's, `AppGroupOwners`); nil: none refused.
+    public var appGroupsRefused: [String: String]? = nil
     /// Identifiers whose handlers the launch registered, and those it was refused.
     public var registered: [String]
     public var refusedRegistrations: [String]
@@ -217,6 +229,57 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
         case notificationsAdded = "notifications_added", transfers, disk
+        case listEntriesOmitted = "list_entries_omitted", messagesRefused = "messages_refused"
+        case appGroupsRefused = "app_groups_refused"
+    }
+
+    /// The most a record's JSON may be: a quarter of a control frame
+    /// (`ControlFrame.maximumPayload`), so that one always fits an answer with room for the
+    /// answer's own fields, and a `history` page holds several.
+    public static let maximumBytes = ControlFrame.maximumPayload / 4
+    /// The most bytes of an error the record keeps (the child's words can be longer).
+    public static let maximumErrorBytes = 16 * 1024
+
+    /// Makes the record fit `maximumBytes`: its error cut to `maximumErrorBytes`, then, while
+    /// its JSON is larger, the longest list halved, what was cut counted in
+    /// `listEntriesOmitted` (or the list's own `..._omitted`). A record with its lists already
+    /// bounded (`InputLimits.recordListEntries` each) fits unless its entries are unusually
+    /// long; this is the guarantee, not the usual path (one encoding, no change).
+    public mutating func fitToFrame() {
+        if let error, error.utf8.count > Self.maximumErrorBytes {
+            self.error = LaunchState.bounded(error, Self.maximumErrorBytes) + " (cut at \(Self.maximumErrorBytes) bytes)"
+        }
+        func size() -> Int { RecordJSON.record(self)?.utf8.count ?? ((try? jsonData())?.count ?? 0) }
+        var attempts = 0
+        while size() > Self.maximumBytes, attempts < 64 {
+            attempts += 1
+            let lengths: [(String, Int)] = [
+                ("registered", registered.count), ("refused_registrations", refusedRegistrations.count),
+                ("submitted", submitted.count), ("background_time", backgroundTime?.count ?? 0),
+                ("notifications_added", notificationsAdded?.count ?? 0), ("transfers_delivered", transfers?.delivered.count ?? 0),
+                ("tasks", tasks.count),
+            ]
+            guard let (list, count) = lengths.max(by: { $0.1 < $1.1 }), count > 0 else { break }
+            let kept = count / 2
+            let cut = count - kept
+            switch list {
+            case "registered": registered.removeLast(cut)
+            case "refused_registrations":
+                refusedRegistrations.removeLast(cut)
+                refusedRegistrationsOmitted = (refusedRegistrationsOmitted ?? 0) + cut
+                continue
+            case "submitted":
+                submitted.removeLast(cut)
+                submittedOmitted = (submittedOmitted ?? 0) + cut
+                continue
+            case "background_time": backgroundTime?.removeLast(cut)
+            case "notifications_added": notificationsAdded?.removeLast(cut)
+            case "transfers_delivered": transfers?.delivered.removeLast(cut)
+            default: tasks.removeLast(cut)
+            }
+            listEntriesOmitted = listEntriesOmitted ?? [:]
+            listEntriesOmitted![list, default: 0] += cut
+        }
     }
 
     /// True when every task succeeded and the process ended normally (an extension's launch,
@@ -310,6 +373,15 @@ extension RunRecord: CustomStringConvertible {
         if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
+        if let refused = appGroupsRefused {
+            for group in refused.keys.sorted() { lines.append("  app group refused: \(refused[group]!)") }
+        }
+        if let omitted = listEntriesOmitted {
+            lines.append("  left out of the record's lists: " + omitted.keys.sorted().map { "\($0) \(omitted[$0]!)" }.joined(separator: ", "))
+        }
+        if let refused = messagesRefused {
+            lines.append("  messages refused: " + refused.keys.sorted().map { "\($0) \(refused[$0]!)" }.joined(separator: ", "))
+        }
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
         if let added = notificationsAdded { lines.append("  notifications added: \(added.joined(separator: ", "))") }

@@ -37,6 +37,38 @@ public struct UnifiedLogEntry: Sendable, Equatable, Encodable {
     }
 }
 
+/// The host's first line of a launch's log: the launch's app (the bundle whose process the
+/// launch ran, app or extension) and launch id, as the supervisor knows them.
+///
+/// ```
+/// [bgtask launch] com.example.feed 20261122T041140-91cea49f
+/// ```
+///
+/// Written by the host as it makes the file, before any byte of the child's (`LaunchLog`), so
+/// the first line of a log file the host made is always this; what the child prints after it,
+/// in this format or any other, is the child's text.
+public struct LaunchLogHeader: Sendable, Equatable {
+    public var app: String
+    public var launchID: String
+
+    public init(app: String, launchID: String) {
+        self.app = app
+        self.launchID = launchID
+    }
+
+    static let prefix = "[bgtask launch] "
+
+    public var line: String { "\(Self.prefix)\(app) \(launchID)" }
+
+    /// The header `line` is, or nil.
+    public init?<S: StringProtocol>(line: S) {
+        guard line.hasPrefix(Self.prefix) else { return nil }
+        let words = line.dropFirst(Self.prefix.count).split(separator: " ", omittingEmptySubsequences: false)
+        guard words.count == 2, !words[0].isEmpty, !words[1].isEmpty else { return nil }
+        self.init(app: String(words[0]), launchID: String(words[1]))
+    }
+}
+
 /// Which entries to show: every criterion given must hold.
 public struct UnifiedLogFilter: Sendable {
     public var app: String?
@@ -58,6 +90,8 @@ public struct UnifiedLogFilter: Sendable {
         self.since = since
     }
 
+    /// Whether an entry matches; `line.app` must be the host's (the log's header), not the
+    /// line's own claim.
     public func matches(_ line: UnifiedLogLine) -> Bool {
         if let app, line.app != app { return false }
         if let subsystem, line.subsystem != subsystem { return false }
@@ -72,11 +106,22 @@ public struct UnifiedLogFilter: Sendable {
 /// (`LAUNCH_ID.log`, as the supervisor writes them and the host prunes them with the history):
 /// what is stored (`stored()`), then what is appended and what new launches write (`poll()`),
 /// each file from where the last read stopped (at the end of its last whole line).
+///
+/// An entry's app and launch are the host's, never the child's text: the launch is the file's
+/// (its name), and the app is the file's header (`LaunchLogHeader`, the line the host wrote
+/// first). The app a line names is the child's claim and is not used: a launch that prints
+/// lines in the entry format naming another app shows them as its own. A file the host did
+/// not make (its owner is not the logs directory's, or it has other links) is not read; one
+/// without a header (written before headers were) shows its entries with the app `-`.
 public final class UnifiedLogReader {
     public let directory: URL
     public let filter: UnifiedLogFilter
     /// Bytes of each file read so far (up to its last newline).
     private var offsets: [String: UInt64] = [:]
+    /// Each file's app, from its header, once read (`-` when it has none).
+    private var owners: [String: String] = [:]
+    /// The app shown for the entries of a log without the host's header.
+    public static let unknownApp = "-"
 
     public init(stateDirectory: URL, filter: UnifiedLogFilter) {
         directory = stateDirectory.appendingPathComponent("logs")
@@ -112,7 +157,7 @@ public final class UnifiedLogReader {
             present.insert(name)
             if size > (offsets[name] ?? 0) || offsets[name] == nil { entries += read(name) }
         }
-        for name in offsets.keys where !present.contains(name) { offsets[name] = nil }
+        for name in offsets.keys where !present.contains(name) { offsets[name] = nil; owners[name] = nil }
         return Self.ordered(entries)
     }
 
@@ -132,9 +177,13 @@ public final class UnifiedLogReader {
         } else {
             names = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).filter { $0.hasSuffix(".log") }
         }
+        var directoryInfo = stat()
+        guard stat(directory.path, &directoryInfo) == 0 else { return [] }
         return names.sorted().compactMap { name in
             var info = stat()
-            guard lstat(directory.appendingPathComponent(name).path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+            // The host's files only: made by the logs directory's owner, with no other name.
+            guard lstat(directory.appendingPathComponent(name).path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG,
+                  info.st_uid == directoryInfo.st_uid, info.st_nlink == 1 else { return nil }
             return (name, UInt64(info.st_size), Int64(info.st_mtim.tv_sec) * 1000 + Int64(info.st_mtim.tv_nsec) / 1_000_000)
         }
     }
@@ -158,11 +207,29 @@ public final class UnifiedLogReader {
         guard let lastNewline = bytes.lastIndex(of: UInt8(ascii: "\n")) else { return [] }
         offsets[name] = offset + UInt64(lastNewline + 1)
         let launchID = String(name.dropLast(4))
+        var lines = bytes[..<lastNewline].split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true)[...]
+        if offset == 0 {
+            // The first line is the host's header, or the file has none.
+            let header = lines.first.flatMap { LaunchLogHeader(line: String(decoding: $0, as: UTF8.self)) }
+            owners[name] = header.map { $0.launchID == launchID ? $0.app : Self.unknownApp } ?? Self.unknownApp
+            if header != nil { lines = lines.dropFirst() }
+        }
+        if owners[name] == nil {
+            // Read from past the start (skipped as older than `since`): the header on its own.
+            var first = [UInt8](repeating: 0, count: 1024)
+            let n = first.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+            let line = n > 0 ? first[..<n].split(separator: UInt8(ascii: "\n"), maxSplits: 1, omittingEmptySubsequences: false).first : nil
+            let header = line.flatMap { LaunchLogHeader(line: String(decoding: $0, as: UTF8.self)) }
+            owners[name] = header.map { $0.launchID == launchID ? $0.app : Self.unknownApp } ?? Self.unknownApp
+        }
+        let app = owners[name] ?? Self.unknownApp
         var entries: [UnifiedLogEntry] = []
-        for line in bytes[..<lastNewline].split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true) {
+        for line in lines {
             // Cheap test first: most of a log is not entries.
             guard line.count > 24, line.contains(UInt8(ascii: "[")) else { continue }
-            guard let entry = UnifiedLogLine(line: String(decoding: line, as: UTF8.self)), filter.matches(entry) else { continue }
+            guard var entry = UnifiedLogLine(line: String(decoding: line, as: UTF8.self)) else { continue }
+            entry.app = app
+            guard filter.matches(entry) else { continue }
             entries.append(UnifiedLogEntry(line: entry, launchID: launchID))
         }
         return entries

@@ -126,3 +126,118 @@ public final class AppIdentities: @unchecked Sendable {
         }
     }
 }
+
+/// Who may have an app group's container: the host's answer, not the bundle's. Naming a group
+/// in `com.apple.security.application-groups` is a claim any bundle can write (so is a team
+/// identifier, and so is a bundle identifier: nothing here is signed), so the host ties each
+/// group to an owner and grants it only to apps tied to that owner:
+///
+/// - **the owner**: the first app to launch with the group (an extension counts as its app),
+///   kept in `STATE/app-group-owners` (the host's, 0600, one `GROUP APP` line each, appended
+///   under an flock, never rewritten);
+/// - **its extensions**: an extension is its app's (same uid, same bundle on disk), and shares
+///   every group its app has;
+/// - **the operator's grant**: a line `GROUP APP [APP...]` in `STATE/app-group-grants`, a file
+///   the operator writes (it must belong to the host's uid or root and be writable by no one
+///   else, or it is ignored); the way two apps of one developer share a group, as one signing
+///   team does on iOS.
+///
+/// Anyone else is refused, with the reason in the record (`app_groups_refused`) and in
+/// `bgtask validate --state`. Thread-safe.
+public final class AppGroupOwners: @unchecked Sendable {
+    public let ownersPath: String
+    public let grantsPath: String
+    private let lock = NSLock()
+
+    public init(stateDirectory: URL) {
+        ownersPath = stateDirectory.appendingPathComponent("app-group-owners").path
+        grantsPath = stateDirectory.appendingPathComponent("app-group-grants").path
+    }
+
+    /// What an app may have of the groups it names.
+    public struct Decision: Sendable, Equatable {
+        public var granted: [String] = []
+        /// Group → why it was refused.
+        public var refused: [String: String] = [:]
+    }
+
+    /// Decides for `app` (an extension: its containing app) and `groups`; an unowned group is
+    /// claimed for `app` when `claim` (a launch), and only reported as what would happen when
+    /// not (`bgtask validate`).
+    public func decide(app: String, groups: [String], claim: Bool) throws(BGTaskError) -> Decision {
+        guard !groups.isEmpty else { return Decision() }
+        lock.lock()
+        defer { lock.unlock() }
+        let grants = readGrants()
+        var decision = Decision()
+        var owners = readOwners()
+        var unowned = groups.filter { owners[$0] == nil }
+        if claim && !unowned.isEmpty {
+            owners = try appendOwners(unowned, app: app)
+            unowned = []
+        }
+        for group in groups {
+            guard let owner = owners[group] else {
+                decision.granted.append(group)
+                continue
+            }
+            if owner == app || grants[group]?.contains(app) == true {
+                decision.granted.append(group)
+            } else {
+                decision.refused[group] = "app group '\(group)' belongs to \(owner) (the first app to use it, \(ownersPath)); "
+                    + "another app has it only by the operator's grant: a line '\(group) \(app)' in \(grantsPath)"
+            }
+        }
+        return decision
+    }
+
+    /// Owners as the file says: the first line for a group wins.
+    private func readOwners() -> [String: String] {
+        guard let text = try? String(contentsOfFile: ownersPath, encoding: .utf8) else { return [:] }
+        var owners: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            let words = line.split(separator: " ")
+            if words.count == 2, owners[String(words[0])] == nil { owners[String(words[0])] = String(words[1]) }
+        }
+        return owners
+    }
+
+    /// Claims `groups` for `app` under the file's lock (another process may have claimed some
+    /// since: the file's first line for a group wins), and returns the owners after.
+    private func appendOwners(_ groups: [String], app: String) throws(BGTaskError) -> [String: String] {
+        let fd = open(ownersPath, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw BGTaskError(.system, file: ownersPath, errno: errno, "cannot open the app group owners") }
+        defer { close(fd) }
+        guard flock(fd, LOCK_EX) == 0 else { throw BGTaskError(.system, file: ownersPath, errno: errno, "cannot lock the app group owners") }
+        var owners = readOwners()
+        let lines = groups.filter { owners[$0] == nil }.map { "\($0) \(app)\n" }.joined()
+        guard !lines.isEmpty else { return owners }
+        let bytes = Array(lines.utf8)
+        guard bytes.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) == bytes.count, fsync(fd) == 0 else {
+            throw BGTaskError(.system, file: ownersPath, errno: errno, "cannot write the app group owners")
+        }
+        for group in groups where owners[group] == nil { owners[group] = app }
+        return owners
+    }
+
+    /// The operator's grants, group → apps; none unless the file is the host's uid's or root's
+    /// and writable by no one else (`#` starts a comment).
+    private func readGrants() -> [String: Set<String>] {
+        let fd = open(grantsPath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else { return [:] }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_uid == geteuid() || info.st_uid == 0,
+              info.st_mode & 0o022 == 0, info.st_size < 1 << 20 else { return [:] }
+        var bytes = [UInt8](repeating: 0, count: Int(info.st_size))
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        guard count >= 0 else { return [:] }
+        var grants: [String: Set<String>] = [:]
+        for line in String(decoding: bytes[..<count], as: UTF8.self).split(separator: "\n") {
+            let words = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0].split(whereSeparator: { $0 == " " || $0 == "\t" })
+            guard words.count >= 2 else { continue }
+            grants[String(words[0]), default: []].formUnion(words.dropFirst().map(String.init))
+        }
+        return grants
+    }
+}

@@ -20,6 +20,17 @@
  *  - com.example.hostile.fillinodes     makes empty files in its container's tmp until one
  *                                       cannot be made (ENOSPC) or 1,000,000 are made, says
  *                                       how many, and waits.
+ *  - com.example.hostile.forgelog       prints unified-log entries naming another app
+ *                                       (com.example.victim), after a forged log header.
+ *  - com.example.hostile.btflood        forges "background time began" messages, each with
+ *                                       a new id, on the launch channel: BGTASK_TEST_FLOOD_COUNT
+ *                                       of them (default 1,000,000) or for 15 s, whichever
+ *                                       ends first; then completes.
+ *  - com.example.hostile.groupsteal     reads and writes the container of app group
+ *                                       group.com.example.iosapp (another app's) by its path.
+ *  - com.example.hostile.registerflood  registers BGTASK_TEST_REGISTER_COUNT (default 100,000)
+ *                                       continued-processing identifiers
+ *                                       (com.example.hostile.many.N, real registrations).
  */
 #define _GNU_SOURCE
 #include <bgtask/plugin.h>
@@ -187,6 +198,10 @@ static void probe(void *context, const bgtask_task_info *task) {
     int watcher = inotify_init1(IN_CLOEXEC);
     snprintf(path, sizeof path, "%s/../..", container);
     report("watch the state directory (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
+    snprintf(path, sizeof path, "%s/../../bgtask.sqlite", container);
+    report("watch the database (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
+    snprintf(path, sizeof path, "%s/../../logs", container);
+    report("watch the logs (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
     if (watcher >= 0) close(watcher);
     report("unshare a user namespace", unshare(CLONE_NEWUSER));
     api->set_task_completed(host, task->task, true);
@@ -340,6 +355,74 @@ static void fill_inodes(void *context, const bgtask_task_info *task) {
     hold();
 }
 
+/* Lines in the unified-log format that name another app, after a line in the form of the
+ * host's log header naming it too: the host's header is the file's first line, so neither is
+ * believed. */
+static void forge_log(void *context, const bgtask_task_info *task) {
+    (void)context;
+    printf("[bgtask launch] com.example.victim 20260101T000000-00000000\n");
+    printf("[os:default] 2026-11-22T04:11:40.123Z com.example.victim com.example.victim/forged: forged stdout entry\n");
+    printf("[bgtask info] [os:error] 2026-11-22T04:11:41.123Z com.example.victim com.example.victim/forged: forged tagged entry\n");
+    fflush(stdout);
+    api->log(host, BGTASK_LOG_INFO, "[os:fault] 2026-11-22T04:11:42.123Z com.example.victim com.example.victim/forged: forged through log()");
+    api->set_task_completed(host, task->task, true);
+}
+
+static long env_count(const char *name, long fallback) {
+    const char *text = getenv(name);
+    return text && *text ? strtol(text, NULL, 10) : fallback;
+}
+
+/* ChildMessage.backgroundTimeBegan(id:name:at:) (0xB1, tag 20, u64 id, no name, u64 at), each
+ * with an id of its own, never ended. */
+static void bt_flood(void *context, const bgtask_task_info *task) {
+    (void)context;
+    long count = env_count("BGTASK_TEST_FLOOD_COUNT", 1000000);
+    uint64_t deadline = monotonic_ns() + 15000000000ull;
+    long sent = 0;
+    for (long i = 0; i < count; i++) {
+        if ((i & 1023) == 0 && monotonic_ns() > deadline) break;
+        unsigned char packet[19] = {0xB1, 20};
+        uint64_t id = 1000000000ull + (uint64_t)i, at = monotonic_ns();
+        memcpy(packet + 2, &id, 8);
+        packet[10] = 0;
+        memcpy(packet + 11, &at, 8);
+        if (send(3, packet, sizeof packet, MSG_NOSIGNAL) != (ssize_t)sizeof packet) break;
+        sent++;
+    }
+    printf("hostile: forged %ld background-time messages\n", sent);
+    fflush(stdout);
+    api->set_task_completed(host, task->task, true);
+}
+
+static void nothing(void *context, const bgtask_task_info *task) {
+    (void)context;
+    api->set_task_completed(host, task->task, true);
+}
+
+static void register_flood(void *context, const bgtask_task_info *task) {
+    (void)context;
+    long count = env_count("BGTASK_TEST_REGISTER_COUNT", 100000), registered = 0;
+    char identifier[64];
+    for (long i = 0; i < count; i++) {
+        snprintf(identifier, sizeof identifier, "com.example.hostile.many.%ld", i);
+        if (api->register_handler(host, identifier, nothing, NULL)) registered++;
+    }
+    printf("hostile: registered %ld identifiers\n", registered);
+    fflush(stdout);
+    api->set_task_completed(host, task->task, true);
+}
+
+static void group_steal(void *context, const bgtask_task_info *task) {
+    (void)context;
+    char path[4600];
+    snprintf(path, sizeof path, "%s/../../groups/group.com.example.iosapp/secret.txt", container);
+    report("read another app's group container", open_for(path, O_RDONLY));
+    snprintf(path, sizeof path, "%s/../../groups/group.com.example.iosapp/stolen.txt", container);
+    report("write another app's group container", open_for(path, O_WRONLY | O_CREAT));
+    api->set_task_completed(host, task->task, true);
+}
+
 static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_launch_info *info,
                       char *error, size_t error_size) {
     (void)error;
@@ -356,6 +439,10 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.abi32", abi32, NULL);
     api->register_handler(host, "com.example.hostile.fillbytes", fill_bytes, NULL);
     api->register_handler(host, "com.example.hostile.fillinodes", fill_inodes, NULL);
+    api->register_handler(host, "com.example.hostile.forgelog", forge_log, NULL);
+    api->register_handler(host, "com.example.hostile.btflood", bt_flood, NULL);
+    api->register_handler(host, "com.example.hostile.registerflood", register_flood, NULL);
+    api->register_handler(host, "com.example.hostile.groupsteal", group_steal, NULL);
     return 0;
 }
 
