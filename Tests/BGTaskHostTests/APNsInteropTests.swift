@@ -229,6 +229,30 @@ struct TestTLS {
     }
 }
 
+extension APNsInteropTests {
+    /// A push written frame by frame: the header block over HEADERS and two CONTINUATION frames,
+    /// the authority as `host` (no `:authority`), headers in an unusual order. Before, the
+    /// stream was reset (RST_STREAM CANCEL) with nothing logged; now it is delivered, and the
+    /// answer is HEADERS with END_STREAM and no DATA frame, the apns-id as sent.
+    @Test(.enabled(if: ProviderLibraries.runnable)) func continuationFramesAndAHostHeaderAreTaken() throws {
+        try ProviderLibraries.require()
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let provided = try Self.providedHost(scratch)
+        defer { _ = provided.host.stop() }
+        let id = UUID().uuidString.lowercased()
+        let result = try runCommand([ProviderLibraries.python, ProviderLibraries.interop.appendingPathComponent("raw_h2_push.py").path,
+                                     "127.0.0.1", "\(provided.port)", provided.tls.ca, provided.deviceToken, Self.app, id,
+                                     "bearer \(try Self.providerToken(provided))"], timeout: .seconds(30))
+        try #require(result.status == 0, "\(result.stderr)")
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any], "\(result.stdout)")
+        #expect(answer["status"] as? Int == 200 && answer["apns_id"] as? String == id, "\(answer)")
+        #expect(answer["headers_end_stream"] as? Bool == true && answer["data_frames"] as? Int == 0, "\(answer)")
+        let record = try Self.deliveredRecord(provided.host, pushID: id.uppercased())
+        #expect(try record.logText().contains("pushapp: push episode 140"))
+    }
+}
+
 /// The endpoint under a connection flood: idle TCP connections by the thousand, as a hostile
 /// local process or a port scan makes them. The host keeps its descriptors (the cap), closes
 /// idle connections (the handshake and idle timeouts) and serves the control socket and a
