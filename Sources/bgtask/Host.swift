@@ -90,6 +90,7 @@ extension BGTaskCommand {
 
         @Option(name: .customLong("apns-idle-timeout"), help: ArgumentHelp("An APNs endpoint connection with no open stream for this long is closed. Default: 60s.", valueName: "duration"), transform: DurationArgument.parse)
         var apnsIdleTimeout: DurationArgument?
+
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
