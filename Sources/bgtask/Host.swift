@@ -89,8 +89,12 @@ extension BGTaskCommand {
         @Option(name: .customLong("apns-handshake-timeout"), help: ArgumentHelp("An APNs endpoint connection whose TLS handshake has not finished this long after it was accepted is closed. Default: 10s.", valueName: "duration"), transform: DurationArgument.parse)
         var apnsHandshakeTimeout: DurationArgument?
 
+        @Option(name: .customLong("apns-request-timeout"), help: ArgumentHelp("An APNs endpoint stream whose request has not ended this long after it began is reset. Default: 10s.", valueName: "duration"), transform: DurationArgument.parse)
+        var apnsRequestTimeout: DurationArgument?
+
         @Option(name: .customLong("apns-idle-timeout"), help: ArgumentHelp("An APNs endpoint connection with no open stream for this long is closed. Default: 60s.", valueName: "duration"), transform: DurationArgument.parse)
         var apnsIdleTimeout: DurationArgument?
+
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
@@ -117,7 +121,8 @@ extension BGTaskCommand {
             guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
             guard apnsMaxConnections >= 1 else { throw ValidationError("--apns-max-connections must be at least 1") }
             guard (1...10_000).contains(apnsMaxStreams) else { throw ValidationError("--apns-max-streams must be 1 to 10000, not \(apnsMaxStreams)") }
-            for (name, value) in [("--apns-handshake-timeout", apnsHandshakeTimeout), ("--apns-idle-timeout", apnsIdleTimeout)] where value?.duration == .zero {
+            for (name, value) in [("--apns-handshake-timeout", apnsHandshakeTimeout), ("--apns-idle-timeout", apnsIdleTimeout),
+                                 ("--apns-request-timeout", apnsRequestTimeout)] where value?.duration == .zero {
                 throw ValidationError("\(name) must be more than 0")
             }
             for (name, value) in [("--request-timeout", requestTimeout), ("--idle-timeout", idleTimeout)] where value?.duration == .zero {
@@ -171,6 +176,7 @@ extension BGTaskCommand {
             configuration.apnsLimits.maximumStreamsPerConnection = apnsMaxStreams
             if let apnsHandshakeTimeout { configuration.apnsLimits.handshakeTimeout = apnsHandshakeTimeout.duration }
             if let apnsIdleTimeout { configuration.apnsLimits.idleTimeout = apnsIdleTimeout.duration }
+            if let apnsRequestTimeout { configuration.apnsLimits.requestTimeout = apnsRequestTimeout.duration }
             configuration.allowNotifications = allowNotifications
             configuration.desktopNotifications = !noDesktopNotifications
             if let stall { configuration.progressStallInterval = stall.duration }

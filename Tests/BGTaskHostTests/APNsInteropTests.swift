@@ -229,6 +229,30 @@ struct TestTLS {
     }
 }
 
+extension APNsInteropTests {
+    /// A push written frame by frame: the header block over HEADERS and two CONTINUATION frames,
+    /// the authority as `host` (no `:authority`), headers in an unusual order. Before, the
+    /// stream was reset (RST_STREAM CANCEL) with nothing logged; now it is delivered, and the
+    /// answer is HEADERS with END_STREAM and no DATA frame, the apns-id as sent.
+    @Test(.enabled(if: ProviderLibraries.runnable)) func continuationFramesAndAHostHeaderAreTaken() throws {
+        try ProviderLibraries.require()
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let provided = try Self.providedHost(scratch)
+        defer { _ = provided.host.stop() }
+        let id = UUID().uuidString.lowercased()
+        let result = try runCommand([ProviderLibraries.python, ProviderLibraries.interop.appendingPathComponent("raw_h2_push.py").path,
+                                     "127.0.0.1", "\(provided.port)", provided.tls.ca, provided.deviceToken, Self.app, id,
+                                     "bearer \(try Self.providerToken(provided))"], timeout: .seconds(30))
+        try #require(result.status == 0, "\(result.stderr)")
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any], "\(result.stdout)")
+        #expect(answer["status"] as? Int == 200 && answer["apns_id"] as? String == id, "\(answer)")
+        #expect(answer["headers_end_stream"] as? Bool == true && answer["data_frames"] as? Int == 0, "\(answer)")
+        let record = try Self.deliveredRecord(provided.host, pushID: id.uppercased())
+        #expect(try record.logText().contains("pushapp: push episode 140"))
+    }
+}
+
 /// The endpoint under a connection flood: idle TCP connections by the thousand, as a hostile
 /// local process or a port scan makes them. The host keeps its descriptors (the cap), closes
 /// idle connections (the handshake and idle timeouts) and serves the control socket and a
@@ -314,17 +338,28 @@ struct TestTLS {
     }
 
     /// A connection that finished its TLS handshake and HTTP/2 preface but opens no stream is
-    /// closed after the idle timeout (2 s here), not held.
-    @Test(.enabled(if: ProviderLibraries.runnable)) func anIdleHTTP2ConnectionIsClosed() throws {
+    /// closed after the idle timeout (2 s here), not held; one that opens a stream and never
+    /// ends its request has the stream reset after the request timeout (1 s), then is closed
+    /// as idle.
+    @Test(.enabled(if: ProviderLibraries.runnable)) func idleConnectionsAndStalledStreamsAreClosed() throws {
         try ProviderLibraries.require()
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let provided = try APNsInteropTests.providedHost(scratch, extra: ["--apns-idle-timeout", "2s"])
+        let provided = try APNsInteropTests.providedHost(scratch, extra: ["--apns-idle-timeout", "2s", "--apns-request-timeout", "1s"])
         defer { _ = provided.host.stop() }
-        let result = try runCommand([ProviderLibraries.python, ProviderLibraries.interop.appendingPathComponent("idle_connection.py").path,
-                                     "127.0.0.1", "\(provided.port)", provided.tls.ca, "10"], timeout: .seconds(30))
-        #expect(result.status == 0, "\(result.stderr)")
-        let seconds = Double(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-        #expect(seconds.map { $0 >= 1.8 && $0 < 5 } == true, "closed after \(result.stdout) s: \(result.stderr)")
+        func hold(_ mode: String) throws -> (reset: Double?, closed: Double?) {
+            let result = try runCommand([ProviderLibraries.python, ProviderLibraries.interop.appendingPathComponent("idle_connection.py").path,
+                                         "127.0.0.1", "\(provided.port)", provided.tls.ca, "10", mode], timeout: .seconds(30))
+            try #require(result.status == 0, "\(mode): \(result.stderr)")
+            let answer = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any], "\(result.stdout)")
+            return ((answer["reset"] as? NSNumber)?.doubleValue, (answer["closed"] as? NSNumber)?.doubleValue)
+        }
+        let idle = try hold("idle")
+        #expect(idle.reset == nil && idle.closed.map { $0 >= 1.8 && $0 < 5 } == true, "idle: \(idle)")
+        let stalled = try hold("stalled")
+        #expect(stalled.reset.map { $0 >= 0.8 && $0 < 3 } == true, "stalled: \(stalled)")
+        #expect(stalled.closed.map { $0 >= 2.8 && $0 < 7 } == true, "stalled: \(stalled)")
+        let log = (try? String(contentsOfFile: provided.host.logPath, encoding: .utf8)) ?? ""
+        #expect(log.contains("the request did not end in time") && log.contains("no open stream for the idle timeout"), "\(log.suffix(2000))")
     }
 }

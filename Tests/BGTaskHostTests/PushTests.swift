@@ -174,6 +174,31 @@ import Testing
     }
 }
 
+/// The endpoint's pieces that need no host.
+@Suite struct APNsPartsTests {
+    /// Ids the host makes: canonical upper-case version-4 UUIDs from getrandom, all distinct.
+    @Test func madeIdsAreCanonicalRandomUUIDs() throws {
+        var seen = Set<String>()
+        for _ in 0..<1000 {
+            let id = try #require(APNsID.make())
+            #expect(id.range(of: #"^[0-9A-F]{8}-[0-9A-F]{4}-4[0-9A-F]{3}-[89AB][0-9A-F]{3}-[0-9A-F]{12}$"#, options: .regularExpression) != nil, "\(id)")
+            #expect(UUID(uuidString: id)?.uuidString == id)
+            seen.insert(id)
+        }
+        #expect(seen.count == 1000)
+    }
+
+    /// `iat` as APNs takes it: a JSON number (integer or not) or a string of digits.
+    @Test func issuedAtIsANumberOrANumericString() {
+        #expect(APNsProviderAuth.issuedAt(1_700_000_000) == 1_700_000_000)
+        #expect(APNsProviderAuth.issuedAt(1_700_000_000.5) == 1_700_000_000.5)
+        #expect(APNsProviderAuth.issuedAt("1700000000") == 1_700_000_000)
+        for bad: Any? in ["", "abc", "-1", "1e9", " 1700000000", "17000000000000000000000", nil, ["1"]] {
+            #expect(APNsProviderAuth.issuedAt(bad) == nil, "\(String(describing: bad))")
+        }
+    }
+}
+
 /// The APNs-compatible endpoint, driven by a real HTTP/2 client (curl, prior knowledge), as a
 /// provider's server would drive APNs.
 @Suite struct APNsEndpointTests {

@@ -80,7 +80,7 @@ public final class TaskHost: @unchecked Sendable {
         /// Provider token keys (key identifier → PEM file) and team: token authentication on.
         public var apnsProviderKeys: [String: String] = [:]
         public var apnsTeamID: String?
-        /// The APNs endpoint's connection cap, handshake and idle timeouts, streams per connection.
+        /// The APNs endpoint's connection cap, handshake, request and idle timeouts, streams per connection.
         public var apnsLimits = APNsEndpointLimits()
         /// Local notifications are authorized for every app whose own switch is not off
         /// (`--allow-notifications`); otherwise denied until the operator allows an app.

@@ -17,6 +17,9 @@ public struct APNsEndpointLimits: Sendable, Equatable {
     public var handshakeTimeout: Duration = .seconds(10)
     /// A connection with no open stream for this long is closed.
     public var idleTimeout: Duration = .seconds(60)
+    /// From a stream's first frame to its request's end: a stream left open (headers without
+    /// END_STREAM, a body that never ends) is reset, so it cannot hold its connection open.
+    public var requestTimeout: Duration = .seconds(10)
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS per connection (more are refused with
     /// RST_STREAM REFUSED_STREAM by the protocol).
     public var maximumStreamsPerConnection = 100
@@ -124,7 +127,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
                         mode: .server, connectionConfiguration: connection, streamConfiguration: .init(), streamDelegate: guardHandler
                     ) { stream in
                         stream.eventLoop.makeCompletedFuture {
-                            try stream.pipeline.syncOperations.addHandler(APNsStreamHandler(handle: handle, peer: peer, log: log))
+                            try stream.pipeline.syncOperations.addHandler(APNsStreamHandler(handle: handle, timeout: limits.requestTimeout, peer: peer, log: log))
                         }
                     }
                     try sync.addHandler(guardHandler)
@@ -145,6 +148,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
                 "protocol": "\(tls == nil ? "HTTP/2 cleartext (prior knowledge)" : "HTTP/2 over TLS (ALPN h2)")",
                 "apns.max_connections": "\(limits.maximumConnections)", "apns.max_streams": "\(limits.maximumStreamsPerConnection)",
                 "apns.handshake_timeout": "\(limits.handshakeTimeout)", "apns.idle_timeout": "\(limits.idleTimeout)",
+                "apns.request_timeout": "\(limits.requestTimeout)",
             ])
         } catch {
             try? group.syncShutdownGracefully()
@@ -282,18 +286,37 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
     typealias OutboundOut = HTTP2Frame.FramePayload
 
     private let handle: @Sendable (APNsRequest) -> EventLoopFuture<APNsResponse>
+    private let timeout: Duration
     private let peer: String
     private let log: APNsLog
+    private var deadline: Scheduled<Void>?
     private var pseudo: [String: String] = [:]
     private var headers: [(name: String, value: String)]?
     private var body = Data()
     private var bodyBytes = 0
     private var complete = false
 
-    init(handle: @escaping @Sendable (APNsRequest) -> EventLoopFuture<APNsResponse>, peer: String, log: APNsLog) {
+    init(handle: @escaping @Sendable (APNsRequest) -> EventLoopFuture<APNsResponse>, timeout: Duration, peer: String, log: APNsLog) {
         self.handle = handle
+        self.timeout = timeout
         self.peer = peer
         self.log = log
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let peer = peer, log = log, timeout = timeout
+        deadline = context.eventLoop.scheduleTask(in: timeout.timeAmount) {
+            log.notice("request-timeout", "APNs stream reset: the request did not end in time",
+                       ["peer": "\(peer)", "apns.timeout": "\(timeout)"])
+            // Closing a stream channel resets the stream (RST_STREAM CANCEL).
+            bound.value.close(promise: nil)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -322,6 +345,8 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
 
     private func finish(_ context: ChannelHandlerContext) {
         complete = true
+        deadline?.cancel()
+        deadline = nil
         guard let headers else { return }
         let request = APNsRequest(method: pseudo[":method"] ?? "", path: pseudo[":path"] ?? "", headers: headers, body: body,
                                   bodyBytes: bodyBytes, bodyTooLarge: bodyBytes > PushRules.maximumPayloadBytes, peer: peer,
