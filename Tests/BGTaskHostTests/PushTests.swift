@@ -1,6 +1,7 @@
 import Crypto
 @testable import BGTaskHost
 import BGTaskModel
+import BGTaskSystem
 import Foundation
 import Testing
 
@@ -176,11 +177,12 @@ import Testing
 
 /// The endpoint's pieces that need no host.
 @Suite struct APNsPartsTests {
-    /// Ids the host makes: canonical upper-case version-4 UUIDs from getrandom, all distinct.
+    /// Ids the host makes (apns-ids too): canonical upper-case version-4 UUIDs from getrandom,
+    /// all distinct.
     @Test func madeIdsAreCanonicalRandomUUIDs() throws {
         var seen = Set<String>()
         for _ in 0..<1000 {
-            let id = try #require(APNsID.make())
+            let id = RandomIdentifier.uuidString()
             #expect(id.range(of: #"^[0-9A-F]{8}-[0-9A-F]{4}-4[0-9A-F]{3}-[89AB][0-9A-F]{3}-[0-9A-F]{12}$"#, options: .regularExpression) != nil, "\(id)")
             #expect(UUID(uuidString: id)?.uuidString == id)
             seen.insert(id)
