@@ -398,6 +398,14 @@ int bgtask_getrandom(void *buffer, size_t length) {
     return 0;
 }
 
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+
+int bgtask_rename_noreplace(int from_directory, const char *from, int to_directory, const char *to) {
+    return (int)syscall(SYS_renameat2, from_directory, from, to_directory, to, RENAME_NOREPLACE);
+}
+
 int bgtask_allocate_keeping_size(int fd, int64_t offset, int64_t length) {
     return fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)length);
 }

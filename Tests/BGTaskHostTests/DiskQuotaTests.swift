@@ -12,8 +12,8 @@ import Testing
     static let hostile = "com.example.hostile"
     static let victim = "com.example.misbehaving"
     /// Requests of the victim app submitted while the disk is full (processing, not due for a
-    /// day: they stay pending).
-    static let submitted = ["ok", "never", "noexpiry", "fail", "twice", "late", "spin", "block", "segfault", "abort"].map { "\(victim).\($0)" }
+    /// day: they stay pending; not `ok`, which the victim's launch runs).
+    static let submitted = ["never", "noexpiry", "fail", "twice", "late", "spin", "block", "segfault", "abort"].map { "\(victim).\($0)" }
 
     /// The script both hostile cases run: a host on the small filesystem, the fill, submissions
     /// while it is full, another app's launch, the filler's next launch, `why`, and a restart.
@@ -33,6 +33,9 @@ import Testing
         stop_host() { kill -TERM $HOST; wait $HOST; }
         start_host
         "$CLI" submit \(hostile) \(hostile).probe --type processing --earliest +1d --state "$STATE" >/dev/null
+        # The other app has run before (its container exists, as an installed app's does).
+        "$CLI" simulate-launch \(victim).ok --type processing --app \(victim) --force --json --state "$STATE" >/dev/null
+        rm -f "$STATE"/logs/*.log
         echo '--- fill'
         "$CLI" simulate-launch \(hostile).\(fill) --app \(hostile) --force --json --state "$STATE"
         echo '--- submits'
@@ -46,7 +49,7 @@ import Testing
         echo '--- df'
         df -k "$STATE" | tail -1; df -i "$STATE" | tail -1
         echo '--- victim'
-        "$CLI" simulate-launch \(victim).ok --app \(victim) --force --json --state "$STATE"
+        "$CLI" simulate-launch \(victim).ok --type processing --app \(victim) --force --json --state "$STATE"
         echo '--- victim-log'
         cat "$STATE"/logs/*.log | grep -a misbehaving
         echo '--- refused'
@@ -168,36 +171,16 @@ import Testing
             withKnownIssue("mounting a small filesystem needs root and unshare(1)") { throw HostTestError("not root") }
             return
         }
-        // In-process: the mount is made by a child in a namespace of its own, which this
-        // process then reaches through /proc/PID/root (the child sleeps until told to go).
+        // A small tmpfs of this test's own under its scratch directory (this process opens the
+        // database on it), unmounted whatever happens.
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let ready = scratch.url.appendingPathComponent("ready").path
-        let done = scratch.url.appendingPathComponent("done").path
         let mountPoint = scratch.url.appendingPathComponent("fs").path
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
-        let script = """
-            mount -t tmpfs -o size=8m,nr_inodes=200 bgtask-reserve-test "$FS" || exit 90
-            echo $$ > "$READY"
-            for i in $(seq 600); do [ -e "$DONE" ] && exit 0; sleep 0.1; done
-            """
-        let child = DispatchQueue.global()
-        let group = DispatchGroup()
-        group.enter()
-        nonisolated(unsafe) var childResult: CLIResult?
-        child.async {
-            childResult = try? runCommand(["/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
-                                          environment: ["FS": mountPoint, "READY": ready, "DONE": done], timeout: .seconds(90))
-            group.leave()
-        }
-        defer {
-            FileManager.default.createFile(atPath: done, contents: nil)
-            group.wait()
-        }
-        func shellPID() -> pid_t? { pid_t(((try? String(contentsOfFile: ready, encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)) }
-        for _ in 0..<200 where shellPID() == nil { usleep(50_000) }
-        let pid = try #require(shellPID(), "the filesystem was not mounted: \(String(describing: childResult))")
-        let directory = URL(fileURLWithPath: "/proc/\(pid)/root\(mountPoint)/state")
+        let mounted = try runCommand(["/bin/mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=2000", "bgtask-reserve-test", mountPoint])
+        try #require(mounted.status == 0, "\(mounted.stderr)")
+        defer { _ = try? runCommand(["/bin/umount", "-l", mountPoint]) }
+        let directory = URL(fileURLWithPath: mountPoint + "/state")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
 
         let reserve = StoreReserve(stateDirectory: directory, bytes: 1 << 20)
@@ -211,14 +194,21 @@ import Testing
         var chunk = [UInt8](repeating: 0x5a, count: 64 * 1024)
         while chunk.withUnsafeMutableBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
         close(fd)
-        // Records, large enough to need new pages, until the disk says no: each is kept.
-        var kept = 0
-        for index in 0..<10 {
+        func record(_ index: Int) -> RunRecord {
             var record = RecordJSONTests.everyField()
             record.app = "com.example.app"
             record.error = String(repeating: "x", count: 20_000)
             record.launchID = "20261127T000000-\(String(format: "%08x", index))"
-            try store.finishLaunch(record)
+            return record
+        }
+        // Without the reserve (a second connection to the same database), the record is lost:
+        // what this test would see without it.
+        let bare = try PendingRequestStore(directory: directory)
+        #expect { try bare.finishLaunch(record(99)) } throws: { "\($0)".contains("disk full") }
+        // Records, large enough to need new pages, until the disk says no: each is kept.
+        var kept = 0
+        for index in 0..<10 {
+            try store.finishLaunch(record(index))
             kept += 1
         }
         #expect(kept == 10)

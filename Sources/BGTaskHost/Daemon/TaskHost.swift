@@ -208,6 +208,9 @@ public final class TaskHost: @unchecked Sendable {
         // reap: nothing else here starts processes.
         LaunchSupervisor.adoptsEveryChild = true
         let verbs = self.verbs
+        // The control socket is a new inode: on a filesystem an app left without any, one of
+        // the reserve's spares is given up for it (see StoreReserve).
+        core.store.reserve?.freeInodeIfNoneLeft()
         let server = try ControlServer(
             path: configuration.stateDirectory.appendingPathComponent("control.sock").path, logger: core.logger,
             handler: { request, peer in verbs.handle(request, peer: peer) },

@@ -22,8 +22,8 @@ import _BGTaskSystemShims
 ///   filled the disk, and the filler's own log cannot take more than its grant. Apart from
 ///   the store's, so that logs can never spend what records need.
 /// - **Spare inodes** (`STATE/reserve/spare-NN`, 64 empty files): a launch log made when the
-///   filesystem has no inode left takes one (a link under the log's name, then the spare's
-///   name removed: no new inode is needed; `LaunchLog`). The database needs none: its file,
+///   filesystem has no inode left takes one (renamed to the log's name, never replacing
+///   anything: no new inode is needed, where a hard link costs one on tmpfs; `LaunchLog`). The database needs none: its file,
 ///   its -wal and its -shm exist while the host runs, and temporary tables stay in memory.
 ///
 /// Its file keeps its inode when released (truncated, not removed), so restoring it never
@@ -169,8 +169,22 @@ public final class StoreReserve: @unchecked Sendable {
         return bgtask_allocate_keeping_size(log, offset, Int64(logGrant)) == 0
     }
 
-    /// Makes the missing spare inodes (empty files). nil, or why not all could be made.
+    /// The host needs a new inode of its own (its control socket) and the filesystem has none
+    /// free: one spare is removed, which frees one.
+    public func freeInodeIfNoneLeft() {
+        var info = statvfs()
+        guard statvfs(directory, &info) == 0, info.f_files > 0, info.f_ffree == 0 else { return }
+        for index in (0..<Self.spareInodes).reversed() where unlink(directory + "/" + Self.spareName(index)) == 0 { return }
+    }
+
+    /// Makes the missing spare inodes (empty files), only while the filesystem has four times
+    /// as many free: never taking the last ones (the host's control socket, an app's files).
+    /// nil, or why not all could be made.
     private func replenishSpareInodes() -> String? {
+        var info = statvfs()
+        if statvfs(directory, &info) == 0, info.f_files > 0, UInt64(info.f_ffree) < UInt64(4 * Self.spareInodes) {
+            return "the filesystem of \(directory) has \(info.f_ffree) free inodes: the host's spare inodes for logs are made once it has \(4 * Self.spareInodes)"
+        }
         var failure: String?
         for index in 0..<Self.spareInodes {
             let path = directory + "/" + Self.spareName(index)
@@ -187,7 +201,7 @@ public final class StoreReserve: @unchecked Sendable {
     static func spareName(_ index: Int) -> String { index < 10 ? "spare-0\(index)" : "spare-\(index)" }
 
     /// Gives a spare inode the name `name` in the directory `directoryFD` (a launch's log, made
-    /// when the filesystem has no inode left): linked under it, then its spare name removed.
+    /// when the filesystem has no inode left): renamed to it, never replacing what is there.
     /// The reserve is `reserve` beside the directory (`STATE/logs` → `STATE/reserve`). Returns
     /// an open descriptor (write-only) of the file, or -1 when no spare is left.
     static func takeSpareInode(reserve: String, into directoryFD: Int32, name: String) -> Int32 {
@@ -196,8 +210,10 @@ public final class StoreReserve: @unchecked Sendable {
         defer { close(reserveFD) }
         for index in (0..<spareInodes).reversed() {
             let spare = spareName(index)
-            guard linkat(reserveFD, spare, directoryFD, name, 0) == 0 else { continue }
-            unlinkat(reserveFD, spare, 0)
+            guard bgtask_rename_noreplace(reserveFD, spare, directoryFD, name) == 0 else {
+                if errno == EEXIST { return -1 }
+                continue
+            }
             let fd = openat(directoryFD, name, O_WRONLY | O_NOFOLLOW | O_CLOEXEC)
             if fd >= 0 { return fd }
         }

@@ -234,6 +234,10 @@ int64_t bgtask_directory_usage_entries(const char *path, int64_t max_entries, in
  * size unchanged. 0, or -1 and errno.
  * Async-signal-safe: yes */
 int bgtask_allocate_keeping_size(int fd, int64_t offset, int64_t length);
+/* renameat2(..., RENAME_NOREPLACE): moves a name without replacing what is at the new one (EEXIST
+ * then), and without a new inode (tmpfs counts a hard link as one). 0, or -1 and errno.
+ * Async-signal-safe: yes */
+int bgtask_rename_noreplace(int from_directory, const char *from, int to_directory, const char *to);
 /* sendmsg with up to 8 descriptors (SCM_RIGHTS). 0, or -1 and errno.
  * Async-signal-safe: yes */
 int bgtask_send_fds(int socket, const int *fds, int count, const void *payload, size_t length);
