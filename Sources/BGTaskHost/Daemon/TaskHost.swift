@@ -145,6 +145,13 @@ public final class TaskHost: @unchecked Sendable {
             conditions: { device.conditions() }, logger: logger,
             bounds: TransferBounds(diskReserveBytes: configuration.diskReserveBytes)))
         scheduling.transfers = transfers
+        // An app's disk quota counts what its transfers hold in the host's staging.
+        DiskAccounting.stagingUse.withLock { [transfers] in
+            $0 = { app in
+                let held = transfers.stagingUsage(app: app)
+                return DiskUse(bytes: held.bytes, inodes: UInt64(held.inodes))
+            }
+        }
         verbs = ControlVerbs(core: core, catalog: catalog, device: device, launches: launches, scheduling: scheduling,
                              submissions: submissions, pushes: pushes, notifications: notifications)
         verbs.transfers = transfers
