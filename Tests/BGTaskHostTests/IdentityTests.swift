@@ -257,14 +257,15 @@ import Testing
 
     /// A forged `finished` under a host that confines (its own uid, PID namespace, Landlock,
     /// seccomp): the launch that runs on is the host's kill, and the record says so and why.
-    @Test func aForgedFinishedIsRecordedAsTheHostsKill() throws {
+    @Test(arguments: ["forgefinished", "forgefinishedchild"])
+    func aForgedFinishedIsRecordedAsTheHostsKill(handler: String) throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
         let host = try HostProcess(scratch: scratch)
         try host.install("Hostile", info: "Tests/Fixtures/Hostile/Info.plist", as: "Hostile.app")
         try host.start()
         defer { host.stop() }
-        let result = try host.cli(["simulate-launch", "\(Self.id).forgefinished", "--force", "--type", "processing", "--json"])
+        let result = try host.cli(["simulate-launch", "\(Self.id).\(handler)", "--force", "--type", "processing", "--json"])
         let record = try RunRecord.decode(Data(result.stdout.utf8))
         #expect(record.termination == .watchdog, "\(record)")
         #expect(record.error?.contains("said its tasks had ended but its process was still running") == true, "\(record.error ?? "")")

@@ -107,6 +107,9 @@ import Testing
                             deliveredAfterMs: 0.75, result: "new-data", completedMs: 12)
         record.notificationsAdded = ["n1", awkward]
         record.transfers = .init(delivered: ["t1", "t2"], sessions: ["com.example.session", awkward])
+        record.listEntriesOmitted = ["registered": 99_910, "background_time": 924, awkward: 1]
+        record.messagesRefused = ["background_time_began": 3_600_000, "progress": 2, "é": 0]
+        record.appGroupsRefused = ["group.com.example.other": awkward, "group.b": "owned"]
         return record
     }
 
@@ -172,6 +175,9 @@ import Testing
         record.notificationsAdded = maybe((0..<Int.random(in: 0...2, using: &generator)).map { _ in text() })
         record.transfers = maybe(RunRecord.TransfersRecord(delivered: (0..<Int.random(in: 0...2, using: &generator)).map { _ in text() },
                                                            sessions: maybe([text()])))
+        record.listEntriesOmitted = maybe([text(): Int.random(in: 0...1_000_000, using: &generator), "registered": 5])
+        record.messagesRefused = maybe([text(): Int.random(in: 0...1_000_000, using: &generator)])
+        record.appGroupsRefused = maybe([text(): text(), "group.a": text()])
         return record
     }
 
