@@ -150,8 +150,10 @@ import Testing
         let record = try RunRecord.decode(Data(result.stdout.utf8))
         #expect(try record.logText().contains("hostile: registered 100000 identifiers"))
         #expect(record.registered.count == InputLimits.recordListEntries)
-        // The launch entry's 10 and the 100,000.
-        #expect(record.listEntriesOmitted?["registered"] == 100_010 - InputLimits.recordListEntries, "\(record.listEntriesOmitted ?? [:])")
+        // The launch entry's (every permitted identifier but the wildcard) and the 100,000.
+        let plist = try String(contentsOfFile: Products.packageRoot.appendingPathComponent("Tests/Fixtures/Hostile/Info.plist").path, encoding: .utf8)
+        let entry = plist.split(separator: "\n").filter { $0.contains("<string>\(Self.id).") && !$0.contains(".*<") }.count
+        #expect(record.listEntriesOmitted?["registered"] == 100_000 + entry - InputLimits.recordListEntries, "\(record.listEntriesOmitted ?? [:])")
         #expect(try record.jsonData().count < RunRecord.maximumBytes)
         let history = try host.send(ControlRequest(verb: "history", limit: 100)).records ?? []
         #expect(history.contains { $0.launchID == record.launchID })
@@ -257,14 +259,15 @@ import Testing
 
     /// A forged `finished` under a host that confines (its own uid, PID namespace, Landlock,
     /// seccomp): the launch that runs on is the host's kill, and the record says so and why.
-    @Test func aForgedFinishedIsRecordedAsTheHostsKill() throws {
+    @Test(arguments: ["forgefinished", "forgefinishedchild"])
+    func aForgedFinishedIsRecordedAsTheHostsKill(handler: String) throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
         let host = try HostProcess(scratch: scratch)
         try host.install("Hostile", info: "Tests/Fixtures/Hostile/Info.plist", as: "Hostile.app")
         try host.start()
         defer { host.stop() }
-        let result = try host.cli(["simulate-launch", "\(Self.id).forgefinished", "--force", "--type", "processing", "--json"])
+        let result = try host.cli(["simulate-launch", "\(Self.id).\(handler)", "--force", "--type", "processing", "--json"])
         let record = try RunRecord.decode(Data(result.stdout.utf8))
         #expect(record.termination == .watchdog, "\(record)")
         #expect(record.error?.contains("said its tasks had ended but its process was still running") == true, "\(record.error ?? "")")

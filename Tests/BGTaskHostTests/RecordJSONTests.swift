@@ -109,6 +109,9 @@ import Testing
         record.transfers = .init(delivered: ["t1", "t2"], sessions: ["com.example.session", awkward])
         record.disk = .init(bytes: UInt64.max, inodes: 12, quotaBytes: 1 << 30, quotaInodes: 100_000, enforcement: awkward,
                             exceeded: awkward, logError: awkward)
+        record.listEntriesOmitted = ["registered": 99_910, "background_time": 924, awkward: 1]
+        record.messagesRefused = ["background_time_began": 3_600_000, "progress": 2, "é": 0]
+        record.appGroupsRefused = ["group.com.example.other": awkward, "group.b": "owned"]
         return record
     }
 
@@ -178,6 +181,9 @@ import Testing
             bytes: maybe(UInt64.random(in: 0 ... .max, using: &generator)), inodes: maybe(UInt64.random(in: 0...1_000_000, using: &generator)),
             quotaBytes: UInt64.random(in: 0 ... .max, using: &generator), quotaInodes: UInt64.random(in: 0...1_000_000, using: &generator),
             enforcement: maybe(text()), exceeded: maybe(text()), logError: maybe(text())))
+        record.listEntriesOmitted = maybe([text(): Int.random(in: 0...1_000_000, using: &generator), "registered": 5])
+        record.messagesRefused = maybe([text(): Int.random(in: 0...1_000_000, using: &generator)])
+        record.appGroupsRefused = maybe([text(): text(), "group.a": text()])
         return record
     }
 

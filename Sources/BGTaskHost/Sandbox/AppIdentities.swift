@@ -98,14 +98,17 @@ public final class AppIdentities: @unchecked Sendable {
     /// Directories already opened for traversal by this process.
     private static let traversable = LockedValue(Set<String>())
 
-    /// Adds traverse permission (x, not r) for group and others to each directory that exists,
-    /// once per process: app uids must pass through the state directory to their containers.
+    /// Gives group and others traverse permission (x) and nothing else (no r, no w) on each
+    /// directory that exists, once per process: app uids must pass through the state directory,
+    /// `containers/` and `groups/` to their own, but may not list them, nor watch them with
+    /// inotify (which needs read permission, and which Landlock does not govern): another app's
+    /// container names and activity are not theirs to see. (`containers/` was made 0755.)
     static func allowTraversal(_ directories: [String]) {
         for directory in directories where !traversable.withLock({ $0.contains(directory) }) {
             let fd = open(directory, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
             guard fd >= 0 else { continue }
             var info = stat()
-            if fstat(fd, &info) == 0, info.st_mode & 0o011 != 0o011 { fchmod(fd, (info.st_mode & 0o7777) | 0o011) }
+            if fstat(fd, &info) == 0, info.st_mode & 0o077 != 0o011 { fchmod(fd, (info.st_mode & 0o7700) | 0o011) }
             close(fd)
             _ = traversable.withLock { $0.insert(directory) }
         }

@@ -26,6 +26,8 @@
  *                                       a new id, on the launch channel: BGTASK_TEST_FLOOD_COUNT
  *                                       of them (default 1,000,000) or for 15 s, whichever
  *                                       ends first; then completes.
+ *  - com.example.hostile.forgefinishedchild  forks a child, forges `finished` saying it had
+ *                                       descendants, and runs on.
  *  - com.example.hostile.groupsteal     reads and writes the container of app group
  *                                       group.com.example.iosapp (another app's) by its path.
  *  - com.example.hostile.registerflood  registers BGTASK_TEST_REGISTER_COUNT (default 100,000)
@@ -202,6 +204,8 @@ static void probe(void *context, const bgtask_task_info *task) {
     report("watch the database (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
     snprintf(path, sizeof path, "%s/../../logs", container);
     report("watch the logs (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
+    snprintf(path, sizeof path, "%s/..", container);
+    report("watch the containers (inotify)", watcher < 0 ? -1 : inotify_add_watch(watcher, path, IN_ALL_EVENTS));
     if (watcher >= 0) close(watcher);
     report("unshare a user namespace", unshare(CLONE_NEWUSER));
     api->set_task_completed(host, task->task, true);
@@ -216,13 +220,27 @@ static uint64_t monotonic_ns(void) {
 
 /* ChildMessage.finished(at:descendants:peakResidentBytes:) in the wire format: 0xB1, tag 17,
  * u64, bool, u64; with a peak no machine has (the host bounds it by its memory). */
-static void send_forged_finished(uint64_t at) {
+static void send_forged_finished_saying(uint64_t at, int descendants) {
     unsigned char packet[19] = {0xB1, 17};
     memcpy(packet + 2, &at, 8);
-    packet[10] = 0;
+    packet[10] = (unsigned char)descendants;
     uint64_t peak = UINT64_MAX;
     memcpy(packet + 11, &peak, 8);
     send(3, packet, sizeof packet, MSG_NOSIGNAL);
+}
+
+static void send_forged_finished(uint64_t at) { send_forged_finished_saying(at, 0); }
+
+/* A child of its own, then `finished` saying it had descendants, and runs on. */
+static void forge_finished_with_child(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    pid_t child = fork();
+    if (child == 0) { for (;;) pause(); }
+    send_forged_finished_saying(monotonic_ns(), 1);
+    printf("hostile: forged finished with a child, running on\n");
+    fflush(stdout);
+    for (;;) pause();
 }
 
 static void forge_finished(void *context, const bgtask_task_info *task) {
@@ -443,6 +461,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.btflood", bt_flood, NULL);
     api->register_handler(host, "com.example.hostile.registerflood", register_flood, NULL);
     api->register_handler(host, "com.example.hostile.groupsteal", group_steal, NULL);
+    api->register_handler(host, "com.example.hostile.forgefinishedchild", forge_finished_with_child, NULL);
     return 0;
 }
 
