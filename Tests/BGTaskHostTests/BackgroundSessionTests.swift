@@ -209,6 +209,13 @@ import Testing
         ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).count
     }
 
+    /// What the host's descriptors are (their /proc links), for a failure's message.
+    static func descriptorTargets(_ pid: pid_t) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).sorted { (Int($0) ?? 0) < (Int($1) ?? 0) }.map {
+            "\($0) -> " + ((try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? "?")
+        }
+    }
+
     /// Issue 28, item 5, bounded: one app's launch starts 300 downloads (the issue's thousand
     /// took a host with the shipped unit's 1,024 descriptors to its limit). The host, held to
     /// RLIMIT_NOFILE 1,024 as that unit gives it, runs 6 of them at once and queues the rest
@@ -226,6 +233,8 @@ import Testing
         try #require(limited.status == 0, "prlimit: \(limited.stderr)")
         usleep(300_000)
         let baseline = Self.descriptors(host.pid)
+        let before = Self.descriptorTargets(host.pid)
+        let began = Date()
         try Self.launch(host, "start")
         var most = baseline
         var sawQueued: TransferReport?
@@ -234,14 +243,19 @@ import Testing
         var reports: [TransferReport] = []
         while Date() < deadline {
             most = max(most, Self.descriptors(host.pid))
-            reports = try Self.transfers(host)
+            reports = try host.send(ControlRequest(.transfers, app: Self.app, limit: 1000)).transfers ?? []
             if sawQueued == nil { sawQueued = reports.first { $0.heldBy?.hasPrefix("queued: \(Self.app) has 6 transfers running") == true } }
             if otherApp == nil, reports.count > 50, reports.contains(where: { $0.state == .waiting }) {
                 // In the middle of the flood: another app launches, the control socket answers.
                 let launched = try host.cli(["simulate-launch", "com.example.feed.refresh", "--force", "--type", "refresh"])
                 #expect(launched.status == 0, "\(launched.stderr)")
                 #expect(try host.send(ControlRequest(verb: "status")).ok == true)
-                otherApp = try Self.record(host) { $0.app == "com.example.feed" }
+                // (The flood's own relaunches fill the history: searched whole.)
+                let waitFor = Date().addingTimeInterval(60)
+                while otherApp == nil, Date() < waitFor {
+                    otherApp = (try host.send(ControlRequest(.history, limit: 1000)).records ?? []).first { $0.app == "com.example.feed" }
+                    if otherApp == nil { usleep(50_000) }
+                }
                 let why = try host.cli(["why", reports.first { $0.state == .waiting }!.id])
                 #expect(why.status == 0 && why.stdout.contains("held: queued"), "\(why.stdout) \(why.stderr)")
             }
@@ -254,17 +268,29 @@ import Testing
         #expect(most <= baseline + 60, "the host's descriptors stayed bounded: \(baseline) at rest, \(most) at the most")
         let other = try #require(otherApp, "another app launched during the flood")
         #expect(other.termination == .exited && other.task("com.example.feed.refresh")?.outcome == .succeeded, "\(other)")
-        let flooding = try Self.record(host) { $0.task("\(Self.app).start") != nil }
+        let flooding = try #require((try host.send(ControlRequest(.history, limit: 1000)).records ?? []).first { $0.task("\(Self.app).start") != nil })
         #expect(try flooding.logText().contains("downloader: started file\(count - 1) task"), "the flooding launch's log is whole")
         // Afterwards (the relaunch that delivers them has ended, pooled connections closed):
         // the descriptors are back at their level.
-        _ = try Self.record(host, timeout: 120) { $0.reason == "background-transfer" }
-        var now = Self.descriptors(host.pid)
-        let settled = Date().addingTimeInterval(40)
-        while now > baseline + 2, Date() < settled {
-            usleep(200_000)
-            now = Self.descriptors(host.pid)
+        let delivered = Date().addingTimeInterval(120)
+        while Date() < delivered, try host.send(ControlRequest(.transfers, app: Self.app, limit: 1000)).transfers?.allSatisfy({ $0.state == .delivered }) != true {
+            usleep(100_000)
         }
-        #expect(now <= baseline + 2, "descriptors back to their level: \(baseline) before, \(now) after")
+        // The store's reader connections (GRDB's pool, bounded, opened as reads overlapped)
+        // and the event loops' timers stay: they are the host's, not the flood's.
+        func counted(_ targets: [String]) -> [String] {
+            targets.filter { !$0.contains("bgtask.sqlite") && !$0.contains("timerfd") }
+        }
+        let level = counted(before).count
+        var now = counted(Self.descriptorTargets(host.pid))
+        let settled = Date().addingTimeInterval(40)
+        while now.count > level + 2 || now.contains(where: { $0.contains("/transfers/") }), Date() < settled {
+            usleep(200_000)
+            now = counted(Self.descriptorTargets(host.pid))
+        }
+        let tcp = (try? String(contentsOfFile: "/proc/\(host.pid)/net/tcp", encoding: .utf8)) ?? ""
+        // (+2: the zygote's spare launch and a control connection may be open at any time.)
+        #expect(now.count <= level + 2 && !now.contains { $0.contains("/transfers/") }, "descriptors back to their level: \(level) before, \(now.count) after: \(Set(now).subtracting(before).sorted()); tcp \(tcp)")
+        print("300 downloads: \(baseline) descriptors at rest, \(most) at the most, \(Self.descriptors(host.pid)) after (\(now.count) of them not the store's or timers, \(level) before); \(Int(Date().timeIntervalSince(began))) s")
     }
 }

@@ -27,6 +27,8 @@ final class TransferTestServer: @unchecked Sendable {
     private var _requests: [Seen] = []
     private var _etag = "\"v1\""
     private var _throttle: Int?
+    private var _streaming = 0
+    private var _mostStreaming = 0
 
     var port: Int { channel?.localAddress?.port ?? 0 }
     func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
@@ -35,6 +37,17 @@ final class TransferTestServer: @unchecked Sendable {
         get { lock.withLock { _etag } }
         set { lock.withLock { _etag = newValue } }
     }
+    /// The most `/bytes` bodies that were being sent at once: how many downloads a client ran
+    /// at the same time, as the network saw it.
+    var mostStreaming: Int { lock.withLock { _mostStreaming } }
+
+    fileprivate func streaming(_ started: Bool) {
+        lock.withLock {
+            _streaming += started ? 1 : -1
+            _mostStreaming = max(_mostStreaming, _streaming)
+        }
+    }
+
     /// Bytes a second for `/bytes` (nil: as fast as it goes).
     var throttle: Int? {
         get { lock.withLock { _throttle } }
@@ -70,6 +83,8 @@ final class TransferTestServer: @unchecked Sendable {
         var head: HTTPRequestHead?
         var received = 0
         var hash = SHA256()
+        /// A `/bytes` body is being sent (counted in `mostStreaming`).
+        var streaming = false
 
         init(server: TransferTestServer) { self.server = server }
 
@@ -125,6 +140,10 @@ final class TransferTestServer: @unchecked Sendable {
             var fields = HTTPHeaders([("ETag", etag), ("Content-Length", "\(size - start)"), ("Accept-Ranges", "bytes")])
             if start > 0 { fields.add(name: "Content-Range", value: "bytes \(start)-\(size - 1)/\(size)") }
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: start > 0 ? .partialContent : .ok, headers: fields))), promise: nil)
+            if !streaming {
+                streaming = true
+                server.streaming(true)
+            }
             stream(from: start, to: size, context: context)
         }
 
@@ -133,6 +152,7 @@ final class TransferTestServer: @unchecked Sendable {
         private func stream(from offset: Int64, to end: Int64, context: ChannelHandlerContext) {
             guard offset < end else {
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+                finishedStreaming()
                 return
             }
             let count = Int(min(16 * 1024, end - offset))
@@ -150,8 +170,19 @@ final class TransferTestServer: @unchecked Sendable {
                 }
             }
             context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(buffer)))).whenComplete { result in
-                if case .success = result { next() }
+                if case .success = result { next() } else { self.finishedStreaming() }
             }
+        }
+
+        private func finishedStreaming() {
+            guard streaming else { return }
+            streaming = false
+            server.streaming(false)
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            finishedStreaming()
+            context.fireChannelInactive()
         }
     }
 }

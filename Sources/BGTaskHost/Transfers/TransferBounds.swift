@@ -91,12 +91,15 @@ struct StagingRefusal: Error, CustomStringConvertible {
     var description: String
 
     static func cap(app: String, wanted: UInt64, held: UInt64, cap: UInt64) -> StagingRefusal {
-        StagingRefusal(description: "\(TransferBounds.stagingCapName): \(app)'s transfers would hold \(RunRecord.mib(held + wanted)) in the host's staging, over its cap of \(RunRecord.mib(cap))")
+        StagingRefusal(description: "\(TransferBounds.stagingCapName): \(app)'s transfers would hold \(size(held + wanted)) in the host's staging, over its cap of \(size(cap))")
     }
 
     static func reserve(path: String, free: UInt64, wanted: UInt64, reserve: UInt64) -> StagingRefusal {
-        StagingRefusal(description: "\(TransferBounds.diskReserveName): writing \(RunRecord.mib(wanted)) more to \(path) would leave its filesystem under the reserve of \(RunRecord.mib(reserve)) (--disk-reserve; \(RunRecord.mib(free)) free)")
+        StagingRefusal(description: "\(TransferBounds.diskReserveName): writing \(size(wanted)) more to \(path) would leave its filesystem under the reserve of \(size(reserve)) (--disk-reserve; \(size(free)) free)")
     }
+
+    /// MiB, or bytes under one (a write of a few KiB is not "0.0 MiB").
+    static func size(_ bytes: UInt64) -> String { bytes < 1 << 20 ? "\(bytes) bytes" : RunRecord.mib(bytes) }
 
     var transferError: TransferError { TransferError(code: TransferError.cannotWriteToFileCode, message: description) }
 }

@@ -92,8 +92,9 @@ final class TransferEngine: @unchecked Sendable {
         // backoff (and says so in `heldBy`), rather than the pool retrying unseen.
         configuration.connectionPool.retryConnectionEstablishment = false
         // Pooled connections are descriptors the transfers' share pays for (TransferBounds):
-        // no more idle per server than an app runs at once, and not kept long.
-        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = TransferBounds().runningPerApp
+        // at most 16 to one server (an HTTP/1 request past them waits in the pool: room for
+        // two apps' 6 each to one CDN), and not kept idle long.
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = 16
         configuration.connectionPool.idleTimeout = .seconds(10)
         client = HTTPClient(eventLoopGroup: group, configuration: configuration, backgroundActivityLogger: logger)
     }
