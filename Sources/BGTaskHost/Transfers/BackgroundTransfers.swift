@@ -232,10 +232,14 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
         }
     }
 
-    /// Directories an upload's body may be in: the calling bundle's container and its app groups'.
+    /// Directories an upload's body may be in: the calling bundle's container and the app
+    /// groups the host grants it (`AppGroupOwners`; not every group its bundle names: a group
+    /// refused to its launches is refused to what the host carries for it too).
     private func allowedRoots(_ bundle: PluginBundle) -> [String] {
         let state = environment.stateDirectory.path
-        return [state + "/containers/" + bundle.identifier] + bundle.appGroups.map { AppContainer.groupDirectory(root: state + "/groups", identifier: $0) }
+        let granted = bundle.appGroups.isEmpty ? [] : ((try? AppGroupOwners(stateDirectory: environment.stateDirectory)
+            .decide(app: bundle.containingApp ?? bundle.identifier, groups: bundle.appGroups, claim: false))?.granted ?? [])
+        return [state + "/containers/" + bundle.identifier] + granted.map { AppContainer.groupDirectory(root: state + "/groups", identifier: $0) }
     }
 
     /// Copies an upload's body into the spool (off the part's queue), so that the upload survives
