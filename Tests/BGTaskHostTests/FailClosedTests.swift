@@ -55,6 +55,22 @@ import _BGTaskSystemShims
         #expect(record.sandbox?["seccomp"]?.applied == true)
     }
 
+    /// A spawned runner (`bgtask run`) under a full Landlock stack cannot make its PID
+    /// namespace's mounts (a Landlock domain may not change mounts): the launch fails before it
+    /// loads the plugin, and the record says why in the runner's words, not only a status.
+    @Test(.enabled(if: geteuid() == 0 && Landlock.available))
+    func aSpawnedRunnerThatCannotMakeItsNamespaceFailsWithItsReason() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try scratch.bundle("IOSApp", info: "Tests/Fixtures/IOSApp/Info.plist")
+        let result = try runCommand(["/usr/bin/python3", Self.stack, Products.cli, "run", app.path, "--json",
+                                     "--task", "\(Self.id).mainqueue:refresh", "--state", scratch.state.path])
+        let record = try #require(try? RunRecord.decode(Data(result.stdout.utf8)), "no record: \(result.stdout) \(result.stderr)")
+        #expect(record.termination == .launchFailed)
+        #expect(record.error?.contains("before loading the plugin (it said: bgtask-runner:") == true, "\(record.error ?? "")")
+        #expect(record.error?.contains("mounts") == true, "\(record.error ?? "")")
+    }
+
     @Test(.enabled(if: geteuid() == 0))
     func aRootHostRefusesAStateDirectoryItsAppsCannotReach() throws {
         let scratch = try Scratch()

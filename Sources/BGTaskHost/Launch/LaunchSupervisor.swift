@@ -190,6 +190,12 @@ public struct LaunchSupervisor: Sendable {
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
         record.processLimit = cgroup?.processLimit
+        // A runner that died before it could report (its namespace, its channel) said why on
+        // its stderr, the launch log: the record carries those words, not only a status.
+        if record.termination == .launchFailed, let error = record.error, error.hasSuffix("before loading the plugin"),
+           let said = Self.lastRunnerLine(log.path) {
+            record.error = error + " (it said: \(said))"
+        }
         let logError = log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" }
         if plan.limits.diskQuota.isOn || logError != nil {
             // What the app holds now, for the record (one walk; the quota's kill, if any, says
@@ -201,6 +207,24 @@ public struct LaunchSupervisor: Sendable {
         if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
+    }
+
+    /// The last line the runner wrote to the launch log (its own `bgtask-runner:` words, up to
+    /// 512 bytes read from the file's end), or nil. Only for a launch that failed before it
+    /// loaded the plugin: no app code has written there.
+    static func lastRunnerLine(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size > 0 else { return nil }
+        let length = min(Int(info.st_size), 512)
+        var bytes = [UInt8](repeating: 0, count: length)
+        let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, length, off_t(info.st_size) - off_t(length)) }
+        guard count > 0 else { return nil }
+        let line = String(decoding: bytes[..<count], as: UTF8.self).split(separator: "\n").last.map(String.init)
+        guard let line, line.hasPrefix("bgtask-runner:") else { return nil }
+        return line
     }
 
     /// The record's `disk`: the app's use against its quota, how it is enforced, and a log lost.
