@@ -97,7 +97,7 @@ public struct LaunchSupervisor: Sendable {
         // is not launched (a `launch-failed` record that says why; its requests stay pending).
         var diskUseAtStart: DiskUse?
         if plan.limits.diskQuota.isOn {
-            let use = DiskAccounting.measure(DiskAccounting.directories(of: plan)) + DiskAccounting.staging(of: plan.bundle.identifier)
+            let use = DiskAccounting.use(of: plan)
             if let exceeded = plan.limits.diskQuota.exceeded(by: use) {
                 var record = RunRecord.notStarted(plan, error: BGTaskError(
                     .launch, file: plan.dataDirectory.path,
@@ -201,7 +201,7 @@ public struct LaunchSupervisor: Sendable {
             // What the app holds now, for the record (one walk; the quota's kill, if any, says
             // what it held then).
             let use = plan.limits.diskQuota.isOn
-                ? DiskAccounting.measure(DiskAccounting.directories(of: plan)) + DiskAccounting.staging(of: plan.bundle.identifier) : nil
+                ? DiskAccounting.use(of: plan) : nil
             record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded, logError: logError)
         }
         if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }

@@ -55,6 +55,27 @@ extension Duration {
     var timeAmount: TimeAmount { .nanoseconds(nanoseconds) }
 }
 
+/// A deadline on a channel (a connection or a stream): when it passes before `cancel()`, says
+/// why in the log and closes the channel (a stream channel's close resets the stream). Both the
+/// handshake's and a request's deadline are one of these. On the channel's event loop only.
+struct APNsCloseDeadline {
+    private var scheduled: Scheduled<Void>?
+
+    mutating func arm(_ context: ChannelHandlerContext, after timeout: Duration, peer: String, log: APNsLog,
+                      kind: String, _ message: String) {
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        scheduled = context.eventLoop.scheduleTask(in: timeout.timeAmount) {
+            log.notice(kind, message, ["peer": "\(peer)", "apns.timeout": "\(timeout)"])
+            bound.value.close(promise: nil)
+        }
+    }
+
+    mutating func cancel() {
+        scheduled?.cancel()
+        scheduled = nil
+    }
+}
+
 /// Closes a TLS connection whose handshake has not finished within the deadline (a peer that
 /// connects and sends nothing, or trickles a ClientHello), and logs why a handshake failed.
 /// Sits right after NIOSSL's handler; removes itself once the handshake is done.
@@ -64,7 +85,7 @@ final class APNsHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandle
     private let timeout: Duration
     private let peer: String
     private let log: APNsLog
-    private var deadline: Scheduled<Void>?
+    private var deadline = APNsCloseDeadline()
 
     init(timeout: Duration, peer: String, log: APNsLog) {
         self.timeout = timeout
@@ -74,24 +95,17 @@ final class APNsHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandle
 
     func handlerAdded(context: ChannelHandlerContext) {
         // The child channel is active by the time its initializer runs; the deadline starts now.
-        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        let peer = peer, log = log, timeout = timeout
-        deadline = context.eventLoop.scheduleTask(in: timeout.timeAmount) {
-            log.notice("handshake-timeout", "APNs connection closed: TLS handshake not finished in time",
-                       ["peer": "\(peer)", "apns.timeout": "\(timeout)"])
-            bound.value.close(promise: nil)
-        }
+        deadline.arm(context, after: timeout, peer: peer, log: log, kind: "handshake-timeout",
+                     "APNs connection closed: TLS handshake not finished in time")
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        deadline?.cancel()
-        deadline = nil
+        deadline.cancel()
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if case TLSUserEvent.handshakeCompleted = event {
-            deadline?.cancel()
-            deadline = nil
+            deadline.cancel()
             context.fireUserInboundEventTriggered(event)
             context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
             return

@@ -289,7 +289,7 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
     private let timeout: Duration
     private let peer: String
     private let log: APNsLog
-    private var deadline: Scheduled<Void>?
+    private var deadline = APNsCloseDeadline()
     private var pseudo: [String: String] = [:]
     private var headers: [(name: String, value: String)]?
     private var body = Data()
@@ -304,19 +304,13 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        let peer = peer, log = log, timeout = timeout
-        deadline = context.eventLoop.scheduleTask(in: timeout.timeAmount) {
-            log.notice("request-timeout", "APNs stream reset: the request did not end in time",
-                       ["peer": "\(peer)", "apns.timeout": "\(timeout)"])
-            // Closing a stream channel resets the stream (RST_STREAM CANCEL).
-            bound.value.close(promise: nil)
-        }
+        // Closing a stream channel resets the stream (RST_STREAM CANCEL).
+        deadline.arm(context, after: timeout, peer: peer, log: log, kind: "request-timeout",
+                     "APNs stream reset: the request did not end in time")
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        deadline?.cancel()
-        deadline = nil
+        deadline.cancel()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -345,8 +339,7 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
 
     private func finish(_ context: ChannelHandlerContext) {
         complete = true
-        deadline?.cancel()
-        deadline = nil
+        deadline.cancel()
         guard let headers else { return }
         let request = APNsRequest(method: pseudo[":method"] ?? "", path: pseudo[":path"] ?? "", headers: headers, body: body,
                                   bodyBytes: bodyBytes, bodyTooLarge: bodyBytes > PushRules.maximumPayloadBytes, peer: peer,

@@ -89,6 +89,16 @@ public enum DiskAccounting {
     static func staging(of app: String) -> DiskUse {
         (stagingUse.withLock { $0 })?(app) ?? DiskUse()
     }
+
+    /// What an app holds against its quota: a walk of its directories, and its staging.
+    static func use(of directories: [String], app: String) -> DiskUse {
+        measure(directories) + staging(of: app)
+    }
+
+    /// What a launch's app holds against its quota.
+    static func use(of plan: LaunchPlan) -> DiskUse {
+        use(of: directories(of: plan), app: plan.bundle.identifier)
+    }
 }
 
 /// The disk quota, watched for one running launch. A walk of the containers is what costs
@@ -146,7 +156,7 @@ struct DiskQuotaWatch {
         guard due, now >= earliestWalkNs else { return nil }
         let walkStart = bgtask_monotonic_ns()
         filesystemAtWalk = Self.filesystemUsed(directories[0], now: now, fresh: true)
-        use = DiskAccounting.measure(directories) + DiskAccounting.staging(of: app)
+        use = DiskAccounting.use(of: directories, app: app)
         peak = DiskUse(bytes: max(peak.bytes, use.bytes), inodes: max(peak.inodes, use.inodes), complete: peak.complete && use.complete)
         let cost = bgtask_monotonic_ns() - walkStart
         earliestWalkNs = now + cost * 50
