@@ -113,6 +113,17 @@ public enum SandboxMode: String, Codable, Sendable, CaseIterable {
     case off
 }
 
+/// What becomes of an app's process when a launch's work is over (`--app-lifecycle`).
+public enum AppLifecycle: String, Codable, Sendable, CaseIterable {
+    /// As on iOS (the default): the app finishes its main queue's turn and is suspended, its
+    /// memory kept; the app's next launch resumes the same process, until memory pressure
+    /// evicts it or it dies.
+    case ios
+    /// A fresh process per launch, which exits when the launch's work is over: no state
+    /// survives from one launch to the next (catches apps that rely on it by accident).
+    case fresh
+}
+
 public struct SandboxLayer: Codable, Sendable, Equatable {
     public var applied: Bool
     /// What the layer is (`ABI 7`), or why the launch runs without it.

@@ -85,6 +85,32 @@ public enum ProcessTree {
         residentBytes(statm: readFile("/proc/\(pid)/statm"))
     }
 
+    /// The memory only `pid` holds (its private pages, clean and dirty: what ending it gives
+    /// back), from `/proc/PID/smaps_rollup`; 0 when it cannot be read. A process forked from the
+    /// zygote shares most of its resident pages with it, which its RSS counts and this does not.
+    public static func uniqueBytes(ofProcess pid: pid_t) -> UInt64 {
+        let text = String(decoding: readFile("/proc/\(pid)/smaps_rollup", limit: 8192), as: UTF8.self)
+        var kilobytes: UInt64 = 0
+        for line in text.split(separator: "\n") where line.hasPrefix("Private_Clean:") || line.hasPrefix("Private_Dirty:") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            if fields.count >= 2, let value = UInt64(fields[1]) { kilobytes += value }
+        }
+        return kilobytes * 1024
+    }
+
+    /// CPU time `pid` has used, all its threads, user and system (`/proc/PID/stat` fields 14
+    /// and 15, in clock ticks: 10 ms steps), in nanoseconds; nil when it cannot be read.
+    public static func cpuNanoseconds(of pid: pid_t) -> UInt64? {
+        let bytes = readFile("/proc/\(pid)/stat")
+        // The command (field 2) may hold spaces and parentheses: fields count from its last ')'.
+        guard let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
+        let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
+        // fields[0] is the state (field 3): utime is field 14, stime field 15.
+        guard fields.count > 12, let user = UInt64(String(decoding: fields[11], as: UTF8.self)),
+              let system = UInt64(String(decoding: fields[12], as: UTF8.self)) else { return nil }
+        return (user + system) * (1_000_000_000 / UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1)))
+    }
+
     /// The resident bytes /proc/PID/statm says (its second field, in pages).
     static func residentBytes(statm: some Collection<UInt8>) -> UInt64 {
         let fields = statm.split(separator: UInt8(ascii: " "), maxSplits: 2)

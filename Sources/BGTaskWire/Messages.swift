@@ -33,6 +33,9 @@ public struct LaunchAssignment: Codable, Sendable {
     public var backgroundRefreshStatus: UInt32 = 2
     /// Why the launch happened (`LaunchReason`'s raw value: "scheduled", "remote-notification", ...).
     public var reason: String = ""
+    /// The app's process is kept between launches (`AppLifecycle.ios`): when the launch's work
+    /// is over the runner says `idle` and waits to be suspended, instead of exiting.
+    public var suspendable = false
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
@@ -87,6 +90,13 @@ public enum ChildMessage: Sendable, Equatable {
     /// the host's samples may have missed in a short launch (the app's word: it can only raise
     /// its record's peak, which the host bounds).
     case finished(at: UInt64, descendants: Bool, peakResidentBytes: UInt64)
+    /// Every task, background-time assertion and push handler of the launch ended, the main
+    /// queue finished its turn and went quiet, and the runner killed what it had started: the
+    /// process waits to be suspended (a `suspendable` launch only; others say `finished` and
+    /// exit). `peakResidentBytes` as in `finished`; `cpuNanoseconds`: the process's CPU time so
+    /// far (its `getrusage`, user and system), which the host bounds from below by its own
+    /// coarser reading of /proc (the app can make it no smaller than that).
+    case idle(at: UInt64, peakResidentBytes: UInt64, cpuNanoseconds: UInt64)
     /// The answer to `probeChildren`: whether the runner has a child process now.
     case children(Bool)
     /// The confinement the runner applied to itself, sent before it loads any plugin code (so
@@ -117,6 +127,10 @@ public enum ChildMessage: Sendable, Equatable {
 /// Messages the parent sends to its child.
 public enum ParentMessage: Sendable, Equatable {
     case start(LaunchAssignment)
+    /// The next launch of an app whose process said `idle` (and was suspended, then continued):
+    /// its tasks, budget and reason. The plugin is not loaded again and its launch entry is not
+    /// called again; its resume handler is (`set_resume_handler`).
+    case resume(LaunchAssignment)
     /// Time is up: deliver expiration to every open task (or only `task`).
     case expire(task: UInt64?, reason: String)
     case reply(seq: UInt64, status: Int32, message: String?, requests: [TaskRequest]?)

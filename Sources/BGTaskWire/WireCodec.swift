@@ -195,6 +195,7 @@ extension LaunchAssignment {
         writer.u64(expiresAtNs)
         writer.u32(backgroundRefreshStatus)
         writer.string(reason)
+        writer.bool(suspendable)
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -220,6 +221,7 @@ extension LaunchAssignment {
         expiresAtNs = try reader.u64("expiresAtNs")
         backgroundRefreshStatus = try reader.u32("backgroundRefreshStatus")
         reason = try reader.string("reason")
+        suspendable = try reader.bool("suspendable")
     }
 }
 
@@ -381,6 +383,7 @@ extension ChildMessage: WireMessage {
         case let .title(task, title, subtitle): writer.u8(16); writer.u64(task); writer.string(title); writer.optional(subtitle) { $0.string($1) }
         case let .finished(at, descendants, peak): writer.u8(17); writer.u64(at); writer.bool(descendants); writer.u64(peak)
         case let .children(has): writer.u8(18); writer.bool(has)
+        case let .idle(at, peak, cpu): writer.u8(25); writer.u64(at); writer.u64(peak); writer.u64(cpu)
         case let .sandbox(layers):
             writer.u8(19)
             writer.array(layers.sorted { $0.key < $1.key }) {
@@ -423,6 +426,7 @@ extension ChildMessage: WireMessage {
                                subtitle: try reader.optional("subtitle") { (r: inout WireReader) throws(ChannelError) in try r.string("subtitle") })
         case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"), peakResidentBytes: try reader.u64("peakResidentBytes"))
         case 18: self = .children(try reader.bool("children"))
+        case 25: self = .idle(at: try reader.u64("at"), peakResidentBytes: try reader.u64("peakResidentBytes"), cpuNanoseconds: try reader.u64("cpuNanoseconds"))
         case 19:
             let layers = try reader.array("layers") { (r: inout WireReader) throws(ChannelError) in
                 (try r.string("layer"), SandboxLayer(applied: try r.bool("applied"), detail: try r.string("detail")))
@@ -451,6 +455,7 @@ extension ParentMessage: WireMessage {
     public func write(to writer: inout WireWriter) {
         switch self {
         case let .start(assignment): writer.u8(0); assignment.write(to: &writer)
+        case let .resume(assignment): writer.u8(7); assignment.write(to: &writer)
         case let .expire(task, reason): writer.u8(1); writer.optional(task) { $0.u64($1) }; writer.string(reason)
         case let .reply(seq, status, message, requests):
             writer.u8(2)
@@ -482,6 +487,7 @@ extension ParentMessage: WireMessage {
     public init(from reader: inout WireReader) throws(ChannelError) {
         switch try reader.u8("message") {
         case 0: self = .start(try LaunchAssignment(from: &reader))
+        case 7: self = .resume(try LaunchAssignment(from: &reader))
         case 1: self = .expire(task: try reader.optional("task") { (r: inout WireReader) throws(ChannelError) in try r.u64("task") },
                                reason: try reader.string("reason"))
         case 2:

@@ -197,6 +197,7 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     }
     api.transfer_events = { _, handler, context in runner.setTransferEvents(handler, context) }
     api.set_state_handler = { _, handler, context in runner.setStateHandler(handler, context) }
+    api.set_resume_handler = { _, handler, context in runner.setResumeHandler(handler, context) }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

@@ -3,6 +3,7 @@ import BGTaskWire
 import CBGTaskPluginABI
 import Foundation
 import Glibc
+import Synchronization
 import _BGTaskSystemShims
 
 /// The child side of one launch: serves the plugin ABI to the bundle it loads and reports every
@@ -15,6 +16,13 @@ import _BGTaskSystemShims
 /// `expirationQueue`; the launch is ended by `finish`, on the thread that ended its last task (a
 /// handler may still be blocked on another); the parent reader receives on its own thread. All
 /// state is behind `lock`.
+///
+/// A launch whose work is over (every task, background-time assertion and push handler ended)
+/// does not end at once: the main queue finishes its turn (what app code queued after its last
+/// `setTaskCompleted` or `endBackgroundTask`, in the same turn or right after), and the app must
+/// then be quiet for `quietNs` (no message to the host, no answer awaited) before `end` runs:
+/// the process exits (a fresh launch) or says `idle` and waits for its next launch (`resume`),
+/// which the host sends after it has suspended and continued the process.
 final class Runner: @unchecked Sendable {
     enum Handler {
         case abi(bgtask_launch_handler, UnsafeMutableRawPointer?)
@@ -37,7 +45,10 @@ final class Runner: @unchecked Sendable {
         var expirationDelivered = false
     }
 
-    let assignment: LaunchAssignment
+    /// The launch being run: the first one, then each resumed one (`resume`). What the app is
+    /// (its bundle, container, permitted identifiers, groups) is the same in every one.
+    private var current: LaunchAssignment
+    var assignment: LaunchAssignment { lock.withLock { current } }
     let channel: LaunchChannel
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
     /// which must start no thread and leave the main queue untouched for its children.
@@ -45,9 +56,23 @@ final class Runner: @unchecked Sendable {
     /// Made in the zygote's rehearsal too, which must stay single-threaded: making a queue starts
     /// no thread, only its first `async` does.
     let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
-    /// Ends the launch once every task has ended; called once, on the thread that ended the
-    /// last one (no hand-off to another thread: the launch's end is on its critical path).
-    var finish: () -> Never = { _exit(0) }
+    /// Ends the launch once its work is over and the app has gone quiet (`settle`): exits, or
+    /// says `idle` (a suspendable launch). Called once per launch, on the main queue (or on the
+    /// expiration queue when the main thread is blocked in app code past `settleLimitNs`).
+    var end: () -> Void = { _exit(0) }
+
+    /// How long the app must be quiet after its work is over before its launch ends: work it
+    /// started from another thread just before (a `Task` after `setTaskCompleted` that adds a
+    /// notification: Firefox's refresh does) is already running by then and has said something
+    /// to the host, which starts the wait again. Runnable work reaches the host in microseconds
+    /// on an idle machine; 2 ms leaves room for a loaded one at a small cost per launch.
+    static let quietNs: UInt64 = 2_000_000
+    /// The most a launch waits for its main queue's turn and for quiet: a main thread blocked in
+    /// app code (a handler still waiting while another thread completed its task) cannot finish
+    /// its turn, and the launch ends without it, as it always did.
+    static let settleLimitNs: UInt64 = 1_000_000_000
+    /// Messages sent to the host, counted: the app's activity while the launch settles.
+    private let activity = Atomic<UInt64>(0)
 
     private let lock = NSLock()
     private var handlers: [String: Handler] = [:]
@@ -55,6 +80,14 @@ final class Runner: @unchecked Sendable {
     private var tasks: [UInt64: OpenTask] = [:]
     private var tasksStarted = false
     private var signalledEnd = false
+    /// The launch's end ran (`end`); a resumed launch starts with it false again.
+    private var ended = false
+    /// Which settle an expiration-queue backstop belongs to (a later launch's is not its business).
+    private var settleGeneration: UInt64 = 0
+    /// The process said `idle` and waits for `resume`.
+    private(set) var idle = false
+    /// Called on the main thread with a resumed launch's info, before its tasks start.
+    private var resumeHandler: (bgtask_resume_handler, UnsafeMutableRawPointer?)?
     /// Foreground launches end only when the parent says no more tasks will come.
     private var closed = false
     /// Tasks the parent added before the launch entry returned.
@@ -75,7 +108,7 @@ final class Runner: @unchecked Sendable {
     private var waiters: [UInt64: ReplyWaiter] = [:]
 
     init(assignment: LaunchAssignment, channel: LaunchChannel) {
-        self.assignment = assignment
+        current = assignment
         self.channel = channel
         closed = assignment.role != .foreground
         expiresAtNs = assignment.expiresAtNs
@@ -84,6 +117,7 @@ final class Runner: @unchecked Sendable {
     // MARK: Reporting
 
     func report(_ message: ChildMessage) {
+        activity.add(1, ordering: .relaxed)
         do {
             try channel.send(message)
         } catch where error.code == .oversized {
@@ -160,7 +194,7 @@ final class Runner: @unchecked Sendable {
         let toStart: [TaskAssignment] = lock.withLock {
             launchFinished = true
             defer { deferredTasks.removeAll() }
-            return assignment.tasks + deferredTasks
+            return current.tasks + deferredTasks
         }
         report(.launched(at: bgtask_monotonic_ns()))
         for task in toStart { begin(task) }
@@ -188,7 +222,7 @@ final class Runner: @unchecked Sendable {
         let handler: (bgtask_state_handler, UnsafeMutableRawPointer?)? = lock.withLock {
             let wasOpen = !closed
             closed = true
-            return wasOpen && assignment.role == .foreground ? stateHandler : nil
+            return wasOpen && current.role == .foreground ? stateHandler : nil
         }
         if let (handler, context) = handler { handler(context, UInt32(BGTASK_APP_STATE_BACKGROUND)) }
         signalEndIfDone()
@@ -253,12 +287,123 @@ final class Runner: @unchecked Sendable {
     }
 
     private func signalEndIfDone() {
-        let done: Bool = lock.withLock {
-            guard tasksStarted, closed, !signalledEnd, tasks.values.allSatisfy(\.completed), assertions.isEmpty else { return false }
+        let generation: UInt64? = lock.withLock {
+            guard tasksStarted, closed, !signalledEnd, !ended, tasks.values.allSatisfy(\.completed), assertions.isEmpty else { return nil }
             signalledEnd = true
+            settleGeneration += 1
+            return settleGeneration
+        }
+        if let generation { settle(generation) }
+    }
+
+    /// The launch's work is over: its end waits for the main queue's turn (everything queued on
+    /// it before now runs first), then for quiet (`quietNs` without a message to the host or an
+    /// answer awaited), at most `settleLimitNs`.
+    private func settle(_ generation: UInt64) {
+        let limitNs = bgtask_monotonic_ns() + Self.settleLimitNs
+        expirationQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.settleLimitNs))) { [self] in endOnce(generation) }
+        let seen = activity.load(ordering: .relaxed)
+        scheduleHandler { [self] in waitForQuiet(generation, seen: seen, limitNs: limitNs) }
+    }
+
+    /// On the main queue, after everything queued before: ends the launch once `quietNs` passed
+    /// with no activity and no answer awaited; otherwise looks again.
+    private func waitForQuiet(_ generation: UInt64, seen: UInt64, limitNs: UInt64) {
+        DispatchQueue.main.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.quietNs))) { [self] in
+            let now = activity.load(ordering: .relaxed)
+            let awaiting = lock.withLock { !waiters.isEmpty }
+            if (now != seen || awaiting) && bgtask_monotonic_ns() < limitNs {
+                waitForQuiet(generation, seen: now, limitNs: limitNs)
+            } else {
+                endOnce(generation)
+            }
+        }
+    }
+
+    /// Runs `end` once for this launch, unless the app took up work again while it settled (a
+    /// new background-time assertion, a task added): then the launch goes on, and ends when
+    /// that work is over.
+    private func endOnce(_ generation: UInt64) {
+        let go: Bool = lock.withLock {
+            guard !ended, signalledEnd, settleGeneration == generation else { return false }
+            guard tasks.values.allSatisfy(\.completed), assertions.isEmpty else {
+                signalledEnd = false
+                return false
+            }
+            ended = true
             return true
         }
-        if done { finish() }
+        if go { end() }
+    }
+
+    // MARK: Suspension
+
+    /// The launch ended and the process stays (a suspendable launch): no deadline until the next
+    /// launch (the reader must not expire a launch that is over), and only `resume` is taken.
+    func becameIdle() {
+        lock.withLock {
+            idle = true
+            expiresAtNs = 0
+        }
+    }
+
+    func setResumeHandler(_ handler: bgtask_resume_handler?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock { resumeHandler = handler.map { ($0, context) } }
+    }
+
+    /// The app's next launch, in this process: the launch's state starts over (its tasks, its
+    /// time, its assertions), what the app registered stays. On the main queue, the plugin's
+    /// resume handler hears of it, then its tasks start. False when the process is not idle
+    /// (the host sends `resume` only after `idle`: anything else is a protocol error).
+    func resume(_ next: LaunchAssignment) -> Bool {
+        let resumed: Bool = lock.withLock {
+            guard idle else { return false }
+            for task in tasks.values {
+                free(UnsafeMutableRawPointer(mutating: task.info.pointee.identifier))
+                task.info.deallocate()
+            }
+            tasks = [:]
+            current = next
+            closed = next.role != .foreground
+            expiresAtNs = next.expiresAtNs
+            expiredAtDeadline = false
+            expiredAll = false
+            expiredBeforeBegin = []
+            deferredTasks = []
+            tasksStarted = false
+            signalledEnd = false
+            ended = false
+            remoteNotificationDone = false
+            idle = false
+            return true
+        }
+        guard resumed else { return false }
+        _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
+        scheduleHandler { [self] in
+            if let (handler, context) = lock.withLock({ resumeHandler }) {
+                let reason = strdup(next.reason)
+                defer { free(reason) }
+                next.bundleIdentifier.withCString { bundleIdentifier in
+                    next.bundlePath.withCString { bundlePath in
+                        next.dataDirectory.withCString { dataDirectory in
+                            next.launchID.withCString { launchID in
+                                (next.eventJSON ?? "").withCString { event in
+                                    var info = bgtask_launch_info(
+                                        size: UInt32(MemoryLayout<bgtask_launch_info>.size),
+                                        role: bgtask_launch_role(next.role.abiValue),
+                                        bundle_identifier: bundleIdentifier, bundle_path: bundlePath,
+                                        data_directory: dataDirectory, launch_id: launchID,
+                                        event_json: next.eventJSON == nil ? nil : event, reason: reason)
+                                    handler(context, &info)
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            startTasks()
+        }
+        return true
     }
 
     /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with
@@ -324,7 +469,7 @@ final class Runner: @unchecked Sendable {
     /// Seconds until the launch's time runs out; very large while in the foreground.
     var backgroundTimeRemaining: Double {
         lock.withLock {
-            if assignment.role == .foreground && !closed { return .greatestFiniteMagnitude }
+            if current.role == .foreground && !closed { return .greatestFiniteMagnitude }
             guard expiresAtNs > 0 else { return .greatestFiniteMagnitude }
             let now = bgtask_monotonic_ns()
             return now >= expiresAtNs ? 0 : Double(expiresAtNs - now) / 1e9
@@ -333,7 +478,7 @@ final class Runner: @unchecked Sendable {
 
     /// BGTASK_APP_STATE_*: active while a foreground launch is in the foreground.
     var applicationState: UInt32 {
-        lock.withLock { assignment.role == .foreground && !closed ? UInt32(BGTASK_APP_STATE_ACTIVE) : UInt32(BGTASK_APP_STATE_BACKGROUND) }
+        lock.withLock { current.role == .foreground && !closed ? UInt32(BGTASK_APP_STATE_ACTIVE) : UInt32(BGTASK_APP_STATE_BACKGROUND) }
     }
 
     /// The launch's time now runs out at `at` (the host moved it: the app left the foreground).

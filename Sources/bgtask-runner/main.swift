@@ -106,6 +106,10 @@ startThread {
         guard let message else { runner.parentLost() }
         switch message {
         case .start: continue
+        case let .resume(next):
+            if !runner.resume(next) {
+                runner.report(.log(level: BGTASK_LOG_ERROR, message: "runner: ignoring a resume: the launch is not over"))
+            }
         case let .expire(task, _):
             runner.expirationQueue.async { runner.expire(only: task) }
         case let .reply(seq, status, text, requests):
@@ -207,9 +211,9 @@ guard status == 0 else {
     launchFailed("the launch entry of \(library) returned \(status)\(text.isEmpty ? "" : ": \(text)")")
 }
 
-// The launch ends when every task has ended, on the thread that ended the last one, even if a
-// handler is still blocked in app code on the handler thread.
-runner.finish = {
+// The launch ends when its work is over and the app has gone quiet (Runner.settle), even if a
+// handler is still blocked in app code on another thread.
+runner.end = {
     // Nothing the app started outlives its launch. The runner is their subreaper, so even those
     // that called setsid are still in its tree.
     let hadDescendants = killDescendants()
@@ -217,7 +221,18 @@ runner.finish = {
     _ = bgtask_flush_preferences()
     var usage = rusage()
     getrusage(RUSAGE_SELF.rawValue, &usage)
-    runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants, peakResidentBytes: UInt64(max(usage.ru_maxrss, 0)) * 1024))
+    let peak = UInt64(max(usage.ru_maxrss, 0)) * 1024
+    if runner.assignment.suspendable {
+        // The process stays: the host suspends it, and the app's next launch resumes it. Idle
+        // first, so that the resume the host may send at once is taken.
+        runner.becameIdle()
+        let cpu = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
+        runner.report(.idle(at: bgtask_monotonic_ns(), peakResidentBytes: peak, cpuNanoseconds: cpu))
+        fflush(stdout)
+        fflush(stderr)
+        return
+    }
+    runner.report(.finished(at: bgtask_monotonic_ns(), descendants: hadDescendants, peakResidentBytes: peak))
     fflush(stdout)
     fflush(stderr)
     // Not exit(): handler threads may still be running app code, and tearing down globals under

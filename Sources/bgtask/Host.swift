@@ -47,6 +47,15 @@ extension BGTaskCommand {
         @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).", completion: .list(["zygote", "spawn"]))
         var launcher: String = "zygote"
 
+        @Option(name: .customLong("app-lifecycle"), help: "ios (an app's process is suspended when a launch's work is over and resumed by its next launch, as on iOS) or fresh (a new process per launch). Default: ios.")
+        var appLifecycle: AppLifecycle = .ios
+
+        @Option(name: .customLong("suspended-memory"), help: ArgumentHelp("The most memory suspended apps may hold together (their private pages); past it the least recently used are evicted. Default: a quarter of the machine's memory.", valueName: "size"))
+        var suspendedMemory: ByteCountArgument?
+
+        @Option(name: .customLong("max-suspended-apps"), help: "Apps suspended at once at most; past it the least recently used is evicted. Default: 1000.")
+        var maxSuspendedApps = 1000
+
         @Option(name: .customLong("max-connections"), help: "Control connections served at once; the next one is refused with too-many-connections. Default: 64.")
         var maxConnections = 64
 
@@ -188,6 +197,9 @@ extension BGTaskCommand {
             if let reserve = limits.diskReserve { configuration.diskReserveBytes = reserve.bytes }
             configuration.diskQuota = limits.quota
             if let storeReserve { configuration.storeReserveBytes = storeReserve.bytes }
+            configuration.appLifecycle = appLifecycle
+            configuration.suspendedMemoryBytes = suspendedMemory?.bytes
+            configuration.maximumSuspendedApps = max(maxSuspendedApps, 0)
             configuration.controlLimits.maximumConnections = maxConnections
             if let requestTimeout { configuration.controlLimits.requestTimeout = requestTimeout.duration }
             if let idleTimeout { configuration.controlLimits.idleTimeout = idleTimeout.duration }
@@ -215,3 +227,4 @@ extension BGTaskCommand {
 extension SchedulingPolicy: ExpressibleByArgument {}
 extension HostClock.Mode: ExpressibleByArgument {}
 extension SandboxMode: ExpressibleByArgument {}
+extension AppLifecycle: ExpressibleByArgument {}

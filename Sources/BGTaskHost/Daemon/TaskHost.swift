@@ -48,6 +48,15 @@ public final class TaskHost: @unchecked Sendable {
         /// A layer the machine offers that cannot be applied fails the launch (see
         /// LaunchSupervisor.sandboxFailsClosed); false: `--sandbox best-effort`.
         public var sandboxFailsClosed = true
+        /// What becomes of an app's process when a launch's work is over: suspended and
+        /// resumed by the app's next launch (`.ios`, the default), or ended (`.fresh`).
+        public var appLifecycle: AppLifecycle = .ios
+        /// The most memory suspended apps may hold together (their private pages) before the
+        /// least recently used are evicted (`--suspended-memory`); nil: a quarter of the machine's.
+        public var suspendedMemoryBytes: UInt64?
+        /// The most apps suspended at once (`--max-suspended-apps`): each holds three of the
+        /// host's descriptors (its channel, its log pipe, its pidfd).
+        public var maximumSuspendedApps = 1000
         /// How often device conditions are re-read while something depends on them.
         public var conditionsInterval: Duration = .seconds(1)
         /// Continued-processing tasks that may run at once, over all apps.

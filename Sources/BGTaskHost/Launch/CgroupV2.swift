@@ -138,6 +138,13 @@ enum CgroupV2 {
             for pid in processes { kill(pid, SIGKILL) }
         }
 
+        /// Freezes (or thaws) every process in the cgroup (`cgroup.freeze`, Linux 5.2+): how a
+        /// suspended app is held where a cgroup is delegated, beside the `SIGSTOP` of its group
+        /// (which a process that left the group would miss). Nothing where the file is missing.
+        func freeze(_ frozen: Bool) {
+            _ = try? write("cgroup.freeze", frozen ? "1" : "0")
+        }
+
         var processes: [pid_t] {
             ((try? String(contentsOf: url.appendingPathComponent("cgroup.procs"), encoding: .utf8)) ?? "")
                 .split(separator: "\n").compactMap { pid_t($0) }

@@ -71,6 +71,14 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         supervisor.confine = configuration.confine
         supervisor.sandboxFailsClosed = configuration.sandboxFailsClosed
         if configuration.confine && geteuid() == 0 { supervisor.identities = AppIdentities(stateDirectory: configuration.stateDirectory) }
+        if configuration.appLifecycle == .ios {
+            let apps = SuspendedApps(
+                budgetBytes: configuration.suspendedMemoryBytes ?? ProcessInfo.processInfo.physicalMemory / 4,
+                maximumCount: configuration.maximumSuspendedApps, logger: core.logger)
+            let zygote = supervisor.zygote
+            apps.afterReap = { pid in LaunchSupervisor.reapOrphans(sparing: zygote?.processes ?? [], launchGroup: pid) }
+            supervisor.suspendedApps = apps
+        }
         self.supervisor = supervisor
     }
 
@@ -99,6 +107,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     func stop() {
         stallTimer?.cancel()
         stallTimer = nil
+        supervisor.suspendedApps?.stop(reason: "the host stopped")
         supervisor.zygote?.stop()
     }
 
@@ -117,6 +126,11 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         running.values.first { $0.tasks.contains { $0.identifier == identifier } && (app == nil || $0.app == app) }
     }
     func isBackingOff(_ app: String) -> Bool { retryAfter[app] != nil }
+    /// Each app's process as the lifecycle keeps it (running, suspended, evicted); empty with
+    /// `--app-lifecycle fresh`.
+    var processStates: [AppProcessState] { supervisor.suspendedApps?.states() ?? [] }
+    /// The suspended apps' jetsam (for the test kit and `bgtask apps --evict`).
+    var suspendedApps: SuspendedApps? { supervisor.suspendedApps }
     /// The apps `isBackingOff` names, as a value.
     var backingOff: Set<String> { Set(retryAfter.keys) }
 
@@ -257,7 +271,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                     if SchedulingPolicy.isBad(record) {
                         state.penaltyLevel += 1
                         state.penaltyUntil = now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
-                    } else if record.termination == .exited {
+                    } else if record.termination == .exited || record.termination == .suspended {
                         state.penaltyLevel = 0
                         state.penaltyUntil = nil
                     }

@@ -83,6 +83,25 @@ final class LaunchLog {
         _ = fcntl(readEnd, F_SETFL, fcntl(readEnd, F_GETFL) | O_NONBLOCK)
     }
 
+    /// The log of a launch that resumes a kept process: the process's stdout and stderr are the
+    /// pipe it already has (`readEnd`, taken over from the previous launch's log).
+    init(path: String, limit: UInt64, header: LaunchLogHeader?, adopting readEnd: Int32) {
+        self.path = path
+        self.limit = limit
+        self.header = header?.line
+        self.readEnd = readEnd
+        childEnd = -1
+    }
+
+    /// Gives up the pipe's read end (the process stays, suspended, and its next launch's log
+    /// takes the pipe over): after what is in the pipe was drained, the file is finished and
+    /// the read end is the caller's to keep.
+    func detachReadEnd() -> Int32 {
+        let fd = readEnd
+        readEnd = -1
+        return fd
+    }
+
     deinit {
         finish()
         closeChildEnd()

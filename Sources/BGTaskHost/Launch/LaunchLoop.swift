@@ -86,6 +86,8 @@ struct LaunchLoop {
             if channelOpen, fds.count > 3, fds[3].revents != 0 { readChannel(&state) }
             checkHangUp(&state)
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
+            // The launch's work is over and its process stays: the supervisor suspends it.
+            if state.idleNs != nil && state.killed == nil { break }
         }
     }
 
@@ -320,6 +322,21 @@ struct LaunchLoop {
             }
         case .log(let level, let text):
             state.log.append(level: level, text)
+        case let .idle(_, peak, cpu):
+            // Taken only from a launch whose process the host keeps, with its tasks and
+            // background time over as far as the host has heard: a forged `idle` cannot end a
+            // launch early (it is then supervised to its end as any other).
+            let open = state.tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count
+            guard state.keepsProcess, state.idleNs == nil, open == 0, state.backgroundTimeHeld.isEmpty else {
+                state.refuse("idle", state.keepsProcess
+                             ? "the launch said it was over with \(open) task(s) and \(state.backgroundTimeHeld.count) background-time assertion(s) still open"
+                             : "this launch's process is not kept (--app-lifecycle fresh, an extension, or bgtask run)")
+                break
+            }
+            state.reportedPeakRSS = max(state.reportedPeakRSS, min(peak, LaunchState.physicalMemoryBytes))
+            state.idleNs = bgtask_monotonic_ns()
+            state.reportedCPUNs = cpu
+            state.finished = true
         case .deviceToken(let seq):
             switch broker.deviceToken(app: plan.bundle) {
             case .success(let token): try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: token, requests: nil))

@@ -101,6 +101,22 @@ struct LaunchState {
     /// The runner numbers them one by one and an app holds a handful; what is past this is a
     /// flood of forged messages (3.6 million in 20 s grew the host by 97 MiB before it).
     static let heldBackgroundTimeLimit = 1024
+    /// When the runner said its launch's work was over and its process waits to be suspended
+    /// (`ChildMessage.idle`, taken only from a suspendable launch whose tasks and assertions
+    /// are over as far as the host has heard).
+    var idleNs: UInt64?
+    /// The process's CPU time when it said `idle` (its own, precise word; see `suspendIfOver`).
+    var reportedCPUNs: UInt64?
+    /// The process was suspended after the launch (termination `suspended`).
+    var suspendedAfter = false
+    /// The launch resumed the app's suspended process: how long it was suspended, and how many
+    /// launches the process has run with this one.
+    var resumed: (suspendedNs: UInt64, launches: Int)?
+    /// The launch started a new process (a kept one is possible); why the previous one ended.
+    var previousProcess: String?
+    /// Whether the host keeps this launch's process afterwards (`resumed`, `process_launches`
+    /// are recorded).
+    var keepsProcess = false
     /// The push's completion handler: its result (BGTASK_FETCH_RESULT_*) and when.
     var pushCompletion: (result: UInt32, at: UInt64)?
 
@@ -190,7 +206,7 @@ struct LaunchState {
             }
         case let .remoteNotificationCompleted(result, at):
             if pushCompletion == nil { pushCompletion = (result, at) }
-        case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken: break
+        case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken, .idle: break
         case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove, .transferCall: break
         }
     }
@@ -288,7 +304,7 @@ struct LaunchState {
             termination = .crashed
             error = "exited with status 0 while \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) were still open"
         } else {
-            termination = .exited
+            termination = suspendedAfter ? .suspended : .exited
         }
 
         let taskRecords = (plan.tasks + addedTasks).map { assignment -> RunRecord.TaskRecord in
@@ -322,6 +338,12 @@ struct LaunchState {
             log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
         record.sandbox = sandbox
+        if keepsProcess {
+            record.resumed = resumed != nil
+            record.suspendedMs = resumed.map { (Double($0.suspendedNs) / 1_000).rounded() / 1000 }
+            record.processLaunches = resumed?.launches ?? 1
+            record.previousProcess = previousProcess
+        }
         if !backgroundTime.isEmpty { record.backgroundTime = backgroundTime }
         if let push = plan.push {
             let results = ["new-data", "no-data", "failed"]

@@ -63,6 +63,10 @@ public struct LaunchSupervisor: Sendable {
     /// The fast path: fork launches from a pre-warmed zygote instead of spawning the runner.
     /// Falls back to posix_spawn when the zygote cannot serve.
     public var zygote: Zygote?
+    /// Apps' processes kept between launches (`AppLifecycle.ios`): a launch whose work is over
+    /// leaves its process suspended here, and the app's next launch resumes it. Nil: a fresh
+    /// process per launch (`--app-lifecycle fresh`, `bgtask run`). Extensions are never kept.
+    var suspendedApps: SuspendedApps?
 
     public init(runnerPath: String, logger: Logger) {
         self.runnerPath = runnerPath
@@ -108,11 +112,28 @@ public struct LaunchSupervisor: Sendable {
             diskUseAtStart = use
         }
 
+        // The app's suspended process, when it has one that can run this launch: resumed.
+        let keeps = suspendedApps != nil && plan.role != .extension
+        var key: SuspendedApp.Key?
+        var previous: AppProcessEviction?
+        if keeps, let apps = suspendedApps {
+            let processKey = SuspendedApp.Key(plan: plan, groups: groups.map(\.identifier), confine: confine, uid: identity?.uid)
+            key = processKey
+            let (process, eviction) = apps.take(plan.bundle.identifier, key: processKey)
+            if let process {
+                return try resume(process, plan: plan, broker: broker, control: control, refusedGroups: refusedGroups,
+                                  diskUseAtStart: diskUseAtStart, apps: apps)
+            }
+            previous = eviction
+        }
+
         let channels: (parent: LaunchChannel, child: LaunchChannel)
         do { channels = try LaunchChannel.makePair() } catch {
             throw BGTaskError(.system, "\(error)")
         }
-        defer { channels.parent.close() }
+        // Kept with the process when it is suspended after the launch.
+        var kept = false
+        defer { if !kept { channels.parent.close() } }
         var childEndOpen = true
         defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog), whose
@@ -141,6 +162,7 @@ public struct LaunchSupervisor: Sendable {
             start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
             start.backgroundRefreshStatus = plan.backgroundRefreshStatus
             start.reason = plan.reason.rawValue
+            start.suspendable = keeps
             do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
             return nil
         }
@@ -150,18 +172,21 @@ public struct LaunchSupervisor: Sendable {
         childEndOpen = false
         log.closeChildEnd()
         let (pid, forked) = try started.get()
+        if keeps { suspendedApps?.started(plan.bundle.identifier, pid: pid) }
         launchMetadata["child.pid"] = "\(pid)"
         logger.handler.metadata.merge(launchMetadata) { $1 }
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
         let cgroup = cgroupRoot.flatMap { launchGroup(under: $0, for: pid, plan: plan) }
-        defer { cgroup?.remove() }
+        defer { if !kept { cgroup?.remove() } }
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
         var state = LaunchState(plan: plan, startNs: startNs, log: log)
         state.diskUseAtStart = diskUseAtStart
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
+        state.keepsProcess = keeps
+        state.previousProcess = previous.map { "\($0.reason) (\(RunRecord.iso8601($0.at)))" }
         if !startFirst { startError = sendStart(cgroup) }
         if let startError {
             logger.error("could not send the launch to its runner", metadata: ["error": "\(startError)"])
@@ -175,6 +200,13 @@ public struct LaunchSupervisor: Sendable {
         var loop = LaunchLoop(pid: pid, channel: channels.parent, plan: plan, broker: broker, control: control,
                               logger: logger, supervisor: self, state: state)
         loop.run(&state)
+        if let key, let apps = suspendedApps,
+           let record = suspendIfOver(&loop, &state, pid: pid, channel: channels.parent, log: log, cgroup: cgroup, plan: plan, key: key,
+                                      launches: 1, cpuAtStartNs: 0, startedAt: startedAt, refusedGroups: refusedGroups, apps: apps) {
+            kept = true
+            return record
+        }
+        if keeps { suspendedApps?.ended(plan.bundle.identifier) }
 
         var status: Int32 = 0
         var usage = rusage()
@@ -207,6 +239,151 @@ public struct LaunchSupervisor: Sendable {
         if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
         return record
+    }
+
+    /// Runs the launch in the app's suspended `process`: continued (`SIGCONT`, its cgroup thawed),
+    /// told the launch (`ParentMessage.resume`: no load, no launch entry; the app's resume
+    /// handler, then its tasks), supervised as any launch (its own budget, expiration, watchdog,
+    /// memory limit and log), then suspended again or reaped.
+    private func resume(_ process: SuspendedApp, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
+                        refusedGroups: [String: String], diskUseAtStart: DiskUse?, apps: SuspendedApps) throws(BGTaskError) -> RunRecord {
+        var logger = logger
+        logger.handler.metadata.merge(["launch.id": "\(plan.launchID)", "bundle.id": "\(plan.bundle.identifier)", "child.pid": "\(process.pid)"]) { $1 }
+        let log = LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
+                            header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID), adopting: process.logReadEnd)
+        for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
+        var kept = false
+        defer {
+            if !kept {
+                process.channel.close()
+                process.cgroup?.remove()
+            }
+        }
+        if let control, !control.waitForAdmission() {
+            // Not recorded, not run: the process goes back to sleep as it was (or ends, when
+            // the host is stopping). Either way its descriptors are no longer this launch's.
+            _ = log.detachReadEnd()
+            if !apps.suspend(process) { apps.endUnkept(process) }
+            kept = true
+            throw BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")
+        }
+        let startNs = bgtask_monotonic_ns()
+        let startedAt = Date()
+        let cpuAtStart = process.cpuNs
+        var state = LaunchState(plan: plan, startNs: startNs, log: log)
+        // Loaded and launched long ago: a death from here on is the app's crash.
+        state.phase = .launched
+        state.diskUseAtStart = diskUseAtStart
+        state.sandbox = process.sandbox
+        state.launcher = process.launcher
+        state.cgroup = process.cgroup
+        state.keepsProcess = true
+        state.resumed = (startNs > process.suspendedAtNs ? startNs - process.suspendedAtNs : 0, process.launches + 1)
+        var start = assignment(plan, cgroup: process.cgroup, groups: [], identity: nil)
+        start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
+        start.backgroundRefreshStatus = plan.backgroundRefreshStatus
+        start.reason = plan.reason.rawValue
+        start.suspendable = true
+        process.cgroup?.freeze(false)
+        kill(-process.pid, SIGCONT)
+        kill(process.pid, SIGCONT)
+        do {
+            try process.channel.send(ParentMessage.resume(start))
+        } catch {
+            state.end(.crashed, error: "could not send the launch to the app's suspended process: \(error)")
+            state.killed = .crashed
+            Self.terminate(process.pid, cgroup: process.cgroup)
+        }
+        control?.onStart?(process.pid)
+        logger.debug("launch resumed a suspended process", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
+        var loop = LaunchLoop(pid: process.pid, channel: process.channel, plan: plan, broker: broker, control: control,
+                              logger: logger, supervisor: self, state: state)
+        loop.run(&state)
+        if let record = suspendIfOver(&loop, &state, pid: process.pid, channel: process.channel, log: log, cgroup: process.cgroup,
+                                      plan: plan, key: process.key, launches: process.launches + 1, cpuAtStartNs: cpuAtStart,
+                                      startedAt: startedAt, refusedGroups: refusedGroups, apps: apps) {
+            kept = true
+            return record
+        }
+        apps.ended(plan.bundle.identifier)
+        var status: Int32 = 0
+        var usage = rusage()
+        _ = try? syscall("wait4") { bgtask_wait4(process.pid, &status, 0, &usage) }
+        let endNs = bgtask_monotonic_ns()
+        cleanUp(after: process.pid, cgroup: process.cgroup, &state)
+        log.drain(budget: LaunchLog.finalDrainBytes)
+        loop.drain(&state)
+        log.finish()
+        // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
+        let cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
+        usage = Self.usage(cpuNs: cpuNs > cpuAtStart ? cpuNs - cpuAtStart : 0)
+        var record = state.record(status: status, usage: usage, pid: process.pid, wallNs: endNs - startNs, startedAt: startedAt)
+        record.processLimit = process.cgroup?.processLimit
+        if plan.limits.diskQuota.isOn {
+            record.disk = Self.diskRecord(plan, use: DiskAccounting.use(of: plan), exceeded: state.diskQuotaExceeded,
+                                          logError: log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" })
+        }
+        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
+        logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
+        return record
+    }
+
+    /// After a launch's loop: when its work is over and its process stays (`idle`), the process
+    /// is suspended (its group stopped, its cgroup frozen, what it started killed) and put in
+    /// `apps`, and the launch's record is returned (termination `suspended`). Nil when the
+    /// process does not stay (it exited, was killed, or the host is stopping): the caller reaps it.
+    private func suspendIfOver(_ loop: inout LaunchLoop, _ state: inout LaunchState, pid: pid_t, channel: LaunchChannel, log: LaunchLog,
+                               cgroup: CgroupV2.LaunchGroup?, plan: LaunchPlan, key: SuspendedApp.Key, launches: Int, cpuAtStartNs: UInt64,
+                               startedAt: Date, refusedGroups: [String: String], apps: SuspendedApps) -> RunRecord? {
+        guard state.idleNs != nil, state.killed == nil, state.forcedTermination == nil else { return nil }
+        let endNs = bgtask_monotonic_ns()
+        kill(-pid, SIGSTOP)
+        kill(pid, SIGSTOP)
+        cgroup?.freeze(true)
+        // Nothing the launch started outlives its launch (the runner killed them before it said
+        // `idle`; a forged one would leave them running while the app sleeps).
+        let app = ProcessTree.appProcess(of: pid) ?? pid
+        for descendant in ProcessTree.descendants(of: app) { Glibc.kill(descendant, SIGKILL) }
+        guard bgtask_has_exited(pid) == 0 else { return nil }
+        log.drain()
+        loop.drain(&state)
+        log.finish()
+        // The process's CPU so far: /proc's figure is in 10 ms ticks; the app's own (getrusage,
+        // microseconds) is taken when it is not less, so a short launch is not recorded as 0.
+        let ticks = ProcessTree.cpuNanoseconds(of: app) ?? cpuAtStartNs
+        let cpuNs = max(ticks, state.reportedCPUNs ?? 0)
+        let unique = ProcessTree.uniqueBytes(ofProcess: app)
+        state.suspendedAfter = true
+        state.peakRSS = max(state.peakRSS, ProcessTree.residentBytes(ofProcess: app))
+        var record = state.record(status: 0, usage: Self.usage(cpuNs: cpuNs > cpuAtStartNs ? cpuNs - cpuAtStartNs : 0), pid: pid,
+                                  wallNs: endNs - state.startNs, startedAt: startedAt)
+        record.processLimit = cgroup?.processLimit
+        if plan.limits.diskQuota.isOn || log.failure != nil {
+            let use = plan.limits.diskQuota.isOn ? DiskAccounting.use(of: plan) : nil
+            record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded,
+                                          logError: log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" })
+        }
+        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
+        let process = SuspendedApp(
+            app: plan.bundle.identifier, pid: pid, appPID: app, channel: channel, logReadEnd: log.detachReadEnd(), cgroup: cgroup,
+            sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
+            suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs)
+        if !apps.suspend(process) {
+            // The host is stopping: the process ends instead, its launch over all the same.
+            apps.endUnkept(process)
+            record.termination = .exited
+        }
+        logger.debug("launch ended; its process is suspended", metadata: ["unique.bytes": "\(unique)"])
+        return record
+    }
+
+    /// A `rusage` that says only `cpuNs` of CPU time (user), for records of kept processes,
+    /// which are not reaped.
+    static func usage(cpuNs: UInt64) -> rusage {
+        var usage = rusage()
+        usage.ru_utime.tv_sec = Int(cpuNs / 1_000_000_000)
+        usage.ru_utime.tv_usec = Int(cpuNs % 1_000_000_000 / 1000)
+        return usage
     }
 
     /// The last line the runner wrote to the launch log (its own `bgtask-runner:` words, up to

@@ -212,6 +212,8 @@ extension RecordJSON {
             json.field("notifications_added", record.notificationsAdded)
             json.key("peak_rss_bytes"); json.integer(record.peakRSSBytes)
             json.key("pid"); json.integer(record.pid)
+            json.field("previous_process", record.previousProcess)
+            json.field("process_launches", record.processLaunches)
             json.field("process_limit", record.processLimit)
             if let push = record.push {
                 json.key("push")
@@ -227,6 +229,7 @@ extension RecordJSON {
             json.key("refused_registrations"); json.strings(record.refusedRegistrations)
             json.field("refused_registrations_omitted", record.refusedRegistrationsOmitted)
             json.key("registered"); json.strings(record.registered)
+            json.field("resumed", record.resumed)
             if let sandbox = record.sandbox {
                 json.key("sandbox")
                 // A dictionary's keys, sorted as the encoder sorts them.
@@ -246,6 +249,7 @@ extension RecordJSON {
             json.key("submitted")
             json.array(record.submitted) { json, request in json.request(request) }
             json.field("submitted_omitted", record.submittedOmitted)
+            json.field("suspended_ms", record.suspendedMs)
             json.key("tasks")
             json.array(record.tasks) { json, task in
                 json.object { json in

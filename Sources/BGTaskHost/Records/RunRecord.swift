@@ -7,6 +7,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public enum Termination: String, Codable, Sendable {
         /// All tasks ended and the process left normally.
         case exited
+        /// All tasks ended, the app finished its main queue's turn and its process was suspended
+        /// (`--app-lifecycle ios`, the default): the app's next launch resumes it.
+        case suspended
         /// Killed after the expiration grace period.
         case watchdog
         /// Killed over its memory limit.
@@ -140,6 +143,16 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var submitted: [TaskRequest]
     /// How the child was started: `zygote` (forked from the pre-warmed launcher) or `spawn`.
     public var launcher: String?
+    /// The launch ran in the app's suspended process, resumed (nil: the host keeps no process
+    /// between launches, `--app-lifecycle fresh`, or a `bgtask run`).
+    public var resumed: Bool? = nil
+    /// How long that process had been suspended before this launch resumed it.
+    public var suspendedMs: Double? = nil
+    /// Launches the process has run, this one included (1: a new process).
+    public var processLaunches: Int? = nil
+    /// Why the app's previous process ended while it was suspended (its eviction: jetsam, its
+    /// death), for a launch that had to start a new one; nil when it did not.
+    public var previousProcess: String? = nil
     /// The launch's confinement, layer by layer (`SandboxLayer.names`): applied, with what it
     /// is, or not, with why. Nil when the runner never reported it (it died first).
     public var sandbox: [String: SandboxLayer]? = nil
@@ -231,6 +244,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case notificationsAdded = "notifications_added", transfers, disk
         case listEntriesOmitted = "list_entries_omitted", messagesRefused = "messages_refused"
         case appGroupsRefused = "app_groups_refused"
+        case resumed, suspendedMs = "suspended_ms", processLaunches = "process_launches", previousProcess = "previous_process"
     }
 
     /// The most a record's JSON may be: a quarter of a control frame
@@ -285,7 +299,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// True when every task succeeded and the process ended normally (an extension's launch,
     /// which has no tasks, succeeds when it ends normally).
     public var succeeded: Bool {
-        termination == .exited && tasks.allSatisfy { $0.outcome == .succeeded }
+        (termination == .exited || termination == .suspended) && tasks.allSatisfy { $0.outcome == .succeeded }
     }
 
     public func jsonData(pretty: Bool = false) throws -> Data {

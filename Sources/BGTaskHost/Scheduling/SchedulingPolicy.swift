@@ -24,7 +24,7 @@ public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
     public static func isBad(_ record: RunRecord) -> Bool {
         switch record.termination {
         case .watchdog, .jetsam, .disk, .diskQuota, .crashed: return true
-        case .exited, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
+        case .exited, .suspended, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
         }
     }
 }

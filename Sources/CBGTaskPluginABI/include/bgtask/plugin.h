@@ -154,6 +154,9 @@ typedef void (*bgtask_request_visitor)(void *context, const bgtask_request *requ
 typedef void (*bgtask_json_visitor)(void *context, const char *json);
 /* The app's state changed (set_state_handler): BGTASK_APP_STATE_*. */
 typedef void (*bgtask_state_handler)(void *context, uint32_t state);
+/* A suspended app was resumed for a new launch (set_resume_handler): `launch` is the new
+ * launch's info, valid during the call. */
+typedef void (*bgtask_resume_handler)(void *context, const struct bgtask_launch_info *launch);
 
 #define BGTASK_LOG_DEBUG 0
 #define BGTASK_LOG_INFO 1
@@ -297,6 +300,15 @@ typedef struct bgtask_host_api {
      * time (begin_background_time) and hand the rest to the main queue; it must not block.
      * NULL stops the calls. */
     void (*set_state_handler)(bgtask_host *host, bgtask_state_handler handler, void *context);
+
+    /* ---- ABI 1, appended: the app's process lives on (check BGTASK_HAS(api, set_resume_handler)) ---- */
+    /* With the host's default lifecycle an app's process is not ended when a launch's work is
+     * over: it is suspended, and the app's next launch resumes it. The launch function is not
+     * called again (the handlers it registered stay registered, the app's memory is as it left
+     * it); instead the runner calls `handler` with the new launch's info, on the main thread,
+     * before the new launch's tasks start (push payloads and transfer events arrive here, as
+     * they arrive in the launch info of a fresh launch). NULL stops the calls. */
+    void (*set_resume_handler)(bgtask_host *host, bgtask_resume_handler handler, void *context);
 } bgtask_host_api;
 
 /* Local notifications: bgtask_host_api.notification_* */

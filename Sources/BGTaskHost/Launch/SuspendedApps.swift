@@ -1,0 +1,327 @@
+import BGTaskModel
+import BGTaskSystem
+import BGTaskWire
+import Foundation
+import Glibc
+import Logging
+import _BGTaskSystemShims
+
+/// An app's process kept after its launch's work was over (`AppLifecycle.ios`): stopped (the
+/// whole process group, `SIGSTOP`; frozen with its cgroup's `cgroup.freeze` where one is
+/// delegated), its memory kept, its channel and log pipe held by the host. The app's next launch
+/// takes it out of `SuspendedApps` and resumes it (`LaunchSupervisor`).
+struct SuspendedApp {
+    let app: String
+    /// The host's child: the launch's outer process (the runner itself without a PID namespace).
+    let pid: pid_t
+    /// The app's own process (below the namespace's init), for its memory.
+    let appPID: pid_t
+    let channel: LaunchChannel
+    /// The read end of the pipe that is the process's stdout and stderr.
+    let logReadEnd: Int32
+    let cgroup: CgroupV2.LaunchGroup?
+    /// The confinement the runner reported at its first launch (a resumed launch has the same).
+    let sandbox: [String: SandboxLayer]?
+    let launcher: String
+    let key: Key
+    /// Launches this process has run, this one included.
+    var launches: Int
+    var suspendedAtNs: UInt64
+    var suspendedAt: Date
+    /// Resident memory of the process's tree when it was suspended (it does not grow while stopped).
+    var residentBytes: UInt64
+    var lastLaunchID: String
+    /// The process's CPU time when it was suspended: the app's word (its `getrusage`, at least
+    /// what /proc said), from which the next launch's CPU is counted.
+    var cpuNs: UInt64
+
+    /// What a process must have in common with a launch to run it: the same bundle, executable
+    /// file (a replaced library means a fresh process), granted app groups and confinement.
+    struct Key: Equatable {
+        var bundlePath: String
+        var executable: [Int]
+        var appGroups: [String]
+        var confine: Bool
+        var uid: UInt32?
+
+        init(plan: LaunchPlan, groups: [String], confine: Bool, uid: UInt32?) {
+            bundlePath = plan.bundle.url.path
+            var info = stat()
+            executable = stat(plan.bundle.executableURL.path, &info) == 0
+                ? [Int(info.st_dev), Int(info.st_ino), Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec] : []
+            appGroups = groups.sorted()
+            self.confine = confine
+            self.uid = uid
+        }
+    }
+}
+
+/// Why and when an app's kept process ended while it was suspended: the app's next launch is
+/// fresh, and its record says why (`previous_process`).
+public struct AppProcessEviction: Sendable, Equatable {
+    public var reason: String
+    public var at: Date
+    public var residentBytes: UInt64
+}
+
+/// What `bgtask apps` shows of an app's process.
+public struct AppProcessState: Sendable, Equatable {
+    public enum State: String, Sendable { case running, suspended, notRunning = "not-running" }
+    public var app: String
+    public var state: State
+    public var pid: Int32?
+    public var residentBytes: UInt64?
+    public var suspendedSince: Date?
+    public var launches: Int?
+    public var lastEviction: AppProcessEviction?
+}
+
+/// The suspended apps of a host (`AppLifecycle.ios`) and their jetsam.
+///
+/// A process is in the table only while suspended: a launch takes it out (`take`) and puts it
+/// back when its work is over (`suspend`). Memory is bounded by `budgetBytes` (the resident
+/// memory of all suspended apps together) and `maximumCount`; over either, and when the kernel
+/// reports memory pressure (PSI, `/proc/pressure/memory`), suspended apps are evicted in iOS's
+/// order: the least recently used first (the lowest priority band), the largest first among
+/// those suspended within the same `bandSeconds`. One thread watches them all (`poll` over their
+/// pidfds and the pressure trigger): a suspended app that dies (killed from outside, the kernel's
+/// OOM killer) is reaped and its eviction recorded at once.
+///
+/// Thread-safe: launches' supervising threads take and put; the watcher evicts.
+final class SuspendedApps: @unchecked Sendable {
+    let budgetBytes: UInt64
+    let maximumCount: Int
+    /// Apps suspended within this many seconds of each other are one priority band: among
+    /// them, the largest goes first.
+    static let bandSeconds: UInt64 = 10
+    private let logger: Logger
+    private let lock = NSLock()
+    private var suspended: [String: SuspendedApp] = [:]
+    private var pidfds: [String: Int32] = [:]
+    private var evictions: [String: AppProcessEviction] = [:]
+    /// Apps whose process runs a launch now (taken out), with its pid.
+    private var running: [String: pid_t] = [:]
+    private var wake: [Int32] = [-1, -1]
+    private var pressure: Int32 = -1
+    private var stopped = false
+
+    /// What runs a launch's cleanup once its process is gone (the supervisor's orphan reaping).
+    var afterReap: (pid_t) -> Void = { _ in }
+
+    init(budgetBytes: UInt64, maximumCount: Int, logger: Logger) {
+        self.budgetBytes = budgetBytes
+        self.maximumCount = maximumCount
+        self.logger = logger
+        _ = bgtask_pipe_cloexec(&wake)
+        if wake[0] >= 0 { _ = fcntl(wake[0], F_SETFL, fcntl(wake[0], F_GETFL) | O_NONBLOCK) }
+        pressure = Self.pressureTrigger()
+    }
+
+    /// The watcher starts with the first suspended app: a host that keeps none has no thread
+    /// for it.
+    private var watcherStarted = false
+
+    /// A PSI trigger on memory: readable (POLLPRI) when tasks stalled on memory for 100 ms
+    /// within one second (`some`). -1 where the kernel has no PSI or refuses the trigger.
+    static func pressureTrigger() -> Int32 {
+        let fd = open("/proc/pressure/memory", O_RDWR | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return -1 }
+        let trigger = "some 100000 1000000"
+        let written = trigger.withCString { write(fd, $0, strlen($0) + 1) }
+        if written < 0 {
+            close(fd)
+            return -1
+        }
+        return fd
+    }
+
+    /// Whether the kernel's memory pressure is watched.
+    var watchesPressure: Bool { pressure >= 0 }
+
+    // MARK: Launches
+
+    /// The app's suspended process, taken out of the table to run a launch, if it has one that
+    /// can run it (`key`); one that cannot (its bundle changed) is evicted, and the launch is
+    /// fresh. The app's last eviction is returned (and forgotten) when there is no process.
+    func take(_ app: String, key: SuspendedApp.Key) -> (process: SuspendedApp?, eviction: AppProcessEviction?) {
+        let found: SuspendedApp? = lock.withLock { suspended[app] }
+        if let found, found.key != key {
+            evict(app, reason: "its bundle changed (a new executable, app groups or confinement); the next launch starts a new process")
+        }
+        return lock.withLock {
+            if let process = suspended.removeValue(forKey: app), process.key == key {
+                if let fd = pidfds.removeValue(forKey: app) { close(fd) }
+                running[app] = process.pid
+                wakeWatcher()
+                return (process, nil)
+            }
+            return (nil, evictions.removeValue(forKey: app))
+        }
+    }
+
+    /// A fresh process of `app` runs a launch now (for `bgtask apps`).
+    func started(_ app: String, pid: pid_t) {
+        lock.withLock { running[app] = pid }
+    }
+
+    /// The app's launch ended and its process did not stay.
+    func ended(_ app: String) {
+        _ = lock.withLock { running.removeValue(forKey: app) }
+    }
+
+    /// Puts a process whose launch's work is over, already stopped, in the table; then evicts
+    /// what is over the budget. False when the host is stopping (the caller ends it instead).
+    func suspend(_ process: SuspendedApp) -> Bool {
+        let pidfd = bgtask_pidfd_open(process.pid)
+        let accepted: Bool = lock.withLock {
+            running.removeValue(forKey: process.app)
+            guard !stopped else { return false }
+            suspended[process.app] = process
+            if pidfd >= 0 { pidfds[process.app] = pidfd }
+            if !watcherStarted {
+                watcherStarted = true
+                let thread = Thread { [weak self] in self?.watch() }
+                thread.name = "bgtask.suspended"
+                thread.start()
+            }
+            return true
+        }
+        guard accepted else {
+            if pidfd >= 0 { close(pidfd) }
+            return false
+        }
+        wakeWatcher()
+        enforceBudget()
+        return true
+    }
+
+    // MARK: Jetsam
+
+    /// The order suspended apps are evicted in: least recently used band first, then largest.
+    func evictionOrder() -> [String] {
+        lock.withLock {
+            suspended.values.sorted { a, b in
+                let bandA = a.suspendedAtNs / (Self.bandSeconds * 1_000_000_000), bandB = b.suspendedAtNs / (Self.bandSeconds * 1_000_000_000)
+                if bandA != bandB { return bandA < bandB }
+                if a.residentBytes != b.residentBytes { return a.residentBytes > b.residentBytes }
+                return a.suspendedAtNs < b.suspendedAtNs
+            }.map(\.app)
+        }
+    }
+
+    /// Evicts in `evictionOrder` until the suspended apps fit the budget and the count.
+    func enforceBudget() {
+        while true {
+            let (total, count) = lock.withLock { (suspended.values.reduce(0) { $0 + $1.residentBytes }, suspended.count) }
+            guard total > budgetBytes || count > maximumCount, let first = evictionOrder().first else { return }
+            let reason = count > maximumCount
+                ? "more than \(maximumCount) apps were suspended (--max-suspended-apps)"
+                : "the suspended apps held \(RunRecord.mib(total)), over the budget of \(RunRecord.mib(budgetBytes)) (--suspended-memory)"
+            evict(first, reason: "jetsam: \(reason); it was the least recently used")
+        }
+    }
+
+    /// Ends `app`'s suspended process (SIGKILL to its group, its cgroup), reaps it and records
+    /// why. Nothing when it has none.
+    func evict(_ app: String, reason: String) {
+        let taken: (SuspendedApp, Int32?)? = lock.withLock {
+            guard let process = suspended.removeValue(forKey: app) else { return nil }
+            return (process, pidfds.removeValue(forKey: app))
+        }
+        guard let (process, pidfd) = taken else { return }
+        if let pidfd { close(pidfd) }
+        wakeWatcher()
+        end(process)
+        lock.withLock {
+            evictions[app] = AppProcessEviction(reason: reason, at: Date(), residentBytes: process.residentBytes)
+        }
+        logger.info("evicted a suspended app", metadata: [
+            "bundle.id": "\(app)", "pid": "\(process.pid)", "rss": "\(process.residentBytes)", "reason": "\(reason)"])
+    }
+
+    /// Every suspended app ends (the host stops); none is taken in after.
+    func stop(reason: String) {
+        let apps: [String] = lock.withLock {
+            stopped = true
+            return Array(suspended.keys)
+        }
+        for app in apps { evict(app, reason: reason) }
+        wakeWatcher()
+    }
+
+    /// Ends a kept process that is not in the table (the host stopped before it could be put
+    /// there): killed, reaped, its descriptors and cgroup released.
+    func endUnkept(_ process: SuspendedApp) {
+        ended(process.app)
+        end(process)
+    }
+
+    private func end(_ process: SuspendedApp) {
+        LaunchSupervisor.terminate(process.pid, cgroup: process.cgroup)
+        var status: Int32 = 0
+        _ = bgtask_wait4(process.pid, &status, 0, nil)
+        process.channel.close()
+        close(process.logReadEnd)
+        process.cgroup?.remove()
+        LaunchSupervisor.activeRunners.withLock { _ = $0.remove(process.pid) }
+        afterReap(process.pid)
+    }
+
+    // MARK: What apps see
+
+    func states() -> [AppProcessState] {
+        lock.withLock {
+            var states: [AppProcessState] = suspended.values.map {
+                AppProcessState(app: $0.app, state: .suspended, pid: $0.pid, residentBytes: $0.residentBytes,
+                                suspendedSince: $0.suspendedAt, launches: $0.launches, lastEviction: nil)
+            }
+            for (app, pid) in running where suspended[app] == nil {
+                states.append(AppProcessState(app: app, state: .running, pid: pid))
+            }
+            for (app, eviction) in evictions where suspended[app] == nil && running[app] == nil {
+                states.append(AppProcessState(app: app, state: .notRunning, lastEviction: eviction))
+            }
+            return states.sorted { $0.app < $1.app }
+        }
+    }
+
+    var suspendedCount: Int { lock.withLock { suspended.count } }
+    var suspendedBytes: UInt64 { lock.withLock { suspended.values.reduce(0) { $0 + $1.residentBytes } } }
+
+    // MARK: The watcher
+
+    private func wakeWatcher() {
+        var byte: UInt8 = 1
+        _ = write(wake[1], &byte, 1)
+    }
+
+    /// One thread for every suspended app: a pidfd that becomes readable is a process that died
+    /// while stopped; the pressure trigger is the kernel asking for memory back.
+    private func watch() {
+        while true {
+            let (apps, fds, done): ([String], [Int32], Bool) = lock.withLock {
+                (Array(pidfds.keys), pidfds.keys.map { pidfds[$0]! }, stopped && suspended.isEmpty)
+            }
+            if done { return }
+            var polled = [pollfd(fd: wake[0], events: Int16(POLLIN), revents: 0),
+                          pollfd(fd: pressure, events: Int16(POLLPRI), revents: 0)]
+            polled += fds.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+            let ready = poll(&polled, nfds_t(polled.count), -1)
+            if ready < 0 {
+                if errno == EINTR { continue }
+                logger.error("the suspended apps' watcher stopped", metadata: ["error": "\(String(cString: strerror(errno)))"])
+                return
+            }
+            if polled[0].revents != 0 {
+                var buffer = [UInt8](repeating: 0, count: 64)
+                while read(wake[0], &buffer, buffer.count) > 0 {}
+            }
+            for (index, app) in apps.enumerated() where polled[index + 2].revents != 0 {
+                evict(app, reason: "its process died while it was suspended")
+            }
+            if pressure >= 0, polled[1].revents & Int16(POLLPRI) != 0, let first = evictionOrder().first {
+                evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used")
+            }
+        }
+    }
+}
