@@ -36,18 +36,36 @@ public struct BGTaskLaunch: Sendable {
 /// }
 /// ```
 ///
-/// The closure runs once per launch, on the main thread and the main actor, as
+/// The closure runs once per process, on the main thread and the main actor, as
 /// `application(_:didFinishLaunchingWithOptions:)` does: register launch handlers there. When it
 /// returns, the main thread runs the main run loop (the main dispatch queue, `@MainActor` work,
 /// timers) for the rest of the launch. Throwing fails the launch, and the run record quotes the
 /// error.
+///
+/// With the host's default lifecycle the process outlives its launch: it is suspended when the
+/// launch's work is over, and the app's next launch resumes it. The launch closure is not run
+/// again then (the handlers it registered stay registered, and everything in memory is as the
+/// app left it); `didResume`, when given, runs instead, on the main actor, before the new
+/// launch's tasks start.
 public enum BGTaskPlugin {
     private final class State: @unchecked Sendable {
         let lock = NSLock()
         var didFinishLaunching: (@MainActor (BGTaskLaunch) throws -> Void)?
+        var didResume: (@MainActor (BGTaskLaunch) -> Void)?
         var descriptor: UnsafeMutablePointer<bgtask_plugin>?
     }
     private static let state = State()
+
+    /// Returns the plugin descriptor for the entry symbol to return; `didResume` runs each time
+    /// a suspended process is resumed for a new launch.
+    public static func entry(
+        name: String,
+        didFinishLaunching: @escaping @MainActor (BGTaskLaunch) throws -> Void,
+        didResume: @escaping @MainActor (BGTaskLaunch) -> Void
+    ) -> UnsafeRawPointer {
+        state.lock.withLock { state.didResume = didResume }
+        return entry(name: name, didFinishLaunching: didFinishLaunching)
+    }
 
     /// Returns the plugin descriptor for the entry symbol to return.
     public static func entry(
@@ -90,22 +108,11 @@ public enum BGTaskPlugin {
         } catch {
             return fail("\(error)")
         }
-        let role: BGTaskLaunch.Role = switch launchInfo.role {
-        case BGTASK_ROLE_FOREGROUND.rawValue: .foreground
-        case BGTASK_ROLE_EXTENSION.rawValue: .extension
-        default: .background
-        }
         HostConnection.current.attach(api: table, host: host, role: launchInfo.role)
+        if table.has(\.set_resume_handler) { table.set_resume_handler(host, resumeTrampoline, nil) }
         // `Logger` and `os_log` (the `os` module) write into the launch's log from now on.
         UnifiedLogSink.install { level, line in BGTaskPlugin.log(level: level, line: line) }
-        let launch = BGTaskLaunch(
-            role: role,
-            bundleIdentifier: String(optionalCString: launchInfo.bundle_identifier) ?? "",
-            bundleURL: URL(fileURLWithPath: String(optionalCString: launchInfo.bundle_path) ?? ""),
-            dataDirectory: URL(fileURLWithPath: String(optionalCString: launchInfo.data_directory) ?? ""),
-            launchID: String(optionalCString: launchInfo.launch_id) ?? "",
-            eventJSON: String(optionalCString: launchInfo.event_json),
-            reason: String(optionalCString: launchInfo.reason) ?? "")
+        let launch = BGTaskLaunch(launchInfo)
         let body = state.lock.withLock { state.didFinishLaunching }
         do {
             // The runner calls the launch function on its main thread (see bgtask/plugin.h).
@@ -118,6 +125,37 @@ public enum BGTaskPlugin {
         }
     }
 
+    /// A suspended process resumed for a new launch (`set_resume_handler`, on the main thread):
+    /// the new launch's role for the SDK, then the app's `didResume`.
+    private static let resumeTrampoline: bgtask_resume_handler = { _, info in
+        guard let info, let launchInfo = try? bgtask_launch_info.read(from: info),
+              let (api, host) = HostConnection.current.connection else { return }
+        HostConnection.current.attach(api: api, host: host, role: launchInfo.role)
+        let launch = BGTaskLaunch(launchInfo)
+        let body = state.lock.withLock { state.didResume }
+        MainActor.assumeIsolated { body?(launch) }
+    }
+}
+
+extension BGTaskLaunch {
+    init(_ launchInfo: bgtask_launch_info) {
+        let role: BGTaskLaunch.Role = switch launchInfo.role {
+        case BGTASK_ROLE_FOREGROUND.rawValue: .foreground
+        case BGTASK_ROLE_EXTENSION.rawValue: .extension
+        default: .background
+        }
+        self.init(
+            role: role,
+            bundleIdentifier: String(optionalCString: launchInfo.bundle_identifier) ?? "",
+            bundleURL: URL(fileURLWithPath: String(optionalCString: launchInfo.bundle_path) ?? ""),
+            dataDirectory: URL(fileURLWithPath: String(optionalCString: launchInfo.data_directory) ?? ""),
+            launchID: String(optionalCString: launchInfo.launch_id) ?? "",
+            eventJSON: String(optionalCString: launchInfo.event_json),
+            reason: String(optionalCString: launchInfo.reason) ?? "")
+    }
+}
+
+extension BGTaskPlugin {
     /// Writes a line to the launch's log (stderr is captured too).
     public static func log(_ message: String) {
         guard let (api, host) = HostConnection.current.connection else { return }

@@ -8,6 +8,8 @@ extension UIApplication {
     public nonisolated static let didBecomeActiveNotification = Notification.Name("UIApplicationDidBecomeActiveNotification")
     public nonisolated static let willResignActiveNotification = Notification.Name("UIApplicationWillResignActiveNotification")
     public nonisolated static let didEnterBackgroundNotification = Notification.Name("UIApplicationDidEnterBackgroundNotification")
+    public nonisolated static let willEnterForegroundNotification = Notification.Name("UIApplicationWillEnterForegroundNotification")
+    public nonisolated static let willTerminateNotification = Notification.Name("UIApplicationWillTerminateNotification")
 }
 
 /// The app's state changes, told to its delegate and posted on the default notification center
@@ -36,6 +38,16 @@ enum ApplicationState {
 
     /// On the runner's reader thread, before the launch may end.
     nonisolated fileprivate static func changed(to state: UInt32) {
+        if state == UInt32(BGTASK_APP_STATE_TERMINATING), let (delegate, application) = follower {
+            // On the main thread, just before the process ends (a fresh launch's end).
+            nonisolated(unsafe) let target = (delegate, application)
+            MainActor.assumeIsolated {
+                let (delegate, application) = target
+                delegate.applicationWillTerminate(application)
+                NotificationCenter.default.post(name: UIApplication.willTerminateNotification, object: application)
+            }
+            return
+        }
         guard state == UInt32(BGTASK_APP_STATE_BACKGROUND), let (delegate, application) = follower else { return }
         let transition = application.beginBackgroundTask(withName: "enter-background")
         nonisolated(unsafe) let target = (delegate, application)

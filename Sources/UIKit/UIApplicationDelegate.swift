@@ -20,8 +20,15 @@ public protocol UIApplicationDelegate: NSObjectProtocol {
     /// session with `identifier`, and call it from `urlSessionDidFinishEvents(forBackgroundURLSession:)`.
     func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
                      completionHandler: @escaping () -> Void)
-    /// A foreground launch (`bgtask open`) became active, after launching.
+    /// A foreground launch (`bgtask open`) became active, after launching (or after
+    /// `applicationWillEnterForeground`, when it resumed the app's suspended process).
     func applicationDidBecomeActive(_ application: UIApplication)
+    /// A foreground launch (`bgtask open`) resumed the app's suspended process: the app is
+    /// coming back to the foreground (`didFinishLaunching` is not called again).
+    func applicationWillEnterForeground(_ application: UIApplication)
+    /// The app's process is ending while it runs (with `--app-lifecycle fresh`, at the end of
+    /// every launch; as on iOS, a suspended app that is evicted is not told).
+    func applicationWillTerminate(_ application: UIApplication)
     /// A foreground launch is leaving the foreground: `applicationWillResignActive`, then
     /// `applicationDidEnterBackground`, where an app takes background time to finish its work.
     func applicationWillResignActive(_ application: UIApplication)
@@ -38,6 +45,8 @@ extension UIApplicationDelegate {
     public func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data) {}
     public func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error) {}
     public func applicationDidBecomeActive(_ application: UIApplication) {}
+    public func applicationWillEnterForeground(_ application: UIApplication) {}
+    public func applicationWillTerminate(_ application: UIApplication) {}
     public func applicationWillResignActive(_ application: UIApplication) {}
     public func applicationDidEnterBackground(_ application: UIApplication) {}
     /// Without it, the launch ends once the session's waiting events are delivered (when the app
@@ -56,12 +65,14 @@ extension UIApplication {
     /// }
     /// ```
     ///
-    /// Each launch makes the delegate on the main thread, sets it as `UIApplication.shared.delegate`,
-    /// and calls `application(_:willFinishLaunchingWithOptions:)` then
-    /// `application(_:didFinishLaunchingWithOptions:)` (where it registers its launch handlers), as
-    /// iOS does for a background launch.
+    /// The process's first launch makes the delegate on the main thread, sets it as
+    /// `UIApplication.shared.delegate`, and calls `application(_:willFinishLaunchingWithOptions:)`
+    /// then `application(_:didFinishLaunchingWithOptions:)` (where it registers its launch
+    /// handlers), as iOS does for a background launch. A launch that resumes the app's suspended
+    /// process calls neither: the same delegate hears what the new launch brings (coming to the
+    /// foreground, a push, a background session's events), as a resumed app does on iOS.
     public nonisolated static func entry(name: String, delegate makeDelegate: @escaping @MainActor () -> any UIApplicationDelegate) -> UnsafeRawPointer {
-        BGTaskPlugin.entry(name: name) { launch in
+        BGTaskPlugin.entry(name: name, didFinishLaunching: { launch in
             let application = UIApplication.shared
             let delegate = makeDelegate()
             application.delegate = delegate
@@ -74,6 +85,19 @@ extension UIApplication {
             if launch.role == .foreground { ApplicationState.becameActive(delegate, of: application) }
             if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
             if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
-        }
+        }, didResume: { launch in
+            let application = UIApplication.shared
+            BackgroundSessions.shared.resumed()
+            guard let delegate = application.delegate else { return }
+            if launch.role == .foreground {
+                delegate.applicationWillEnterForeground(application)
+                NotificationCenter.default.post(name: UIApplication.willEnterForegroundNotification, object: application)
+                ApplicationState.becameActive(delegate, of: application)
+            }
+            if launch.reason == "remote-notification", let push = RemoteNotification.userInfo(launch.eventJSON) {
+                RemoteNotification.deliver(push, to: delegate, of: application)
+            }
+            if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
+        })
     }
 }

@@ -49,6 +49,8 @@ final class Runner: @unchecked Sendable {
     /// (its bundle, container, permitted identifiers, groups) is the same in every one.
     private var current: LaunchAssignment
     var assignment: LaunchAssignment { lock.withLock { current } }
+    /// What does not change from one launch to the next (read without the lock, inside it too).
+    private let permittedIdentifiers: [String]
     let channel: LaunchChannel
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
     /// which must start no thread and leave the main queue untouched for its children.
@@ -64,14 +66,17 @@ final class Runner: @unchecked Sendable {
     /// How long the app must be quiet after its work is over before its launch ends: work it
     /// started from another thread just before (a `Task` after `setTaskCompleted` that adds a
     /// notification: Firefox's refresh does) is already running by then and has said something
-    /// to the host, which starts the wait again. Runnable work reaches the host in microseconds
-    /// on an idle machine; 2 ms leaves room for a loaded one at a small cost per launch.
-    static let quietNs: UInt64 = 2_000_000
+    /// to the host, or heard its answer, which starts the wait again. Runnable work reaches the
+    /// host in microseconds on an idle machine; 5 ms leaves room for a loaded one (a thread
+    /// waiting for a core) at a small cost per launch: the process, not the app's next
+    /// launch, waits (a launch for the app meanwhile waits for it to settle).
+    static let quietNs: UInt64 = 5_000_000
     /// The most a launch waits for its main queue's turn and for quiet: a main thread blocked in
     /// app code (a handler still waiting while another thread completed its task) cannot finish
     /// its turn, and the launch ends without it, as it always did.
     static let settleLimitNs: UInt64 = 1_000_000_000
-    /// Messages sent to the host, counted: the app's activity while the launch settles.
+    /// Messages sent to the host and answers heard, counted: the app's activity while the
+    /// launch settles.
     private let activity = Atomic<UInt64>(0)
 
     private let lock = NSLock()
@@ -109,6 +114,7 @@ final class Runner: @unchecked Sendable {
 
     init(assignment: LaunchAssignment, channel: LaunchChannel) {
         current = assignment
+        permittedIdentifiers = assignment.permittedIdentifiers
         self.channel = channel
         closed = assignment.role != .foreground
         expiresAtNs = assignment.expiresAtNs
@@ -149,13 +155,13 @@ final class Runner: @unchecked Sendable {
     // MARK: Registration
 
     func isPermitted(_ identifier: String) -> Bool {
-        assignment.permittedIdentifiers.contains { PermittedIdentifiers.pattern($0, matches: identifier) }
+        permittedIdentifiers.contains { PermittedIdentifiers.pattern($0, matches: identifier) }
     }
 
     /// Continued-processing identifiers are the ones matched by a wildcard entry; only they may
     /// be registered after launch.
     func isContinuedProcessing(_ identifier: String) -> Bool {
-        assignment.permittedIdentifiers.contains {
+        permittedIdentifiers.contains {
             PermittedIdentifiers.isWildcard($0) && PermittedIdentifiers.pattern($0, matches: identifier)
         }
     }
@@ -233,6 +239,14 @@ final class Runner: @unchecked Sendable {
 
     func setStateHandler(_ handler: bgtask_state_handler?, _ context: UnsafeMutableRawPointer?) {
         lock.withLock { stateHandler = handler.map { ($0, context) } }
+    }
+
+    /// The process ends after this launch (it is not kept): the app hears it on the main thread
+    /// (`applicationWillTerminate`), when the launch ended there. Not from another thread: a
+    /// main thread blocked in app code would run the delegate's code beside it.
+    func willTerminate() {
+        guard Thread.isMainThread, let (handler, context) = lock.withLock({ stateHandler }) else { return }
+        handler(context, UInt32(BGTASK_APP_STATE_TERMINATING))
     }
 
     /// Starts one task on the main queue, or reports it not registered.
@@ -561,6 +575,7 @@ final class Runner: @unchecked Sendable {
     }
 
     func resolveTransfers(seq: UInt64, status: Int32, message: String?, json: String?) {
+        activity.add(1, ordering: .relaxed)
         guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
         waiter.status = status
         waiter.message = message
@@ -612,6 +627,7 @@ final class Runner: @unchecked Sendable {
     }
 
     func resolve(seq: UInt64, status: Int32, message: String?, requests: [TaskRequest]?) {
+        activity.add(1, ordering: .relaxed)
         guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
         waiter.status = status
         waiter.message = message
@@ -620,6 +636,7 @@ final class Runner: @unchecked Sendable {
     }
 
     func resolveNotifications(seq: UInt64, status: Int32, message: String?, authorization: UInt32, notifications: [NotificationEntry]) {
+        activity.add(1, ordering: .relaxed)
         guard let waiter = lock.withLock({ waiters.removeValue(forKey: seq) }) else { return }
         waiter.status = status
         waiter.message = message

@@ -214,6 +214,8 @@ guard status == 0 else {
 // The launch ends when its work is over and the app has gone quiet (Runner.settle), even if a
 // handler is still blocked in app code on another thread.
 runner.end = {
+    // A process that is not kept ends here: the app hears it first (its delegate may save).
+    if !runner.assignment.suspendable { runner.willTerminate() }
     // Nothing the app started outlives its launch. The runner is their subreaper, so even those
     // that called setsid are still in its tree.
     let hadDescendants = killDescendants()

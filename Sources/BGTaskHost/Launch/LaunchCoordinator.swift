@@ -39,6 +39,10 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     static let threads = ParkedThreads(name: "bgtask.launch", maximumIdle: 8)
     /// Records of ended launches a client waits for, until it takes them.
     private var finishedRecords: [String: RunRecord] = [:]
+    /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
+    /// foreground launch adds, within a block of its own.
+    private var taskNumbers: UInt64 = 0
+    static let taskNumberBlock: UInt64 = 1 << 20
     /// Apps whose last launch could not be started, and when to try again (real time).
     private var retryAfter: [String: Date] = [:]
     /// Why each app in `retryAfter` was not started, for `bgtask why`: its record's error, and
@@ -153,9 +157,14 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     func start(_ bundle: PluginBundle, requests: [StoredRequest], forced: [TaskAssignment] = [], reason: LaunchReason,
                role: LaunchRole = .background, eventJSON: String? = nil, push: LaunchPlan.PushDelivered? = nil) -> String {
         let configuration = core.configuration
-        let tasks = forced.isEmpty
-            ? requests.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: $0.element.request.identifier, kind: $0.element.request.kind) }
-            : forced
+        // Numbered from a block of the host's own (`taskNumbers`), never from 1 in each launch: a
+        // resumed process may still hold the BGTask objects of its earlier launches, and a
+        // setTaskCompleted on one must not complete a new task that reused its number.
+        let base = taskNumbers
+        taskNumbers += Self.taskNumberBlock
+        let tasks = (forced.isEmpty
+            ? requests.map { TaskAssignment(task: 0, identifier: $0.request.identifier, kind: $0.request.kind) }
+            : forced).enumerated().map { TaskAssignment(task: base + UInt64($0.offset + 1), identifier: $0.element.identifier, kind: $0.element.kind) }
         var limits = LaunchLimits.defaults(for: role == .foreground ? [.continuedProcessing] : tasks.map(\.kind))
         if push != nil { limits.budget = PushRules.handlerBudget }
         // handleEventsForBackgroundURLSession has what a push's handler has (iOS: about 30 s).
@@ -198,7 +207,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         running[launchID] = RunningLaunch(
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
-            control: control, role: role, nextTaskID: UInt64(tasks.count + 1))
+            control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1))
         // The supervising thread (a parked one, or a new one) starts first and prepares the
         // launch (containers, channel, log) while the launch is recorded here; it starts the
         // child only once admitted, so the record still comes before the process (a hand-off to

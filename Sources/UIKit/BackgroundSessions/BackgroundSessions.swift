@@ -82,6 +82,21 @@ final class BackgroundSessions: @unchecked Sendable {
         queue.async { self.attach(session, identifier: identifier) }
     }
 
+    /// A suspended process was resumed for a new launch: the host routes a session's events to
+    /// the launch that attached it last, which is over, so every background session the app
+    /// still has attaches again from this one. What the host holds for a task the app already
+    /// has reaches that task; the rest come back as tasks, as for a new session. The previous
+    /// launch's waiting events are its own, and are forgotten.
+    func resumed() {
+        let live: [(String, URLSession)] = lock.withLock {
+            waiting.removeAll()
+            return sessions.compactMap { identifier, weak in weak.session.map { (identifier, $0) } }
+        }
+        for (identifier, session) in live.sorted(by: { $0.0 < $1.0 }) {
+            queue.async { self.attach(session, identifier: identifier) }
+        }
+    }
+
     private func attach(_ session: URLSession, identifier: String) {
         let transfers: [TransferInfo]
         switch Host.call(.attach(session: identifier)) {
@@ -97,6 +112,11 @@ final class BackgroundSessions: @unchecked Sendable {
             waiting[identifier] = events
         }
         for transfer in transfers.sorted(by: { $0.taskIdentifier < $1.taskIdentifier }) {
+            // A task of this process's (attached again after a resume): its news, not a replay.
+            if let link = lock.withLock({ links[transfer.id] }) {
+                apply(transfer, to: link, finished: transfer.state.isFinished)
+                continue
+            }
             guard let url = URL(string: transfer.url) else { continue }
             var request = URLRequest(url: url)
             request.httpMethod = transfer.method

@@ -295,10 +295,11 @@ typedef struct bgtask_host_api {
 
     /* ---- ABI 1, appended: the app's state (check BGTASK_HAS(api, set_state_handler)) ---- */
     /* Sets the function the runner calls with the app's new state (BGTASK_APP_STATE_*) when it
-     * changes: a foreground launch leaving the foreground (BGTASK_APP_STATE_BACKGROUND). It is
-     * called on the runner's reader thread before the launch may end, so it can take background
-     * time (begin_background_time) and hand the rest to the main queue; it must not block.
-     * NULL stops the calls. */
+     * changes: a foreground launch leaving the foreground (BGTASK_APP_STATE_BACKGROUND), called
+     * on the runner's reader thread before the launch may end, so it can take background time
+     * (begin_background_time) and hand the rest to the main queue; it must not block. And a
+     * process that is not kept after its launch, about to end (BGTASK_APP_STATE_TERMINATING),
+     * on the main thread once the launch's work is over. NULL stops the calls. */
     void (*set_state_handler)(bgtask_host *host, bgtask_state_handler handler, void *context);
 
     /* ---- ABI 1, appended: the app's process lives on (check BGTASK_HAS(api, set_resume_handler)) ---- */
@@ -333,6 +334,9 @@ typedef struct bgtask_host_api {
 #define BGTASK_APP_STATE_ACTIVE 0
 #define BGTASK_APP_STATE_INACTIVE 1
 #define BGTASK_APP_STATE_BACKGROUND 2
+/* Not one of UIApplication.State's: the process is about to end while it runs (a launch whose
+ * process is not kept, at its end). Told on the main thread, with nothing left to do after. */
+#define BGTASK_APP_STATE_TERMINATING 3
 
 /* UIBackgroundRefreshStatus's raw values. */
 #define BGTASK_REFRESH_STATUS_RESTRICTED 0
