@@ -179,12 +179,19 @@ public final class TaskHost: @unchecked Sendable {
     /// killed after their grace if need be, and recorded.
     public func run() throws(BGTaskError) {
         let shutdownSignals = Self.blockShutdownSignals()
-        try start()
         // One thread takes SIGINT and SIGTERM, whichever thread the kernel would have given
         // them to: every thread of the host blocks them (the mask is inherited, and it was set
         // before any part started a thread), so they stay pending for this sigwait. (A
         // dispatch signal source lost them when the kernel picked a thread of SwiftNIO's.)
+        // The thread exists before `start()` opens the control socket, so a host that answers
+        // has all the threads it idles with (a client that counts them, as
+        // ResourceBoundsTests does, counted this one late on a loaded machine); it takes the
+        // signals only once the parts have started, and ends if they could not.
+        let partsStarted = DispatchSemaphore(value: 0)
+        let serving = LockedValue(false)
         let waiter = Thread { [self] in
+            partsStarted.wait()
+            guard serving.withLock({ $0 }) else { return }
             var waitedFor = shutdownSignals
             while true {
                 var signalNumber: Int32 = 0
@@ -195,6 +202,14 @@ public final class TaskHost: @unchecked Sendable {
         }
         waiter.name = "bgtask-signals"
         waiter.start()
+        do {
+            try start()
+        } catch {
+            partsStarted.signal()
+            throw error
+        }
+        serving.withLock { $0 = true }
+        partsStarted.signal()
         stopped.wait()
     }
 
@@ -212,8 +227,8 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     /// Starts serving without blocking (tests drive a host this way too): the launches a dead
-    /// host left are recovered, the catalog read, the control socket opened, and the first
-    /// scheduling pass queued.
+    /// host left are recovered, the catalog read, the first scheduling pass queued, and the
+    /// control socket served last (a client it answers finds the host whole).
     public func start() throws(BGTaskError) {
         // A peer that closes its end (a control client, a FIFO a launch left where the host
         // writes) is EPIPE for the call, never a signal that kills the host. Launches start
@@ -232,7 +247,7 @@ public final class TaskHost: @unchecked Sendable {
             handler: { request, peer in verbs.handle(request, peer: peer) },
             batch: { requests, peer in verbs.handle(requests, peer: peer) })
         server.limits = configuration.controlLimits
-        var list: [HostPart] = [launches, catalog, server]
+        var list: [HostPart] = [launches, catalog]
         if let (address, port) = configuration.apnsEndpoint {
             let scheduling = self.scheduling
             list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID, limits: configuration.apnsLimits), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
@@ -241,9 +256,22 @@ public final class TaskHost: @unchecked Sendable {
         list.append(transfers)
         list.append(scheduling)
         list.append(notifications)
+        // The control socket last: a client that is answered (HostProcess's readiness probe,
+        // `bgtask host` scripts) finds every part started, with its threads (SwiftNIO's event
+        // loops and thread pool for transfers and pushes, the dispatch workers of the first
+        // scheduling and notification passes), and no verb reaches a part not yet started. It
+        // also stops first, so no request reaches a part already stopped.
+        list.append(server)
         let parts = HostParts(list, logger: core.logger)
         self.parts = parts
-        try parts.start()
+        do {
+            try parts.start()
+        } catch {
+            // Bound and listening since `ControlServer.init`, but never started: a client
+            // must not wait on a socket nobody will accept on.
+            server.stop()
+            throw error
+        }
         core.logger.info("host started", metadata: [
             "plugins": "\(configuration.pluginsDirectory.path)", "state": "\(configuration.stateDirectory.path)",
             "policy": "\(configuration.policy.rawValue)", "clock": "\(configuration.clock.rawValue)",
