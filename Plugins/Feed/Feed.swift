@@ -4,10 +4,20 @@ import BackgroundTasks
 
 @_cdecl("bgtask_plugin_entry")
 public func bgtaskPluginEntry() -> UnsafeRawPointer {
-    BGTaskPlugin.entry(name: "Feed") { launch in FeedApp(launch: launch).didFinishLaunching() }
+    BGTaskPlugin.entry(name: "Feed", didFinishLaunching: { launch in
+        FeedApp.current = FeedApp(launch: launch)
+        FeedApp.current?.didFinishLaunching()
+    }, didResume: { launch in
+        // The suspended app resumed for a new launch: its handlers are still registered; what
+        // this launch brings (the user opening it) is heard here.
+        FeedApp.current?.opened(launch)
+    })
 }
 
 final class FeedApp: Sendable {
+    /// The app, made at the process's first launch and kept while the process lives.
+    @MainActor static var current: FeedApp?
+    @MainActor static var exportRegistered = false
     static let refreshIdentifier = "com.example.feed.refresh"
     static let cleanupIdentifier = "com.example.feed.cleanup"
     static let exportIdentifier = "com.example.feed.export.archive"
@@ -23,15 +33,19 @@ final class FeedApp: Sendable {
 
     // MARK: application(_:didFinishLaunchingWithOptions:)
 
-    func didFinishLaunching() {
+    @MainActor func didFinishLaunching() {
         BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.refreshIdentifier, using: nil) { task in
             self.handleAppRefresh(task: task as! BGAppRefreshTask)
         }
         BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.cleanupIdentifier, using: nil) { task in
             self.handleFeedCleanup(task: task as! BGProcessingTask)
         }
-        // Opened by the user: start the refresh cycle (iOS apps do this on entering the background).
-        // Refreshes schedule the cleanup once the feed outgrows maxItems.
+        opened(launch)
+    }
+
+    /// Opened by the user (a launch, or a resume): start the refresh cycle (iOS apps do this on
+    /// entering the background). Refreshes schedule the cleanup once the feed outgrows maxItems.
+    @MainActor func opened(_ launch: BGTaskLaunch) {
         if launch.role == .foreground {
             scheduleAppRefresh()
             if let event = launch.eventJSON, event.contains("\"export\"") {
@@ -44,9 +58,14 @@ final class FeedApp: Sendable {
 
     /// The user tapped "Export": a continued-processing task, registered when needed (its
     /// identifier matches com.example.feed.export.* in the Info.plist) and shown with progress.
-    func startExport() {
-        BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.exportIdentifier, using: nil) { task in
-            self.handleExport(task: task as! BGContinuedProcessingTask)
+    @MainActor func startExport() {
+        // Once per process: a resumed app's handler is still registered (a second registration
+        // of an identifier ends the app, as on iOS).
+        if !Self.exportRegistered {
+            Self.exportRegistered = true
+            BGTaskScheduler.shared.register(forTaskWithIdentifier: Self.exportIdentifier, using: nil) { task in
+                self.handleExport(task: task as! BGContinuedProcessingTask)
+            }
         }
         let request = BGContinuedProcessingTaskRequest(identifier: Self.exportIdentifier, title: "Exporting feed", subtitle: "Preparing…")
         request.strategy = .queue

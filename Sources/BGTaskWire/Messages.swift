@@ -95,8 +95,11 @@ public enum ChildMessage: Sendable, Equatable {
     /// process waits to be suspended (a `suspendable` launch only; others say `finished` and
     /// exit). `peakResidentBytes` as in `finished`; `cpuNanoseconds`: the process's CPU time so
     /// far (its `getrusage`, user and system), which the host bounds from below by its own
-    /// coarser reading of /proc (the app can make it no smaller than that).
-    case idle(at: UInt64, peakResidentBytes: UInt64, cpuNanoseconds: UInt64)
+    /// coarser reading of /proc (the app can make it no smaller than that). `hearsResumes`: the
+    /// plugin set a resume handler, so a resumed launch can bring it what its launch entry would
+    /// have heard (a push, an event, coming to the foreground); without one the process is
+    /// resumed only for launches that bring tasks alone.
+    case idle(at: UInt64, peakResidentBytes: UInt64, cpuNanoseconds: UInt64, hearsResumes: Bool)
     /// The answer to `probeChildren`: whether the runner has a child process now.
     case children(Bool)
     /// The confinement the runner applied to itself, sent before it loads any plugin code (so

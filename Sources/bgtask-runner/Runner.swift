@@ -365,6 +365,9 @@ final class Runner: @unchecked Sendable {
         lock.withLock { resumeHandler = handler.map { ($0, context) } }
     }
 
+    /// The plugin hears resumed launches (it set a resume handler).
+    var hearsResumes: Bool { lock.withLock { resumeHandler != nil } }
+
     /// The app's next launch, in this process: the launch's state starts over (its tasks, its
     /// time, its assertions), what the app registered stays. On the main queue, the plugin's
     /// resume handler hears of it, then its tasks start. False when the process is not idle

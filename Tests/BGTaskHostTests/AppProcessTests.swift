@@ -141,13 +141,19 @@ import Testing
         ])
 
         let container = scratch.state.appendingPathComponent("containers/\(Self.id)").path
-        for (task, type) in [("files", "processing"), ("mainqueue", "refresh"), ("mainactor", "processing"), ("files", "processing")] {
+        var firstPID: Int32?
+        for (index, (task, type)) in [("files", "processing"), ("mainqueue", "refresh"), ("mainactor", "processing"), ("files", "processing")].enumerated() {
             let result = try host.cli(["simulate-launch", "\(Self.id).\(task)", "--force", "--type", type, "--json"])
             #expect(result.status == 0, "\(task): \(result.stderr)")
             let record = try RunRecord.decode(Data(result.stdout.utf8))
             #expect(record.launcher == "zygote")
             #expect(record.task("\(Self.id).\(task)")?.outcome == .succeeded, "\(task)")
-            #expect(try lines(record, "bundle:") == ["bundle: \(Self.id) at \(host.plugins.path)/IOSApp.app executable libIOSApp.so"])
+            // The first launch starts the app's process (its launch entry prints its bundle); the
+            // others resume it, suspended in between: no second launch entry, the same process.
+            #expect(try lines(record, "bundle:") == (index == 0 ? ["bundle: \(Self.id) at \(host.plugins.path)/IOSApp.app executable libIOSApp.so"] : []))
+            #expect(record.resumed == (index > 0) && record.processLaunches == index + 1, "\(record)")
+            #expect(record.termination == .suspended)
+            if index == 0 { firstPID = record.pid } else { #expect(record.pid == firstPID) }
             if task == "files" {
                 let files = try lines(record, "files:")
                 #expect(files.contains("files: home \(container)"))

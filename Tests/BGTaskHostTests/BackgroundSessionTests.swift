@@ -111,7 +111,7 @@ import Testing
         let started = try Self.record(host) { $0.task("\(Self.app).start") != nil }
         #expect(started.task("\(Self.app).start")?.outcome == .succeeded)
         let relaunch = try Self.record(host) { $0.reason == "background-transfer" }
-        #expect(relaunch.termination == .exited, "\(relaunch)")
+        #expect(relaunch.termination == .suspended, "\(relaunch)")
         let log = try relaunch.logText()
         let lines = log.split(separator: "\n").filter { $0.hasPrefix("downloader: ") && !$0.hasPrefix("downloader: progress") }.map(String.init)
         let expected = [
@@ -267,7 +267,7 @@ import Testing
         #expect(sawQueued != nil, "transfers past the app's 6 waited, with the reason")
         #expect(most <= baseline + 60, "the host's descriptors stayed bounded: \(baseline) at rest, \(most) at the most")
         let other = try #require(otherApp, "another app launched during the flood")
-        #expect(other.termination == .exited && other.task("com.example.feed.refresh")?.outcome == .succeeded, "\(other)")
+        #expect(other.termination == .suspended && other.task("com.example.feed.refresh")?.outcome == .succeeded, "\(other)")
         let flooding = try #require((try host.send(ControlRequest(.history, limit: 1000)).records ?? []).first { $0.task("\(Self.app).start") != nil })
         #expect(try flooding.logText().contains("downloader: started file\(count - 1) task"), "the flooding launch's log is whole")
         // Afterwards (the relaunch that delivers them has ended, pooled connections closed):

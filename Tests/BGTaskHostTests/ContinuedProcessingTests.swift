@@ -35,7 +35,7 @@ import Testing
 
         let records = try host.waitForHistory(count: 7)
         let foreground = try #require(records.first { $0.reason == "foreground" })
-        #expect(foreground.termination == .exited)
+        #expect(foreground.termination == .suspended)
         let export = try #require(foreground.task("com.example.feed.export.archive"))
         #expect(export.type == .continuedProcessing)
         #expect(export.outcome == .succeeded)
@@ -78,7 +78,7 @@ import Testing
         let launch = try #require(records.first { $0.task("com.example.misbehaving.continued.stall") != nil })
         #expect(launch.task("com.example.misbehaving.continued.stall")?.outcome == .expired)
         #expect(launch.task("com.example.misbehaving.continued.slow")?.outcome == .expired, "cancel runs the expiration handler")
-        #expect(launch.termination == .exited)
+        #expect(launch.termination == .suspended)
     }
 
     @Test func gpuTasksNeedTheEntitlementAndAGPU() throws {

@@ -114,7 +114,7 @@ import Testing
         #expect(outcome.sections["end"] != nil, "\(outcome.raw)")
 
         let victim = try outcome.record("victim")
-        #expect(victim.termination == .exited, "\(victim)")
+        #expect(victim.termination == .suspended, "\(victim)")
         #expect(victim.task("\(Self.victim).ok")?.outcome == .succeeded)
         #expect(victim.disk?.logError == nil, "the victim's log was lost: \(victim.disk?.logError ?? "")")
         let history = try #require(outcome.sections["history"], "\(outcome.raw)")

@@ -235,7 +235,7 @@ extension Array where Element == JournalLogHandler.Field {
         #expect(launching[field: "CODE_FILE"]?.hasSuffix("LaunchCoordinator.swift") == true)
         let ended = try #require(entries.first { $0[field: "MESSAGE"] == "launch ended" }, "\(messages)")
         #expect(ended[field: "LAUNCH_ID"] == launchID)
-        #expect(ended[field: "TERMINATION"] == "exited")
+        #expect(ended[field: "TERMINATION"] == "suspended")
         #expect(entries.contains { $0[field: "MESSAGE"] == "signal received: shutting down" && $0[field: "SIGNAL"] == "\(SIGTERM)" }, "\(messages)")
         // Nothing of it as text on stderr.
         let stderr = (try? String(contentsOfFile: host.logPath, encoding: .utf8)) ?? ""

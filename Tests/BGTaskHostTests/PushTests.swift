@@ -66,7 +66,7 @@ import Testing
         #expect(report.state == .delivered && report.kind == .background && report.priority == 5, "\(report)")
         let launchID = try #require(report.launchID)
         let record = try record(host, launch: launchID)
-        #expect(record.reason == "remote-notification" && record.termination == .exited, "\(record)")
+        #expect(record.reason == "remote-notification" && record.termination == .suspended, "\(record)")
         let push = try #require(record.push)
         #expect(push.id == report.id && push.result == "new-data" && push.deliveredAfterMs >= 0 && push.deliveredAfterMs < 5000, "\(push)")
         #expect((push.completedMs ?? 0) >= 50)

@@ -112,6 +112,10 @@ import Testing
         record.listEntriesOmitted = ["registered": 99_910, "background_time": 924, awkward: 1]
         record.messagesRefused = ["background_time_began": 3_600_000, "progress": 2, "é": 0]
         record.appGroupsRefused = ["group.com.example.other": awkward, "group.b": "owned"]
+        record.resumed = true
+        record.suspendedMs = 86_400_000.125
+        record.processLaunches = Int.max
+        record.previousProcess = awkward
         return record
     }
 
@@ -184,6 +188,11 @@ import Testing
         record.listEntriesOmitted = maybe([text(): Int.random(in: 0...1_000_000, using: &generator), "registered": 5])
         record.messagesRefused = maybe([text(): Int.random(in: 0...1_000_000, using: &generator)])
         record.appGroupsRefused = maybe([text(): text(), "group.a": text()])
+        record.resumed = maybe(Bool.random(using: &generator))
+        record.suspendedMs = maybe(Double.random(in: 0...1e9, using: &generator))
+        record.processLaunches = maybe(Int.random(in: 1...1_000_000, using: &generator))
+        record.previousProcess = maybe(text())
+        record.termination = [.exited, .suspended, .watchdog][Int.random(in: 0...2, using: &generator)]
         return record
     }
 

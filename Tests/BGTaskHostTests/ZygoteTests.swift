@@ -13,8 +13,12 @@ import _BGTaskSystemShims
 @Suite(.serialized) struct ZygoteTests {
     /// This process's children that are the zygote or one of its spares (a spare is a fork of
     /// the zygote that has not become a launch, so it has the zygote's command line).
+    /// The zygote's processes among this process's children: what runs `--zygote` and is not
+    /// stopped (an in-process host's suspended app keeps the zygote's command line in its
+    /// outer process and its namespace's init, stopped).
     func zygoteProcesses() -> Set<pid_t> {
         Set(ProcessTree.children(of: getpid()).filter { pid in
+            if ProcessTree.status(of: pid)?.state == UInt8(ascii: "T") { return false }
             let cmdline = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
             return String(decoding: cmdline, as: UTF8.self).contains("--zygote")
         })

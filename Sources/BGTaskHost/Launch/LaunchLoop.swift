@@ -322,7 +322,7 @@ struct LaunchLoop {
             }
         case .log(let level, let text):
             state.log.append(level: level, text)
-        case let .idle(_, peak, cpu):
+        case let .idle(_, peak, cpu, hears):
             // Taken only from a launch whose process the host keeps, with its tasks and
             // background time over as far as the host has heard: a forged `idle` cannot end a
             // launch early (it is then supervised to its end as any other).
@@ -336,6 +336,7 @@ struct LaunchLoop {
             state.reportedPeakRSS = max(state.reportedPeakRSS, min(peak, LaunchState.physicalMemoryBytes))
             state.idleNs = bgtask_monotonic_ns()
             state.reportedCPUNs = cpu
+            state.hearsResumes = hears
             state.finished = true
         case .deviceToken(let seq):
             switch broker.deviceToken(app: plan.bundle) {

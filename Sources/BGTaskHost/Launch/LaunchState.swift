@@ -107,6 +107,8 @@ struct LaunchState {
     var idleNs: UInt64?
     /// The process's CPU time when it said `idle` (its own, precise word; see `suspendIfOver`).
     var reportedCPUNs: UInt64?
+    /// The plugin set a resume handler (see `ChildMessage.idle`).
+    var hearsResumes = false
     /// The process was suspended after the launch (termination `suspended`).
     var suspendedAfter = false
     /// The launch resumed the app's suspended process: how long it was suspended, and how many

@@ -119,7 +119,8 @@ public struct LaunchSupervisor: Sendable {
         if keeps, let apps = suspendedApps {
             let processKey = SuspendedApp.Key(plan: plan, groups: groups.map(\.identifier), confine: confine, uid: identity?.uid)
             key = processKey
-            let (process, eviction) = apps.take(plan.bundle.identifier, key: processKey)
+            let bringsEvents = plan.role != .background || plan.eventJSON != nil || plan.reason == .remoteNotification || plan.reason == .backgroundTransfer
+            let (process, eviction) = apps.take(plan.bundle.identifier, key: processKey, bringsEvents: bringsEvents)
             if let process {
                 return try resume(process, plan: plan, broker: broker, control: control, refusedGroups: refusedGroups,
                                   diskUseAtStart: diskUseAtStart, apps: apps)
@@ -367,7 +368,7 @@ public struct LaunchSupervisor: Sendable {
         let process = SuspendedApp(
             app: plan.bundle.identifier, pid: pid, appPID: app, channel: channel, logReadEnd: log.detachReadEnd(), cgroup: cgroup,
             sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
-            suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs)
+            suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs, hearsResumes: state.hearsResumes)
         if !apps.suspend(process) {
             // The host is stopping: the process ends instead, its launch over all the same.
             apps.endUnkept(process)

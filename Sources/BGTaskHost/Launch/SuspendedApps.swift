@@ -34,6 +34,9 @@ struct SuspendedApp {
     /// The process's CPU time when it was suspended: the app's word (its `getrusage`, at least
     /// what /proc said), from which the next launch's CPU is counted.
     var cpuNs: UInt64
+    /// The plugin hears resumed launches (a resume handler): without it, only launches that
+    /// bring tasks alone may resume the process.
+    var hearsResumes: Bool
 
     /// What a process must have in common with a launch to run it: the same bundle, executable
     /// file (a replaced library means a fresh process), granted app groups and confinement.
@@ -143,13 +146,15 @@ final class SuspendedApps: @unchecked Sendable {
     /// The app's suspended process, taken out of the table to run a launch, if it has one that
     /// can run it (`key`); one that cannot (its bundle changed) is evicted, and the launch is
     /// fresh. The app's last eviction is returned (and forgotten) when there is no process.
-    func take(_ app: String, key: SuspendedApp.Key) -> (process: SuspendedApp?, eviction: AppProcessEviction?) {
+    func take(_ app: String, key: SuspendedApp.Key, bringsEvents: Bool) -> (process: SuspendedApp?, eviction: AppProcessEviction?) {
         let found: SuspendedApp? = lock.withLock { suspended[app] }
         if let found, found.key != key {
             evict(app, reason: "its bundle changed (a new executable, app groups or confinement); the next launch starts a new process")
+        } else if let found, bringsEvents, !found.hearsResumes {
+            evict(app, reason: "the launch brought what only a launch entry hears (the foreground, a push, an event) and the app set no resume handler (BGTaskPlugin.entry's didResume, UIApplication.entry)")
         }
         return lock.withLock {
-            if let process = suspended.removeValue(forKey: app), process.key == key {
+            if let process = suspended.removeValue(forKey: app), process.key == key, process.hearsResumes || !bringsEvents {
                 if let fd = pidfds.removeValue(forKey: app) { close(fd) }
                 running[app] = process.pid
                 wakeWatcher()
