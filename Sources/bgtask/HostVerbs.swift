@@ -109,6 +109,11 @@ extension BGTaskCommand {
             for app in apps {
                 var line = "\(app.identifier)  \(app.pending) pending"
                 if let running = app.running { line += ", running \(running)" }
+                if app.process == "suspended" {
+                    line += ", suspended since \(dateText(app.suspendedSince)) (pid \(app.processID ?? 0), \(String(format: "%.1f MiB", Double(app.processBytes ?? 0) / 1_048_576)) of its own, \(app.processLaunches ?? 0) launch(es))"
+                } else if app.process == "not-running", let eviction = app.lastEviction {
+                    line += ", not running (evicted \(dateText(app.lastEvictionAt)): \(eviction))"
+                }
                 if !app.refreshEnabled { line += ", refresh off" }
                 if app.penaltyLevel > 0 { line += ", penalty level \(app.penaltyLevel) until \(dateText(app.penaltyUntil))" }
                 print(line)

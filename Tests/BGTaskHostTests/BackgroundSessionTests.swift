@@ -281,7 +281,10 @@ import Testing
         func counted(_ targets: [String]) -> [String] {
             targets.filter { !$0.contains("bgtask.sqlite") && !$0.contains("timerfd") }
         }
-        let level = counted(before).count
+        // Each suspended app holds its channel, its log pipe and two pidfds (the host's child's
+        // and the app's): bounded by --max-suspended-apps, and not the flood's.
+        let suspended = try (host.send(ControlRequest(.apps)).apps ?? []).filter { $0.process == "suspended" }.count
+        let level = counted(before).count + 4 * suspended
         var now = counted(Self.descriptorTargets(host.pid))
         let settled = Date().addingTimeInterval(40)
         while now.count > level + 2 || now.contains(where: { $0.contains("/transfers/") }), Date() < settled {

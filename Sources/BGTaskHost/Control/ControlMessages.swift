@@ -182,6 +182,17 @@ public struct AppSummary: Codable, Sendable, Equatable {
     public var penaltyLevel: Int
     public var penaltyUntil: Date?
     public var pending: Int
+    /// The app's process as the lifecycle keeps it: `running`, `suspended` or `not-running`
+    /// (nil from a host that keeps no process, `--app-lifecycle fresh`).
+    public var process: String? = nil
+    /// The suspended process: its pid, its private memory, since when, launches it ran.
+    public var processID: Int32? = nil
+    public var processBytes: UInt64? = nil
+    public var suspendedSince: Date? = nil
+    public var processLaunches: Int? = nil
+    /// Why the app's last process ended while suspended (its eviction), and when.
+    public var lastEviction: String? = nil
+    public var lastEvictionAt: Date? = nil
 }
 
 /// A bundle that failed validation.

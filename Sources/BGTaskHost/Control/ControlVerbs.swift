@@ -283,6 +283,8 @@ final class ControlVerbs: @unchecked Sendable {
         let paged = request.limit != nil || request.after != nil
         var omittedInvalid = 0
         // The catalog and the running launches are the queue's; the store is read off it.
+        let processes = Dictionary(launches.processStates.map { ($0.app, $0) }) { first, _ in first }
+        let keepsProcesses = launches.suspendedApps != nil
         let (page, runningByApp, invalid, next) = queue.sync { () -> ([PluginBundle], [String: String], [InvalidBundle]?, String?) in
             var runningByApp: [String: String] = [:]
             for launch in launches.running.values where runningByApp[launch.app] == nil { runningByApp[launch.app] = launch.id }
@@ -321,12 +323,23 @@ final class ControlVerbs: @unchecked Sendable {
         var response = ControlResponse()
         response.apps = page.map { bundle in
             let state = states[bundle.identifier] ?? AppState(app: bundle.identifier)
-            return AppSummary(
+            var summary = AppSummary(
                 identifier: bundle.identifier, path: bundle.url.path, permittedIdentifiers: bundle.permittedIdentifiers,
                 backgroundModes: bundle.backgroundModes.sorted(), extensions: bundle.extensions.map(\.identifier),
                 running: runningByApp[bundle.identifier],
                 refreshEnabled: state.refreshEnabled, penaltyLevel: state.penaltyLevel, penaltyUntil: state.penaltyUntil,
                 pending: pendingCounts[bundle.identifier] ?? 0)
+            if keepsProcesses {
+                let process = processes[bundle.identifier]
+                summary.process = runningByApp[bundle.identifier] != nil ? AppProcessState.State.running.rawValue
+                    : (process?.state ?? .notRunning).rawValue
+                if process?.state == .suspended {
+                    (summary.processID, summary.processBytes, summary.suspendedSince, summary.processLaunches) =
+                        (process?.pid, process?.residentBytes, process?.suspendedSince, process?.launches)
+                }
+                (summary.lastEviction, summary.lastEvictionAt) = (process?.lastEviction?.reason, process?.lastEviction?.at)
+            }
+            return summary
         }
         response.invalid = invalid
         response.next = next

@@ -323,13 +323,15 @@ struct LaunchLoop {
         case .log(let level, let text):
             state.log.append(level: level, text)
         case let .idle(_, peak, cpu, hears):
-            // Taken only from a launch whose process the host keeps, with its tasks and
-            // background time over as far as the host has heard: a forged `idle` cannot end a
-            // launch early (it is then supervised to its end as any other).
+            // Taken only from a launch whose process the host keeps, with its tasks over as far
+            // as the host has heard: a forged `idle` cannot end a launch whose tasks are open
+            // (it is then supervised to its end as any other). Background time is the app's
+            // own word both ways (as for `finished`): an app that says it is over while it
+            // holds some only loses that time.
             let open = state.tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count
-            guard state.keepsProcess, state.idleNs == nil, open == 0, state.backgroundTimeHeld.isEmpty else {
+            guard state.keepsProcess, state.idleNs == nil, open == 0 else {
                 state.refuse("idle", state.keepsProcess
-                             ? "the launch said it was over with \(open) task(s) and \(state.backgroundTimeHeld.count) background-time assertion(s) still open"
+                             ? "the launch said it was over with \(open) task(s) still open"
                              : "this launch's process is not kept (--app-lifecycle fresh, an extension, or bgtask run)")
                 break
             }

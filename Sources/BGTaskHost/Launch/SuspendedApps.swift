@@ -47,6 +47,10 @@ struct SuspendedApp {
         var confine: Bool
         var uid: UInt32?
 
+        init(bundlePath: String, executable: [Int], appGroups: [String], confine: Bool, uid: UInt32?) {
+            (self.bundlePath, self.executable, self.appGroups, self.confine, self.uid) = (bundlePath, executable, appGroups, confine, uid)
+        }
+
         init(plan: LaunchPlan, groups: [String], confine: Bool, uid: UInt32?) {
             bundlePath = plan.bundle.url.path
             var info = stat()
@@ -100,7 +104,9 @@ final class SuspendedApps: @unchecked Sendable {
     private let logger: Logger
     private let lock = NSLock()
     private var suspended: [String: SuspendedApp] = [:]
-    private var pidfds: [String: Int32] = [:]
+    /// Per suspended app: pidfds of the host's child and of the app's own process (below a
+    /// namespace's init, which is stopped too and would not notice the app's death).
+    private var pidfds: [String: [Int32]] = [:]
     private var evictions: [String: AppProcessEviction] = [:]
     /// Apps whose process runs a launch now (taken out), with its pid.
     private var running: [String: pid_t] = [:]
@@ -155,7 +161,7 @@ final class SuspendedApps: @unchecked Sendable {
         }
         return lock.withLock {
             if let process = suspended.removeValue(forKey: app), process.key == key, process.hearsResumes || !bringsEvents {
-                if let fd = pidfds.removeValue(forKey: app) { close(fd) }
+                for fd in pidfds.removeValue(forKey: app) ?? [] { close(fd) }
                 running[app] = process.pid
                 wakeWatcher()
                 return (process, nil)
@@ -177,12 +183,12 @@ final class SuspendedApps: @unchecked Sendable {
     /// Puts a process whose launch's work is over, already stopped, in the table; then evicts
     /// what is over the budget. False when the host is stopping (the caller ends it instead).
     func suspend(_ process: SuspendedApp) -> Bool {
-        let pidfd = bgtask_pidfd_open(process.pid)
+        let fds = Set([process.pid, process.appPID]).map { bgtask_pidfd_open($0) }.filter { $0 >= 0 }
         let accepted: Bool = lock.withLock {
             running.removeValue(forKey: process.app)
             guard !stopped else { return false }
             suspended[process.app] = process
-            if pidfd >= 0 { pidfds[process.app] = pidfd }
+            pidfds[process.app] = fds
             if !watcherStarted {
                 watcherStarted = true
                 let thread = Thread { [weak self] in self?.watch() }
@@ -192,12 +198,18 @@ final class SuspendedApps: @unchecked Sendable {
             return true
         }
         guard accepted else {
-            if pidfd >= 0 { close(pidfd) }
+            fds.forEach { close($0) }
             return false
         }
         wakeWatcher()
-        enforceBudget()
+        enforceBudget(sparing: process.app)
         return true
+    }
+
+    /// Puts `process` in the table as it is (no pidfd, no watcher, no budget): for tests of
+    /// the eviction order.
+    func insertForTesting(_ process: SuspendedApp) {
+        lock.withLock { suspended[process.app] = process }
     }
 
     // MARK: Jetsam
@@ -214,11 +226,15 @@ final class SuspendedApps: @unchecked Sendable {
         }
     }
 
-    /// Evicts in `evictionOrder` until the suspended apps fit the budget and the count.
-    func enforceBudget() {
+    /// Evicts in `evictionOrder` until the suspended apps fit the budget and the count. The app
+    /// just suspended (`sparing`) goes last: evicting what was used a moment ago would only
+    /// make its next launch start over.
+    func enforceBudget(sparing: String? = nil) {
         while true {
             let (total, count) = lock.withLock { (suspended.values.reduce(0) { $0 + $1.residentBytes }, suspended.count) }
-            guard total > budgetBytes || count > maximumCount, let first = evictionOrder().first else { return }
+            let order = evictionOrder()
+            guard total > budgetBytes || count > maximumCount,
+                  let first = order.first(where: { $0 != sparing }) ?? order.first else { return }
             let reason = count > maximumCount
                 ? "more than \(maximumCount) apps were suspended (--max-suspended-apps)"
                 : "the suspended apps held \(RunRecord.mib(total)), over the budget of \(RunRecord.mib(budgetBytes)) (--suspended-memory)"
@@ -229,12 +245,12 @@ final class SuspendedApps: @unchecked Sendable {
     /// Ends `app`'s suspended process (SIGKILL to its group, its cgroup), reaps it and records
     /// why. Nothing when it has none.
     func evict(_ app: String, reason: String) {
-        let taken: (SuspendedApp, Int32?)? = lock.withLock {
+        let taken: (SuspendedApp, [Int32])? = lock.withLock {
             guard let process = suspended.removeValue(forKey: app) else { return nil }
-            return (process, pidfds.removeValue(forKey: app))
+            return (process, pidfds.removeValue(forKey: app) ?? [])
         }
-        guard let (process, pidfd) = taken else { return }
-        if let pidfd { close(pidfd) }
+        guard let (process, fds) = taken else { return }
+        fds.forEach { close($0) }
         wakeWatcher()
         end(process)
         lock.withLock {
@@ -305,7 +321,8 @@ final class SuspendedApps: @unchecked Sendable {
     private func watch() {
         while true {
             let (apps, fds, done): ([String], [Int32], Bool) = lock.withLock {
-                (Array(pidfds.keys), pidfds.keys.map { pidfds[$0]! }, stopped && suspended.isEmpty)
+                let watched = pidfds.flatMap { app, fds in fds.map { (app, $0) } }
+                return (watched.map(\.0), watched.map(\.1), stopped && suspended.isEmpty)
             }
             if done { return }
             var polled = [pollfd(fd: wake[0], events: Int16(POLLIN), revents: 0),
@@ -321,7 +338,7 @@ final class SuspendedApps: @unchecked Sendable {
                 var buffer = [UInt8](repeating: 0, count: 64)
                 while read(wake[0], &buffer, buffer.count) > 0 {}
             }
-            for (index, app) in apps.enumerated() where polled[index + 2].revents != 0 {
+            for app in Set(apps.enumerated().filter { polled[$0.offset + 2].revents != 0 }.map(\.element)) {
                 evict(app, reason: "its process died while it was suspended")
             }
             if pressure >= 0, polled[1].revents & Int16(POLLPRI) != 0, let first = evictionOrder().first {

@@ -28,6 +28,8 @@
  *                                       ends first; then completes.
  *  - com.example.hostile.forgefinishedchild  forks a child, forges `finished` saying it had
  *                                       descendants, and runs on.
+ *  - com.example.hostile.forgeidle      forges `idle` (its launch is over, suspend it) with its
+ *                                       task still open, and runs on.
  *  - com.example.hostile.groupsteal     reads and writes the container of app group
  *                                       group.com.example.iosapp (another app's) by its path.
  *  - com.example.hostile.registerflood  registers BGTASK_TEST_REGISTER_COUNT (default 100,000)
@@ -239,6 +241,23 @@ static void forge_finished_with_child(void *context, const bgtask_task_info *tas
     if (child == 0) { for (;;) pause(); }
     send_forged_finished_saying(monotonic_ns(), 1);
     printf("hostile: forged finished with a child, running on\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+/* ChildMessage.idle(at:peakResidentBytes:cpuNanoseconds:hearsResumes:) (0xB1, tag 25, u64,
+ * u64, u64, bool) while its task is open: the host must not take the launch for over. */
+static void forge_idle(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    uint64_t at = monotonic_ns(), zero = 0;
+    unsigned char idle[27] = {0xB1, 25};
+    memcpy(idle + 2, &at, 8);
+    memcpy(idle + 10, &zero, 8);
+    memcpy(idle + 18, &zero, 8);
+    idle[26] = 1;
+    send(3, idle, sizeof idle, MSG_NOSIGNAL);
+    printf("hostile: forged idle with the task open, running on\n");
     fflush(stdout);
     for (;;) pause();
 }
@@ -462,6 +481,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.registerflood", register_flood, NULL);
     api->register_handler(host, "com.example.hostile.groupsteal", group_steal, NULL);
     api->register_handler(host, "com.example.hostile.forgefinishedchild", forge_finished_with_child, NULL);
+    api->register_handler(host, "com.example.hostile.forgeidle", forge_idle, NULL);
     return 0;
 }
 

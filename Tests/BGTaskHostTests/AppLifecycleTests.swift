@@ -1,0 +1,172 @@
+@testable import BGTaskHost
+import BGTaskModel
+import BGTaskSystem
+import BGTaskWire
+import Foundation
+import Testing
+
+/// The app lifecycle as iOS has it (docs/design.md, "The app lifecycle"): a launch's process is
+/// suspended when its work is over and resumed by the app's next launch; suspended apps are
+/// evicted least recently used first (then largest) over the host's budget, and when they die;
+/// crashes and kills start the next launch fresh; `--app-lifecycle fresh` keeps none.
+@Suite struct AppLifecycleTests {
+    static let misbehaving = "com.example.misbehaving"
+
+    func launch(_ host: HostProcess, _ identifier: String, type: String = "refresh") throws -> RunRecord {
+        let result = try host.cli(["simulate-launch", identifier, "--force", "--type", type, "--json"])
+        return try RunRecord.decode(Data(result.stdout.utf8))
+    }
+
+    func apps(_ host: HostProcess) throws -> [String: AppSummary] {
+        Dictionary(uniqueKeysWithValues: (try host.send(ControlRequest(.apps)).apps ?? []).map { ($0.identifier, $0) })
+    }
+
+    /// Waits (bounded: 5 s) until `condition` holds.
+    func eventually(_ condition: () -> Bool) -> Bool {
+        for _ in 0..<250 {
+            if condition() { return true }
+            usleep(20_000)
+        }
+        return condition()
+    }
+
+    /// The state letter of `pid` in /proc (T: stopped), nil once it is gone.
+    func processState(_ pid: pid_t) -> Character? {
+        ProcessTree.status(of: pid).map { Character(UnicodeScalar($0.state)) }
+    }
+
+    @Test func aSecondLaunchResumesTheSuspendedProcess() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        #expect(first.termination == .suspended, "\(first)")
+        #expect(first.resumed == false && first.processLaunches == 1 && first.suspendedMs == nil)
+        // Suspended: its process (the host's child, and the app below a namespace's init) stopped.
+        let app = ProcessTree.appProcess(of: first.pid) ?? first.pid
+        #expect(processState(first.pid) == "T" && processState(app) == "T", "\(processState(first.pid) ?? "?") \(processState(app) ?? "?")")
+        let listed = try #require(try apps(host)[Self.misbehaving])
+        #expect(listed.process == "suspended" && listed.processID == first.pid && listed.processLaunches == 1, "\(listed)")
+
+        usleep(100_000)
+        let second = try launch(host, "\(Self.misbehaving).ok")
+        #expect(second.termination == .suspended && second.pid == first.pid, "\(second)")
+        #expect(second.resumed == true && second.processLaunches == 2)
+        #expect((second.suspendedMs ?? 0) >= 100, "suspended for \(second.suspendedMs ?? -1) ms")
+        #expect(second.task("\(Self.misbehaving).ok")?.outcome == .succeeded)
+        // Its confinement is the process's, carried over.
+        #expect(second.sandbox == first.sandbox && second.launcher == first.launcher)
+
+        // The host stops: its suspended apps end with it.
+        host.stop()
+        #expect(eventually { processState(first.pid) == nil }, "the suspended app outlived its host")
+    }
+
+    @Test func theFreshLifecycleKeepsNoProcess() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--app-lifecycle", "fresh"], installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        let second = try launch(host, "\(Self.misbehaving).ok")
+        #expect(first.termination == .exited && second.termination == .exited, "\(first) \(second)")
+        #expect(first.pid != second.pid && first.resumed == nil && second.resumed == nil)
+        #expect(try apps(host)[Self.misbehaving]?.process == nil)
+    }
+
+    /// Over `--max-suspended-apps`, the least recently used goes; its next launch is fresh and
+    /// says why its previous process ended.
+    @Test func theLeastRecentlyUsedIsEvictedAndItsNextLaunchSaysWhy() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--max-suspended-apps", "1"], installing: [.misbehaving, .counter])
+        defer { host.stop() }
+        let old = try launch(host, "\(Self.misbehaving).ok")
+        #expect(old.termination == .suspended)
+        let recent = try launch(host, "com.example.counter.tick")
+        #expect(recent.termination == .suspended)
+        #expect(eventually { processState(old.pid) == nil }, "the least recently used was evicted")
+        let listed = try apps(host)
+        #expect(listed[Self.misbehaving]?.process == "not-running", "\(String(describing: listed[Self.misbehaving]))")
+        #expect(listed[Self.misbehaving]?.lastEviction?.contains("--max-suspended-apps") == true)
+        #expect(listed["com.example.counter"]?.process == "suspended")
+
+        let again = try launch(host, "\(Self.misbehaving).ok")
+        #expect(again.resumed == false && again.pid != old.pid, "\(again)")
+        #expect(again.previousProcess?.hasPrefix("jetsam: more than 1 apps were suspended") == true, "\(again.previousProcess ?? "nil")")
+        // Now the counter is the least recently used.
+        #expect(eventually { processState(recent.pid) == nil })
+    }
+
+    @Test func aSuspendedAppThatDiesIsRecordedAndItsNextLaunchIsFresh() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        try #require(first.termination == .suspended)
+        // Killed from outside while stopped (an operator, the kernel's OOM killer).
+        kill(ProcessTree.appProcess(of: first.pid) ?? first.pid, SIGKILL)
+        #expect(eventually { (try? apps(host)[Self.misbehaving]?.process) == "not-running" })
+        let next = try launch(host, "\(Self.misbehaving).ok")
+        #expect(next.resumed == false && next.pid != first.pid && next.termination == .suspended, "\(next)")
+        #expect(next.previousProcess?.contains("died while it was suspended") == true, "\(next.previousProcess ?? "nil")")
+    }
+
+    /// A crash or a kill in a resumed launch is recorded as in any launch, and the app's next
+    /// launch starts a new process.
+    @Test(arguments: [("segfault", RunRecord.Termination.crashed), ("spin", .watchdog)])
+    func aResumedAppThatCrashesOrOverrunsStartsFreshNextTime(task: String, termination: RunRecord.Termination) throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--budget", "1s", "--grace", "500ms"], installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        let broken = try launch(host, "\(Self.misbehaving).\(task)")
+        #expect(broken.resumed == true && broken.pid == first.pid, "\(broken)")
+        #expect(broken.termination == termination, "\(broken)")
+        #expect(processState(first.pid) == nil, "the process is gone")
+        let next = try launch(host, "\(Self.misbehaving).ok")
+        #expect(next.resumed == false && next.pid != first.pid && next.previousProcess == nil, "\(next)")
+        #expect(next.task("\(Self.misbehaving).ok")?.outcome == .succeeded)
+    }
+
+    /// Hostile: an app that says its launch is over while its task is still open is not taken at
+    /// its word: the message is refused, the launch runs to its watchdog, nothing is suspended.
+    @Test func aForgedIdleWithATaskOpenIsRefused() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual", "--budget", "1s", "--grace", "500ms"])
+        try host.install("Hostile", info: "Tests/Fixtures/Hostile/Info.plist", as: "Hostile.app")
+        try host.start()
+        defer { host.stop() }
+        let record = try launch(host, "com.example.hostile.forgeidle", type: "processing")
+        #expect(record.termination == .watchdog, "\(record)")
+        #expect(record.messagesRefused?["idle"] == 1, "\(String(describing: record.messagesRefused))")
+        // Expired without an expiration handler: completed unsuccessfully by the system.
+        #expect(record.task("com.example.hostile.forgeidle")?.outcome == .failed)
+        #expect(processState(record.pid) == nil)
+        #expect(try apps(host)["com.example.hostile"]?.process == "not-running")
+    }
+
+    /// iOS's order: the least recently used band first, the largest first within a band.
+    @Test func evictionOrderIsLeastRecentlyUsedThenLargest() throws {
+        let apps = SuspendedApps(budgetBytes: .max, maximumCount: .max, logger: .init(label: "test"))
+        let band = SuspendedApps.bandSeconds * 1_000_000_000
+        let key = SuspendedApp.Key(bundlePath: "/a/A.app", executable: [], appGroups: [], confine: false, uid: nil)
+        func suspended(_ app: String, at: UInt64, bytes: UInt64) -> SuspendedApp {
+            SuspendedApp(app: app, pid: 0, appPID: 0, channel: LaunchChannel(fd: -1), logReadEnd: -1, cgroup: nil, sandbox: nil,
+                         launcher: "zygote", key: key, launches: 1, suspendedAtNs: at, suspendedAt: Date(), residentBytes: bytes,
+                         lastLaunchID: "l", cpuNs: 0, hearsResumes: true)
+        }
+        let base = 100 * band
+        for process in [suspended("recent-small", at: base + 5 * band, bytes: 1),
+                        suspended("old-small", at: base + 1, bytes: 10),
+                        suspended("old-large", at: base + 2, bytes: 1000),
+                        suspended("middle", at: base + 2 * band, bytes: 5)] {
+            apps.insertForTesting(process)
+        }
+        #expect(apps.evictionOrder() == ["old-large", "old-small", "middle", "recent-small"])
+    }
+}
