@@ -268,3 +268,18 @@ package.targets += [
     // The bundle plugin's planning (its BundlePlan.swift, linked in) and the bundle it makes, run.
     .testTarget(name: "BundlePluginTests", dependencies: ["BGTaskHost"]),
 ]
+
+// MARK: - App lifecycle fixture (issue 29)
+//
+// Appended rather than interleaved above, so this block merges apart from other changes. An app
+// written here whose background paths follow two patterns public apps use (docs/testing.md,
+// "An app's lifecycle: LifecycleApp").
+package.products += [
+    .library(name: "LifecycleApp", type: .dynamic, targets: ["LifecycleApp"]),
+]
+package.targets += [
+    .target(
+        name: "LifecycleApp", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications", "os"], path: "Tests/Fixtures/LifecycleApp",
+        exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+    ),
+]
