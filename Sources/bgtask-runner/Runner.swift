@@ -65,12 +65,17 @@ final class Runner: @unchecked Sendable {
 
     /// How long the app must be quiet after its work is over before its launch ends: work it
     /// started from another thread just before (a `Task` after `setTaskCompleted` that adds a
-    /// notification: Firefox's refresh does) is already running by then and has said something
+    /// notification, as public apps' refresh handlers do) is already running by then and has said something
     /// to the host, or heard its answer, which starts the wait again. Runnable work reaches the
     /// host in microseconds on an idle machine; 5 ms leaves room for a loaded one (a thread
     /// waiting for a core) at a small cost per launch: the process, not the app's next
     /// launch, waits (a launch for the app meanwhile waits for it to settle).
     static let quietNs: UInt64 = 5_000_000
+    /// CPU the process may use in a quiet window and still count as quiet (the check's own
+    /// wake-up costs microseconds): work between two calls to the host (app code on the
+    /// cooperative pool between one answer and the next call) shows here even when it says
+    /// nothing to the host for a whole window.
+    static let quietCPUNs: UInt64 = 300_000
     /// The most a launch waits for its main queue's turn and for quiet: a main thread blocked in
     /// app code (a handler still waiting while another thread completed its task) cannot finish
     /// its turn, and the launch ends without it, as it always did.
@@ -317,17 +322,25 @@ final class Runner: @unchecked Sendable {
         let limitNs = bgtask_monotonic_ns() + Self.settleLimitNs
         expirationQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.settleLimitNs))) { [self] in endOnce(generation) }
         let seen = activity.load(ordering: .relaxed)
-        scheduleHandler { [self] in waitForQuiet(generation, seen: seen, limitNs: limitNs) }
+        scheduleHandler { [self] in waitForQuiet(generation, seen: seen, cpu: Self.processCPUNs(), limitNs: limitNs) }
+    }
+
+    /// This process's CPU time so far (all threads, user and system).
+    static func processCPUNs() -> UInt64 {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        return UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
     }
 
     /// On the main queue, after everything queued before: ends the launch once `quietNs` passed
     /// with no activity and no answer awaited; otherwise looks again.
-    private func waitForQuiet(_ generation: UInt64, seen: UInt64, limitNs: UInt64) {
+    private func waitForQuiet(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
         DispatchQueue.main.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.quietNs))) { [self] in
             let now = activity.load(ordering: .relaxed)
+            let cpuNow = Self.processCPUNs()
             let awaiting = lock.withLock { !waiters.isEmpty }
-            if (now != seen || awaiting) && bgtask_monotonic_ns() < limitNs {
-                waitForQuiet(generation, seen: now, limitNs: limitNs)
+            if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs) && bgtask_monotonic_ns() < limitNs {
+                waitForQuiet(generation, seen: now, cpu: cpuNow, limitNs: limitNs)
             } else {
                 endOnce(generation)
             }

@@ -150,6 +150,28 @@ import Testing
         #expect(try apps(host)["com.example.hostile"]?.process == "not-running")
     }
 
+    /// A host that dies does not leave its suspended apps stopped for good: each launch's process
+    /// group is orphaned with stopped members, so the kernel continues it (SIGHUP, SIGCONT), and
+    /// the runner, finding its channel closed, ends itself and what it started. The app's next
+    /// launch, under the next host, is fresh.
+    @Test func aCrashedHostsSuspendedAppsEndThemselves() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        try #require(first.termination == .suspended)
+        let app = ProcessTree.appProcess(of: first.pid) ?? first.pid
+        host.crash()
+        // Gone, or a zombie of this test process (a child subreaper, which its orphans reach).
+        #expect(eventually { processState(app) == nil || processState(app) == "Z" }, "\(processState(app) ?? "?")")
+        try host.start()
+        var status: Int32 = 0
+        for pid in [first.pid, app] { _ = waitpid(pid, &status, WNOHANG) }
+        let next = try launch(host, "\(Self.misbehaving).ok")
+        #expect(next.resumed == false && next.pid != first.pid && next.termination == .suspended, "\(next)")
+    }
+
     /// iOS's order: the least recently used band first, the largest first within a band.
     @Test func evictionOrderIsLeastRecentlyUsedThenLargest() throws {
         let apps = SuspendedApps(budgetBytes: .max, maximumCount: .max, logger: .init(label: "test"))

@@ -22,6 +22,7 @@ struct WireCodecTests {
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
         .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true, peakResidentBytes: 1 << 20), .finished(at: 100, descendants: false, peakResidentBytes: .max),
         .children(true), .children(false),
+        .idle(at: 1, peakResidentBytes: 2, cpuNanoseconds: .max, hearsResumes: true), .idle(at: .max, peakResidentBytes: 0, cpuNanoseconds: 0, hearsResumes: false),
         .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
         .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),
         .deviceToken(seq: 14), .remoteNotificationCompleted(result: 2, at: 6),
@@ -67,11 +68,12 @@ struct WireCodecTests {
         timed.expiresAtNs = 123_456_789_000
         timed.backgroundRefreshStatus = 1
         timed.reason = "remote-notification"
+        timed.suspendable = true
         return timed
     }()
 
     static let parentMessages: [ParentMessage] = [
-        .start(assignment), .start(timedAssignment),
+        .start(assignment), .start(timedAssignment), .resume(timedAssignment), .resume(assignment),
         .start(LaunchAssignment(launchID: "l", role: .background, bundleIdentifier: "b", bundlePath: "/b", executablePath: "/b/l.so",
                                 dataDirectory: "/d", permittedIdentifiers: [], tasks: [], mappedHandlers: [])),
         .expire(task: nil, reason: "budget"), .expire(task: 2, reason: "simulated"),
