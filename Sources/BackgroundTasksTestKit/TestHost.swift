@@ -171,6 +171,15 @@ public final class TestHost: @unchecked Sendable {
         try perform(ControlRequest(.simulateExpire, identifier: identifier))
     }
 
+    /// Ends `app`'s suspended process now, as jetsam would (`bgtask evict`): its next launch
+    /// starts a new process, without the memory of the earlier ones. True when it had one.
+    /// (Suspension and resumption come with launches: a launch whose work is over leaves the
+    /// app suspended, and the app's next launch resumes it; the records say `resumed`.)
+    @discardableResult
+    public func evict(_ app: String) throws -> Bool {
+        (try perform(ControlRequest(.evict, app: app)).removed ?? 0) > 0
+    }
+
     /// The host's pending requests (of `app`, or every app's).
     public func pending(app: String? = nil) throws -> [StoredRequest] {
         try perform(ControlRequest(.pending, app: app)).pending ?? []

@@ -252,6 +252,19 @@ extension BGTaskCommand {
         }
     }
 
+    struct Evict: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "End an app's suspended process now, as memory pressure would: its next launch starts a new process.")
+        @Argument(help: "The app's bundle identifier.") var app: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(ControlRequest(.evict, app: app))
+            if host.json { return try host.printJSON(["evicted": (response.removed ?? 0) > 0]) }
+            print((response.removed ?? 0) > 0 ? "\(app): its suspended process was ended" : "\(app) had no suspended process")
+        }
+    }
+
     struct History: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Show run records, newest first.")
         @Argument(help: "An app's bundle identifier (default: every app).") var app: String?

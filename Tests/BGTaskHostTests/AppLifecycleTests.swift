@@ -3,6 +3,7 @@ import BGTaskModel
 import BGTaskSystem
 import BGTaskWire
 import Foundation
+import _BGTaskSystemShims
 import Testing
 
 /// The app lifecycle as iOS has it (docs/design.md, "The app lifecycle"): a launch's process is
@@ -99,6 +100,21 @@ import Testing
         #expect(eventually { processState(recent.pid) == nil })
     }
 
+    /// `bgtask evict` ends a suspended app at the moment a test or an operator chooses.
+    @Test func evictEndsASuspendedAppAtAChosenMoment() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        let evicted = try host.cli(["evict", Self.misbehaving])
+        #expect(evicted.status == 0 && evicted.stdout.contains("its suspended process was ended"), "\(evicted.stdout) \(evicted.stderr)")
+        #expect(processState(first.pid) == nil)
+        #expect(try host.cli(["evict", Self.misbehaving]).stdout.contains("had no suspended process"))
+        let next = try launch(host, "\(Self.misbehaving).ok")
+        #expect(next.resumed == false && next.previousProcess?.hasPrefix("evicted by the operator") == true, "\(next)")
+    }
+
     @Test func aSuspendedAppThatDiesIsRecordedAndItsNextLaunchIsFresh() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
@@ -150,10 +166,11 @@ import Testing
         #expect(try apps(host)["com.example.hostile"]?.process == "not-running")
     }
 
-    /// A host that dies does not leave its suspended apps stopped for good: each launch's process
-    /// group is orphaned with stopped members, so the kernel continues it (SIGHUP, SIGCONT), and
-    /// the runner, finding its channel closed, ends itself and what it started. The app's next
-    /// launch, under the next host, is fresh.
+    /// A host that dies does not leave its suspended apps stopped for good. Each launch's process
+    /// group is orphaned with stopped members, so the kernel continues it (SIGHUP, SIGCONT) and
+    /// the runner, finding its channel closed, ends itself; where the group is not orphaned
+    /// (the host's parent is a subreaper in its session, as this test process may be), the next
+    /// host on the state directory ends it. The app's next launch, under that host, is fresh.
     @Test func aCrashedHostsSuspendedAppsEndThemselves() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
@@ -162,10 +179,21 @@ import Testing
         let first = try launch(host, "\(Self.misbehaving).ok")
         try #require(first.termination == .suspended)
         let app = ProcessTree.appProcess(of: first.pid) ?? first.pid
+        // This test process is a child subreaper in the host's session: the crashed host's
+        // orphans come to it, and their groups are not orphaned (a parent in the same session),
+        // so nothing continues them: the next host must end them.
+        _ = bgtask_set_child_subreaper()
         host.crash()
+        usleep(300_000)
+        let leftStopped = processState(app) == "T"
+        #expect(leftStopped, "\(processState(app) ?? "?")")
+        try host.start()
         // Gone, or a zombie of this test process (a child subreaper, which its orphans reach).
         #expect(eventually { processState(app) == nil || processState(app) == "Z" }, "\(processState(app) ?? "?")")
-        try host.start()
+        if leftStopped {
+            let log = (try? String(contentsOfFile: host.logPath, encoding: .utf8)) ?? ""
+            #expect(log.contains("ended an app's process a stopped host had left suspended"), "\(log.suffix(2000))")
+        }
         var status: Int32 = 0
         for pid in [first.pid, app] { _ = waitpid(pid, &status, WNOHANG) }
         let next = try launch(host, "\(Self.misbehaving).ok")

@@ -12,7 +12,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
-            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers",
+            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }

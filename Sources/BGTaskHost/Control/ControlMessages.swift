@@ -113,6 +113,9 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case deviceToken = "device-token"
     /// Background URL sessions' transfers (`bgtask transfers`).
     case transfers
+    /// Ends an app's suspended process now, as jetsam would (`bgtask evict APP`): its next
+    /// launch is fresh. `removed`: 1 when it had one, 0 when not.
+    case evict
 }
 
 /// `push`: a payload and APNs's headers (`bgtask push`).

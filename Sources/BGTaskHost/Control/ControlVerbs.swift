@@ -60,6 +60,16 @@ final class ControlVerbs: @unchecked Sendable {
                 return r
             }
         case .why: return why(request)
+        case .evict:
+            guard let app = request.app else { return .failure(.badRequest, "evict needs an app") }
+            guard let apps = launches.suspendedApps else {
+                return .failure(.badRequest, "evict: this host keeps no app's process (--app-lifecycle fresh)")
+            }
+            let had = apps.states().contains { $0.app == app && $0.state == .suspended }
+            apps.evict(app, reason: "evicted by the operator (bgtask evict)")
+            var response = ControlResponse()
+            response.removed = had ? 1 : 0
+            return response
         case .device: return device(request)
         case .clock: return clock(request)
         case .simulateLaunch: return simulateLaunch(request)

@@ -105,6 +105,20 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                                                                    keepHistory: core.configuration.historyPerApp))
             core.logger.warning("recovered a launch interrupted by a host crash", metadata: ["launch.id": "\(launch.launchID)", "bundle.id": "\(launch.app)"])
         }
+        // Apps a dead host left suspended. Usually they are gone: their process group was
+        // orphaned with stopped members, so the kernel continued them and they ended themselves
+        // (their channel closed). Not when the host's parent was a subreaper in the host's own
+        // session (a shell's, a test runner's): the group is then not orphaned, and they stay
+        // stopped. Each is found by its last launch's id in its app process's title (anything
+        // else at that pid is not theirs and is left alone).
+        for (launchID, app, pid) in try core.store.suspendedLaunches() {
+            let appPID = ProcessTree.appProcess(of: pid) ?? pid
+            guard ProcessTree.launchID(of: appPID) == launchID else { continue }
+            ProcessTree.killTree(pid)
+            kill(pid, SIGKILL)
+            core.logger.warning("ended an app's process a stopped host had left suspended", metadata: [
+                "launch.id": "\(launchID)", "bundle.id": "\(app)", "pid": "\(pid)"])
+        }
     }
 
     /// Stops the zygote. Launches are shut down before (`shutdownAll`), and this runs once none is left.

@@ -435,6 +435,23 @@ public final class PendingRequestStore: @unchecked Sendable {
         return update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
     }
 
+    /// Each app's newest launch whose process was suspended after it (termination `suspended`):
+    /// after a host's crash, what may still be stopped on the machine with no host to resume or
+    /// end it. (One query at the host's start, over the launch table's app index.)
+    public func suspendedLaunches() throws(BGTaskError) -> [(launchID: String, app: String, pid: Int32)] {
+        try read("list the launches whose process was left suspended") { db in
+            try Row.fetchAll(db, sql: """
+                SELECT id, app, pid FROM launch AS l
+                WHERE state = 'ended' AND pid IS NOT NULL
+                  AND started_at = (SELECT max(started_at) FROM launch WHERE app = l.app)
+                  AND json_extract(record, '$.termination') = 'suspended'
+                """).map { row in
+                (try row.decode(String.self, forColumn: "id"), try row.decode(String.self, forColumn: "app"),
+                 try row.decode(Int32.self, forColumn: "pid"))
+            }
+        }
+    }
+
     /// Launches recorded as running: the host died during them.
     public func interruptedLaunches() throws(BGTaskError) -> [InterruptedLaunch] {
         try read("list the interrupted launches") { db in
