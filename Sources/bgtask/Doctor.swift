@@ -30,6 +30,8 @@ extension BGTaskCommand {
                 // Not a confinement layer (it does not change the exit status): how the hosts'
                 // per-app disk quotas are enforced on the default state directory's filesystem.
                 print("disk quotas: \(ProjectQuotas.enforcement(Self.defaultStateDirectory()))")
+                // Nor is this: what a host's app lifecycle (suspended apps) has to work with.
+                print("app lifecycle: \(AppLifecycleProbe.summary())")
             }
             if findings.contains(where: { !$0.available }) { throw ExitCode.failure }
         }

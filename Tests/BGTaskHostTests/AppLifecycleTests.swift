@@ -100,6 +100,22 @@ import Testing
         #expect(eventually { processState(recent.pid) == nil })
     }
 
+    /// Over `--suspended-memory`, even the app just suspended goes when it alone is over: the
+    /// budget holds its private memory, measured at suspension.
+    @Test func anAppOverTheSuspendedMemoryBudgetIsEvicted() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--suspended-memory", "4KiB"], installing: [.misbehaving])
+        defer { host.stop() }
+        let first = try launch(host, "\(Self.misbehaving).ok")
+        #expect(first.termination == .suspended)
+        #expect(eventually { processState(first.pid) == nil })
+        let listed = try #require(try apps(host)[Self.misbehaving])
+        #expect(listed.process == "not-running" && listed.lastEviction?.contains("over the budget of") == true, "\(listed)")
+        let next = try launch(host, "\(Self.misbehaving).ok")
+        #expect(next.resumed == false && next.previousProcess?.contains("--suspended-memory") == true, "\(next)")
+    }
+
     /// `bgtask evict` ends a suspended app at the moment a test or an operator chooses.
     @Test func evictEndsASuspendedAppAtAChosenMoment() throws {
         let scratch = try Scratch()

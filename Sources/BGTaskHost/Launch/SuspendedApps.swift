@@ -71,6 +71,11 @@ public struct AppProcessEviction: Sendable, Equatable {
     public var residentBytes: UInt64
 }
 
+/// What `bgtask doctor` says of the app lifecycle on this machine.
+public enum AppLifecycleProbe {
+    public static func summary() -> String { SuspendedApps.machineSummary() }
+}
+
 /// What `bgtask apps` shows of an app's process.
 public struct AppProcessState: Sendable, Equatable {
     public enum State: String, Sendable { case running, suspended, notRunning = "not-running" }
@@ -142,6 +147,17 @@ final class SuspendedApps: @unchecked Sendable {
             return -1
         }
         return fd
+    }
+
+    /// What a host on this machine has for its suspended apps, for `bgtask doctor`: how they
+    /// are held, and whether the kernel's memory pressure evicts them.
+    static func machineSummary() -> String {
+        let trigger = pressureTrigger()
+        if trigger >= 0 { close(trigger) }
+        let pressure = trigger >= 0
+            ? "the kernel's memory pressure evicts them (PSI, /proc/pressure/memory)"
+            : "no memory-pressure signal (no PSI trigger on /proc/pressure/memory: \(String(cString: strerror(errno)))); only the budget and the count evict them"
+        return "suspended apps are stopped (SIGSTOP; with a delegated cgroup also frozen), within --suspended-memory (default \(RunRecord.mib(ProcessInfo.processInfo.physicalMemory / 4)), a quarter of this machine's) and --max-suspended-apps; \(pressure)"
     }
 
     /// Whether the kernel's memory pressure is watched.
