@@ -325,6 +325,30 @@ final class Runner: @unchecked Sendable {
         scheduleHandler { [self] in waitForQuiet(generation, seen: seen, cpu: Self.processCPUNs(), limitNs: limitNs) }
     }
 
+    /// Whether a thread of this process other than the main one (which asks) is running or
+    /// waiting for a core (`R` in /proc/self/task/TID/stat): work the app started a moment ago
+    /// (a `Task` on the cooperative pool) that a loaded machine has not run yet has neither
+    /// talked to the host nor used CPU, but its thread is runnable. Read at the launch's end
+    /// only, while every thread lives (a walk of a process's tasks while they die is what
+    /// makes a reap slow).
+    static func anotherThreadRunnable() -> Bool {
+        guard let directory = opendir("/proc/self/task") else { return false }
+        defer { closedir(directory) }
+        let main = getpid()
+        var buffer = [UInt8](repeating: 0, count: 512)
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let tid = Int32(name), tid != main else { continue }
+            let fd = open("/proc/self/task/\(tid)/stat", O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { continue }
+            let count = read(fd, &buffer, buffer.count)
+            Glibc.close(fd)
+            guard count > 0, let paren = buffer[..<count].lastIndex(of: UInt8(ascii: ")")), paren + 2 < count else { continue }
+            if buffer[paren + 2] == UInt8(ascii: "R") { return true }
+        }
+        return false
+    }
+
     /// This process's CPU time so far (all threads, user and system).
     static func processCPUNs() -> UInt64 {
         var usage = rusage()
@@ -339,7 +363,7 @@ final class Runner: @unchecked Sendable {
             let now = activity.load(ordering: .relaxed)
             let cpuNow = Self.processCPUNs()
             let awaiting = lock.withLock { !waiters.isEmpty }
-            if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs) && bgtask_monotonic_ns() < limitNs {
+            if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs || Self.anotherThreadRunnable()) && bgtask_monotonic_ns() < limitNs {
                 waitForQuiet(generation, seen: now, cpu: cpuNow, limitNs: limitNs)
             } else {
                 endOnce(generation)
@@ -413,23 +437,7 @@ final class Runner: @unchecked Sendable {
             if let (handler, context) = lock.withLock({ resumeHandler }) {
                 let reason = strdup(next.reason)
                 defer { free(reason) }
-                next.bundleIdentifier.withCString { bundleIdentifier in
-                    next.bundlePath.withCString { bundlePath in
-                        next.dataDirectory.withCString { dataDirectory in
-                            next.launchID.withCString { launchID in
-                                (next.eventJSON ?? "").withCString { event in
-                                    var info = bgtask_launch_info(
-                                        size: UInt32(MemoryLayout<bgtask_launch_info>.size),
-                                        role: bgtask_launch_role(next.role.abiValue),
-                                        bundle_identifier: bundleIdentifier, bundle_path: bundlePath,
-                                        data_directory: dataDirectory, launch_id: launchID,
-                                        event_json: next.eventJSON == nil ? nil : event, reason: reason)
-                                    handler(context, &info)
-                                }
-                            }
-                        }
-                    }
-                }
+                next.withLaunchInfo(reason: reason) { info in handler(context, &info) }
             }
             startTasks()
         }
@@ -678,4 +686,29 @@ final class ReplyWaiter: @unchecked Sendable {
     var authorization: UInt32 = 0
     var notifications: [NotificationEntry] = []
     var json: String?
+}
+
+extension LaunchAssignment {
+    /// The launch as the ABI's `bgtask_launch_info`, valid during `body` (its strings are the
+    /// assignment's, borrowed for the call; `reason` is the caller's, which the launch entry's
+    /// caller keeps for the process's life).
+    func withLaunchInfo<T>(reason: UnsafePointer<CChar>?, _ body: (inout bgtask_launch_info) -> T) -> T {
+        bundleIdentifier.withCString { bundleIdentifier in
+            bundlePath.withCString { bundlePath in
+                dataDirectory.withCString { dataDirectory in
+                    launchID.withCString { launchID in
+                        (eventJSON ?? "").withCString { event in
+                            var info = bgtask_launch_info(
+                                size: UInt32(MemoryLayout<bgtask_launch_info>.size),
+                                role: bgtask_launch_role(role.abiValue),
+                                bundle_identifier: bundleIdentifier, bundle_path: bundlePath,
+                                data_directory: dataDirectory, launch_id: launchID,
+                                event_json: eventJSON == nil ? nil : event, reason: reason)
+                            return body(&info)
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

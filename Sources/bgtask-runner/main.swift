@@ -186,25 +186,8 @@ for mapping in assignment.mappedHandlers {
 var errorBuffer = [CChar](repeating: 0, count: 1024)
 /// Lives as long as the process, as the launch info's other strings are read during the call only.
 let launchReason = UnsafePointer(strdup(assignment.reason))
-let status: Int32 = assignment.bundleIdentifier.withCString { bundleIdentifier in
-    assignment.bundlePath.withCString { bundlePath in
-        assignment.dataDirectory.withCString { dataDirectory in
-            assignment.launchID.withCString { launchID in
-                (assignment.eventJSON ?? "").withCString { event in
-                    var info = bgtask_launch_info(
-                        size: UInt32(MemoryLayout<bgtask_launch_info>.size),
-                        role: bgtask_launch_role(assignment.role.abiValue),
-                        bundle_identifier: bundleIdentifier,
-                        bundle_path: bundlePath,
-                        data_directory: dataDirectory,
-                        launch_id: launchID,
-                        event_json: assignment.eventJSON == nil ? nil : event,
-                        reason: launchReason)
-                    return launch(hostTable, nil, &info, &errorBuffer, errorBuffer.count)
-                }
-            }
-        }
-    }
+let status: Int32 = assignment.withLaunchInfo(reason: launchReason) { info in
+    launch(hostTable, nil, &info, &errorBuffer, errorBuffer.count)
 }
 guard status == 0 else {
     let text = String(decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
