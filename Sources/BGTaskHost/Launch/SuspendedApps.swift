@@ -354,7 +354,11 @@ final class SuspendedApps: @unchecked Sendable {
                 var buffer = [UInt8](repeating: 0, count: 64)
                 while read(wake[0], &buffer, buffer.count) > 0 {}
             }
-            for app in Set(apps.enumerated().filter { polled[$0.offset + 2].revents != 0 }.map(\.element)) {
+            // Only a descriptor still the app's: one taken out meanwhile (a launch resumed it;
+            // its number may be another's by now) says nothing about this app.
+            let fired = apps.indices.filter { polled[$0 + 2].revents != 0 }
+            let dead = lock.withLock { Set(fired.filter { pidfds[apps[$0]]?.contains(fds[$0]) == true }.map { apps[$0] }) }
+            for app in dead {
                 evict(app, reason: "its process died while it was suspended")
             }
             if pressure >= 0, polled[1].revents & Int16(POLLPRI) != 0, let first = evictionOrder().first {
