@@ -71,11 +71,15 @@ PluginLibrary.open(assignment)
 let identityLayer = Sandbox.becomeApp(assignment)
 let executablePath = PluginLibrary.executablePath(assignment)
 AppProcess.prepare(assignment, executablePath: executablePath)
-let confinement = Sandbox.apply(assignment)
-var sandboxLayers = confinement.layers
-sandboxLayers["uid"] = identityLayer
-runner.report(.sandbox(sandboxLayers))
-if let failure = confinement.failure { launchFailed(failure) }
+// In a function, not at top level: Swift 6.3's optimizer (SIL CopyPropagation) crashed on the
+// tuple held in a top-level `let` of this file in release builds.
+func applyConfinement() {
+    var (layers, failure) = Sandbox.apply(assignment)
+    layers["uid"] = identityLayer
+    runner.report(.sandbox(layers))
+    if let failure { launchFailed(failure) }
+}
+applyConfinement()
 
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
