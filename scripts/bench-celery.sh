@@ -116,6 +116,6 @@ done
 
 # --- side by side --------------------------------------------------------------------------
 python3 "$here/bench_celery_table.py" "$scratch" "$("$scratch/venv/bin/python" -c 'import celery; print(celery.__version__)')" \
-    "$(redis-server --version | cut -d' ' -f3)" "$load_at_start" "$(cut -d' ' -f1-3 /proc/loadavg)" "$started_at" \
+    "$(redis-server --version | cut -d' ' -f3 | sed 's/^v=//')" "$load_at_start" "$(cut -d' ' -f1-3 /proc/loadavg)" "$started_at" \
     "$(date -u '+%H:%M:%S UTC')" "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [ -n "$keep" ]; then echo "JSON: $scratch/side-by-side.json" >&2; fi
