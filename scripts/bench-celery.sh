@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# bgtask and Celery side by side, in one run (issue 18): bgtask-bench's end-to-end and limits
-# figures (a real `bgtask host`, a fresh confined process per launch) and Celery's (prefork
-# workers, Redis on loopback: a pool of warm workers) measured the same way, printed together
-# with their ratios.
+# bgtask and Celery side by side, in the same minutes (issues 18 and 29): bgtask-bench's
+# end-to-end figures (a real `bgtask host`, both app lifecycles: `--app-lifecycle fresh`, a new
+# confined process per launch, and `--app-lifecycle ios`, the app's suspended process resumed)
+# and Celery's (prefork workers, Redis on loopback: a pool of warm workers), each measured
+# both ways (back to back, and with 10 ms idle gaps), in alternated runs (bgtask, Celery,
+# Celery, bgtask, ...), printed together as medians with their ratios. The limits figures
+# (expiry, watchdog, memory cap) are measured once, in the first run of each.
 #
-#   scripts/bench-celery.sh [--quick] [--keep] [--bgtask-json FILE]
+#   scripts/bench-celery.sh [--quick] [--keep] [--runs N] [--bgtask-json FILE]
 #
+# --runs N: alternated runs of each side (default 3; 2 with --quick).
 # --bgtask-json FILE: take bgtask's figures from an earlier `bgtask-bench --json` run (with the
-# e2e and limits sections) instead of running it.
+# e2e and limits sections) instead of running it (Celery is still run N times).
 #
 # Installs what it needs: redis-server from Debian (apt-get), celery and redis from PyPI (pip,
 # into a virtual environment in the scratch directory). Starts Redis and one Celery worker
@@ -21,15 +25,21 @@ root=$(cd "$here/.." && pwd)
 quick=""
 keep=""
 bgtask_json=""
+runs=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick="--quick" ;;
         --keep) keep=1 ;;
+        --runs) runs="$2"; shift ;;
         --bgtask-json) bgtask_json=$(realpath "$2"); shift ;;
-        *) echo "usage: $0 [--quick] [--keep] [--bgtask-json FILE]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--quick] [--keep] [--runs N] [--bgtask-json FILE]" >&2; exit 2 ;;
     esac
     shift
 done
+if [ -z "$runs" ]; then if [ -n "$quick" ]; then runs=2; else runs=3; fi; fi
+case "$runs" in ''|*[!0-9]*|0) echo "bench-celery: --runs needs a positive number, not '$runs'" >&2; exit 2 ;; esac
+load_at_start=$(cut -d' ' -f1-3 /proc/loadavg)
+started_at=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/bench-celery-XXXXXX")
 redis_pid=""
@@ -64,15 +74,7 @@ if [ ! -x "$bench" ] || [ ! -x "$root/.build/release/bgtask" ]; then
     (cd "$root" && swift build -c release >&2)
 fi
 
-# --- bgtask --------------------------------------------------------------------------------
-if [ -n "$bgtask_json" ]; then
-    cp "$bgtask_json" "$scratch/bgtask.json"
-else
-    echo "bench-celery: bgtask-bench $quick --only e2e limits" >&2
-    "$bench" --no-build $quick --json --only e2e limits > "$scratch/bgtask.json"
-fi
-
-# --- Celery --------------------------------------------------------------------------------
+# --- Redis and the Celery worker (kept for every run) ----------------------------------------
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export CELERY_BENCH_BROKER="redis://127.0.0.1:$port/0"
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
@@ -86,65 +88,34 @@ echo "bench-celery: Redis $(redis-server --version | cut -d' ' -f3) on 127.0.0.1
 (cd "$here" && exec setsid "$scratch/venv/bin/python" -m celery -A celery_bench worker --pool prefork --concurrency 2 \
     --loglevel WARNING --without-gossip --without-mingle --without-heartbeat > "$scratch/worker.log" 2>&1) &
 worker_pid=$!
-(cd "$here" && "$scratch/venv/bin/python" celery_bench.py $quick) > "$scratch/celery.json"
+
+# --- alternated runs -------------------------------------------------------------------------
+# Run i of each side; the first of each also measures the limits. The order turns every run
+# (bgtask, Celery, Celery, bgtask, ...) so that a machine drifting one way moves both alike.
+run_bgtask() {
+    local i=$1 sections="e2e"
+    [ "$i" = 1 ] && sections="e2e limits"
+    if [ -n "$bgtask_json" ]; then
+        if [ "$i" = 1 ]; then cp "$bgtask_json" "$scratch/bgtask-1.json"; fi
+        return 0
+    fi
+    echo "bench-celery: run $i/$runs, bgtask-bench $quick --only $sections (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    # shellcheck disable=SC2086
+    "$bench" --no-build $quick --json --only $sections > "$scratch/bgtask-$i.json"
+}
+run_celery() {
+    local i=$1 only=""
+    [ "$i" = 1 ] || only="--latency-only"
+    echo "bench-celery: run $i/$runs, Celery $only (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    # shellcheck disable=SC2086
+    (cd "$here" && "$scratch/venv/bin/python" celery_bench.py $quick $only) > "$scratch/celery-$i.json"
+}
+for i in $(seq "$runs"); do
+    if [ $((i % 2)) = 1 ]; then run_bgtask "$i"; run_celery "$i"; else run_celery "$i"; run_bgtask "$i"; fi
+done
 
 # --- side by side --------------------------------------------------------------------------
-python3 - "$scratch/bgtask.json" "$scratch/celery.json" "$("$scratch/venv/bin/python" -c 'import celery; print(celery.__version__)')" <<'EOF'
-import json, sys
-b = json.load(open(sys.argv[1]))
-c = json.load(open(sys.argv[2]))
-version = sys.argv[3]
-
-def fmt(value, unit):
-    if value is None:
-        return "n/a"
-    if unit == "us":
-        return f"{value / 1000:.2f} ms"
-    if unit == "ms":
-        return f"{value:.2f} ms"
-    if unit == "/s":
-        return f"{value:,.0f}/s"
-    if unit == "MiB":
-        return f"{value:.0f} MiB"
-    return str(value)
-
-rows = []
-def row(what, bgtask, celery, unit, better, target, met):
-    if bgtask is None or celery is None:
-        ratio = "n/a"
-    elif unit == "MiB":
-        ratio = f"bgtask {bgtask / 64:.2f}×, Celery {celery / 64:.2f}× the cap"
-    elif better == "lower":
-        ratio = f"bgtask {celery / bgtask:.2f}× faster" if bgtask > 0 else "n/a"
-    else:
-        ratio = f"bgtask {bgtask / celery:.2f}× the rate"
-    rows.append((what, fmt(bgtask, unit), fmt(celery, unit), ratio, target, met))
-
-s = c["submit_body_us"]
-row("submit → handler/body p50", b.get("e2e_submit_handler_p50_us"), s["p50"], "us", "lower", "bgtask ≥ 3× faster",
-    "yes" if b.get("e2e_submit_handler_p50_us") and s["p50"] / b["e2e_submit_handler_p50_us"] >= 3 else "no")
-row("submit → handler/body p99", b.get("e2e_submit_handler_p99_us"), s["p99"], "us", "lower", "context", "")
-row("submit → acknowledged p50", b.get("e2e_submit_ack_p50_us"), c["submit_ack_us"]["p50"], "us", "lower", "context", "")
-row("no-op tasks/s (2 at a time)", b.get("e2e_throughput_per_s"), c["noop_per_s"], "/s", "higher", "bgtask ≥ 2×",
-    "yes" if b.get("e2e_throughput_per_s") and b["e2e_throughput_per_s"] >= 2 * c["noop_per_s"] else "no")
-row("expiry vs soft time limit, late p99", b.get("expiry_late_p99_ms"), c["soft_limit_late_ms"]["p99"], "ms", "lower", "bgtask ≤ Celery",
-    "yes" if b.get("expiry_late_p99_ms") is not None and b["expiry_late_p99_ms"] <= c["soft_limit_late_ms"]["p99"] else "no")
-row("watchdog vs hard time limit, kill late p99", b.get("watchdog_late_p99_ms"), c["hard_kill_late_ms"]["p99"], "ms", "lower", "bgtask ≤ 1/20 of Celery",
-    "yes" if b.get("watchdog_late_p99_ms") is not None and c["hard_kill_late_ms"]["p99"] and b["watchdog_late_p99_ms"] <= c["hard_kill_late_ms"]["p99"] / 20 else "no")
-jetsam = b.get("jetsam_peak_over_limit_pct_sampler")
-bgtask_peak = 64 * (1 + jetsam / 100) if jetsam is not None else None
-row("64 MiB cap: peak reached by a task allocating 320 MiB", bgtask_peak, c["memory_peak_mib"], "MiB", "lower", "killed mid-task",
-    "bgtask yes (jetsam); Celery " + ("yes" if c["memory_killed_mid_task"] else "no (checked after the task)"))
-
-widths = [max(len(r[i]) for r in rows + [("figure", "bgtask", f"Celery {version}", "ratio", "target", "met?")]) for i in range(6)]
-def line(r):
-    return "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
-print(f"bgtask ({b.get('mode')}, fork floor p50 {b.get('e2e_fork_floor_p50_us', 0) / 1000:.2f} ms, load at start {b['machine']['loadavg_at_start']}) "
-      f"vs Celery {version} (prefork, 2 processes, Redis on loopback), one run")
-print(line(("figure", "bgtask", f"Celery {version}", "ratio", "target", "met?")))
-print("-" * (sum(widths) + 10))
-for r in rows:
-    print(line(r))
-print(json.dumps({"bgtask": b, "celery": c, "celery_version": version}), file=open(sys.argv[1].replace("bgtask.json", "side-by-side.json"), "w"))
-EOF
+python3 "$here/bench_celery_table.py" "$scratch" "$("$scratch/venv/bin/python" -c 'import celery; print(celery.__version__)')" \
+    "$(redis-server --version | cut -d' ' -f3 | sed 's/^v=//')" "$load_at_start" "$(cut -d' ' -f1-3 /proc/loadavg)" "$started_at" \
+    "$(date -u '+%H:%M:%S UTC')" "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [ -n "$keep" ]; then echo "JSON: $scratch/side-by-side.json" >&2; fi

@@ -2,14 +2,18 @@
 client that measures them the way bgtask-bench measures bgtask end to end.
 
   submit -> body     client: t0 = CLOCK_MONOTONIC, apply_async; the task stamps CLOCK_MONOTONIC
-                     as its body starts and returns it (the same clock in every process)
+                     as its body starts and returns it (the same clock in every process); one
+                     task at a time, with 10 ms of idle gap after each (as bgtask-bench's idle
+                     gaps) and back to back (the next sent as the result of the last came),
+                     the two methods alternated in blocks
   no-op tasks/s      N no-op tasks sent at once, until the last one ran (each INCRs a counter)
   soft limit         soft_time_limit=1 s, body busy until SoftTimeLimitExceeded: late = raised - (start + 1 s)
   hard kill          time_limit=1 s, body asleep: late = the process gone (pidfd) - (start + 1 s)
   memory cap         worker_max_memory_per_child 64 MiB (Celery's only memory cap), the body
                      allocating 1 MiB blocks up to 320 MiB: the peak it reached
 
-Run by bench-celery.sh (which starts Redis and the worker); prints one JSON object.
+Run by bench-celery.sh (which starts Redis and the worker); prints one JSON object. With
+--latency-only it measures submit -> body and the no-op rate only (the later of alternated runs).
 """
 
 import json
@@ -95,7 +99,10 @@ def summary(values):
     return {"p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values) if values else None, "n": len(values)}
 
 
-def measure(quick):
+IDLE_GAP_S = 0.01  # as bgtask-bench's idle gaps (OneAtATime.idleGapUs)
+
+
+def measure(quick, latency_only=False):
     n_latency = 100 if quick else 500
     n_noop = 200 if quick else 2000
     n_soft = 5 if quick else 20
@@ -105,16 +112,28 @@ def measure(quick):
     for _ in range(20):  # warm the workers and connections
         stamp.delay().get(timeout=10)
 
-    acks, bodies = [], []
-    for _ in range(n_latency):
-        t0 = _now()
-        async_result = stamp.apply_async()
-        acks.append((_now() - t0) / 1000)
-        entered = async_result.get(timeout=10)
-        bodies.append((entered - t0) / 1000)
-        time.sleep(0.01)  # as bgtask-bench: each submission finds the workers idle
-    result["submit_ack_us"] = summary(acks)
-    result["submit_body_us"] = summary(bodies)
+    # One task at a time, with IDLE_GAP_S after each (what a sporadic submission finds) and
+    # back to back, alternated in blocks so that drift on the machine moves both alike.
+    methods = {"gap": IDLE_GAP_S, "b2b": 0.0}
+    acks = {m: [] for m in methods}
+    bodies = {m: [] for m in methods}
+    blocks = 2 if quick else 5
+    for block in range(blocks):
+        count = n_latency // blocks + (1 if block < n_latency % blocks else 0)
+        for method, gap in methods.items():
+            for _ in range(count):
+                t0 = _now()
+                async_result = stamp.apply_async()
+                acks[method].append((_now() - t0) / 1000)
+                entered = async_result.get(timeout=10)
+                bodies[method].append((entered - t0) / 1000)
+                if gap:
+                    time.sleep(gap)
+    result["idle_gap_ms"] = IDLE_GAP_S * 1000
+    result["submit_ack_us"] = summary(acks["gap"])
+    result["submit_body_us"] = summary(bodies["gap"])
+    result["submit_ack_b2b_us"] = summary(acks["b2b"])
+    result["submit_body_b2b_us"] = summary(bodies["b2b"])
 
     r = _redis()
     key = "celery-bench-noop"
@@ -130,6 +149,8 @@ def measure(quick):
         time.sleep(0.2)
     result["noop_per_s"] = sorted(rates)[len(rates) // 2]
     result["noop_tasks"] = n_noop
+    if latency_only:
+        return result
 
     soft = [soft_limited.delay().get(timeout=30) for _ in range(n_soft)]
     result["soft_limit_late_ms"] = summary(soft)
@@ -166,4 +187,4 @@ def measure(quick):
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure("--quick" in sys.argv)))
+    print(json.dumps(measure("--quick" in sys.argv, latency_only="--latency-only" in sys.argv)))
