@@ -116,6 +116,33 @@ import Testing
         #expect(next.resumed == false && next.previousProcess?.contains("--suspended-memory") == true, "\(next)")
     }
 
+    /// A launch whose work is over holds no launch slot while it settles: with one slot, the
+    /// next app's launch starts while the first app, its task done, still computes (and its
+    /// process lingers) before it is suspended.
+    @Test func aSettlingLaunchHoldsNoLaunchSlot() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--max-launches", "1"], installing: [.misbehaving, .counter])
+        defer { host.stop() }
+        #expect(try host.cli(["submit", Self.misbehaving, "\(Self.misbehaving).linger"]).status == 0)
+        usleep(150_000)
+        #expect(try host.cli(["submit", "com.example.counter", "com.example.counter.tick"]).status == 0)
+        // A record is written when its launch has ended: the counter's, which started while
+        // the lingering launch settled, ends first. (Held slot: it could not even start.)
+        var records: [RunRecord] = []
+        for _ in 0..<250 where records.isEmpty {
+            records = try host.send(ControlRequest(.history, limit: 10)).records ?? []
+            if records.isEmpty { usleep(10_000) }
+        }
+        #expect(records.first?.app == "com.example.counter", "first to end: \(records.map { "\($0.app) \($0.wallMs) ms" })")
+        for _ in 0..<250 where records.count < 2 {
+            records = try host.send(ControlRequest(.history, limit: 10)).records ?? []
+            usleep(20_000)
+        }
+        let linger = try #require(records.first { $0.app == Self.misbehaving }, "\(records)")
+        #expect(linger.termination == .suspended && linger.wallMs >= 500, "it lingered computing: \(linger.wallMs) ms")
+    }
+
     /// `bgtask evict` ends a suspended app at the moment a test or an operator chooses.
     @Test func evictEndsASuspendedAppAtAChosenMoment() throws {
         let scratch = try Scratch()

@@ -33,6 +33,11 @@ public final class LaunchControl: @unchecked Sendable {
     private var commands: [Command] = []
     private var pipeFDs: [Int32] = [-1, -1]
     public var onStart: (@Sendable (Int32) -> Void)?
+    /// Called once on the supervising thread when the launch's work is over as far as the host
+    /// has heard (every task ended, no background time held): from then on the launch only
+    /// settles (its main queue's turn, quiet) and is suspended or exits, which takes no launch
+    /// slot of the host's.
+    public var onWorkOver: (@Sendable () -> Void)?
 
     /// Admission: a host that records each launch before its process exists (durable against
     /// its own crash) starts the supervising thread first, so that the thread's preparation

@@ -28,6 +28,9 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         var closed = false
         /// Foreground launches: in the foreground until then.
         var staysUntil: Date?
+        /// Background launches: the work is over (tasks ended, no background time) and the
+        /// launch only settles: it holds no launch slot (`busyCount`).
+        var workOver = false
         var nextTaskID: UInt64 = 1
     }
 
@@ -133,6 +136,10 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
 
     var isEmpty: Bool { running.isEmpty }
     var count: Int { running.count }
+    /// Launches that hold a launch slot (`--max-launches`): those whose work is not over. A
+    /// launch whose tasks have ended finishes its main queue's turn and goes quiet before it
+    /// is suspended or exits (milliseconds): the next app's launch does not wait for that.
+    var busyCount: Int { running.values.reduce(0) { $0 + ($1.workOver ? 0 : 1) } }
     var runningApps: Set<String> { Set(running.values.map(\.app)) }
     /// Foreground and extension launches: the ones clients start by hand.
     var clientStartedCount: Int { running.values.filter { $0.role == .foreground || $0.role == .extension }.count }
@@ -216,6 +223,15 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             control.onEvent = { [weak self] event in
                 guard let self else { return }
                 queue.async { self.launchEvent(launchID, event) }
+            }
+        } else if role == .background {
+            control.onWorkOver = { [weak self] in
+                guard let self else { return }
+                queue.async {
+                    guard self.running[launchID] != nil else { return }
+                    self.running[launchID]?.workOver = true
+                    self.onEnded()
+                }
             }
         }
         running[launchID] = RunningLaunch(

@@ -25,6 +25,8 @@ struct LaunchLoop {
     private let grace: UInt64
     private var killAt: UInt64?
     private var channelOpen = true
+    /// `control.onWorkOver` was called.
+    private var workOverSaid = false
     private var channelClosedAt: UInt64?
     /// Resident memory, sampled when there is a limit and no cgroup enforces it.
     private var memory: MemorySampler
@@ -83,7 +85,10 @@ struct LaunchLoop {
             if let control, fds[1].revents != 0 { apply(control.take(), &state) }
             // The launch's output before its messages: what it printed before it sent them.
             if fds[2].revents != 0 { state.log.drain() }
-            if channelOpen, fds.count > 3, fds[3].revents != 0 { readChannel(&state) }
+            if channelOpen, fds.count > 3, fds[3].revents != 0 {
+                readChannel(&state)
+                noteWorkOver(state)
+            }
             checkHangUp(&state)
             if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
             // The launch's work is over and its process stays: the supervisor suspends it.
@@ -231,6 +236,16 @@ struct LaunchLoop {
             }
         }
         if !channelOpen { channelClosedAt = bgtask_monotonic_ns() }
+    }
+
+    /// Tells the host, once, that the launch's work is over (the host's view: every task ended,
+    /// no background time held), so that its slot goes to the next launch while this one
+    /// settles. The app's word can only give its slot up early, never hold one longer.
+    private mutating func noteWorkOver(_ state: LaunchState) {
+        guard !workOverSaid, let onWorkOver = control?.onWorkOver, state.phase == .launched, state.backgroundTimeHeld.isEmpty,
+              state.tasks.values.allSatisfy({ $0.completedNs != nil || $0.notRegistered }) else { return }
+        workOverSaid = true
+        onWorkOver()
     }
 
     /// Garbage on the channel, or a child that hung up on its supervisor and did not exit (a

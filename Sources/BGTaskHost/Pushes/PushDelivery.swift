@@ -121,7 +121,7 @@ final class PushDelivery: @unchecked Sendable {
         let delivered = (try? core.store.backgroundPushDeliveries(app: push.app, since: now.addingTimeInterval(-PushRules.throttleWindow))) ?? []
         return PushRules.decide(
             push, app: catalog.apps[push.app], state: state, conditions: conditions, policy: core.configuration.policy,
-            appRunning: launches.launch(of: push.app)?.id, runningLaunches: launches.count,
+            appRunning: launches.launch(of: push.app)?.id, runningLaunches: launches.busyCount,
             maximumLaunches: core.configuration.maximumConcurrentLaunches, deliveredInWindow: delivered, now: now)
     }
 

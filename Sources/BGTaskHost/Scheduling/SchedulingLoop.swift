@@ -43,7 +43,7 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
     /// The eligibility rules as they apply now.
     func eligibility(_ conditions: DeviceConditions) -> Eligibility {
         Eligibility(policy: core.configuration.policy, now: core.clock.now, conditions: conditions,
-                    runningLaunches: launches.count, maximumConcurrentLaunches: core.configuration.maximumConcurrentLaunches)
+                    runningLaunches: launches.busyCount, maximumConcurrentLaunches: core.configuration.maximumConcurrentLaunches)
     }
 
     /// Queues one `evaluate()` unless one is queued already: a burst of submissions costs one
@@ -75,7 +75,7 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
         launches.pruneBackoffs()
         do {
             let scheduler = Scheduler(eligibility: eligibility(conditions))
-            let (apps, running, runningCount, maximum) = (catalog.apps, launches.runningApps, launches.count, core.configuration.maximumConcurrentLaunches)
+            let (apps, running, runningCount, maximum) = (catalog.apps, launches.runningApps, launches.busyCount, core.configuration.maximumConcurrentLaunches)
             let backingOff = launches.backingOff
             // Every read of the pass in one snapshot (one read transaction).
             let decision = try core.store.withSnapshot { source throws(BGTaskError) in
@@ -94,7 +94,7 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
             let (catalog, launches) = (self.catalog, self.launches)
             let launcher = TransferLauncher(
                 runningLaunches: Set(launches.running.keys), isAppRunning: { launches.launch(of: $0) != nil },
-                freeSlots: max(0, core.configuration.maximumConcurrentLaunches - launches.count),
+                freeSlots: max(0, core.configuration.maximumConcurrentLaunches - launches.busyCount),
                 start: { app, eventJSON in
                     guard let bundle = catalog.apps[app] else { return nil }
                     return launches.start(bundle, requests: [], reason: .backgroundTransfer, eventJSON: eventJSON)

@@ -111,6 +111,19 @@ enum Misbehaving {
     static func registerAll() {
         registerOK()
 
+        // Completes at once, then computes on another thread for 600 ms: the launch's work is
+        // over, but the app is not quiet, so its process lingers before it is suspended.
+        register("linger") { task in
+            print("misbehaving: linger completes, then computes for 600 ms")
+            task.setTaskCompleted(success: true)
+            Thread.detachNewThread {
+                let end = Date().addingTimeInterval(0.6)
+                var x = 0.0
+                while Date() < end { x += sin(x) + 1 }
+                print("misbehaving: linger done computing (\(x > 0))")
+            }
+        }
+
         // Never completes; completes unsuccessfully only when expired.
         register("never") { task in
             print("misbehaving: never will not complete until expired")
