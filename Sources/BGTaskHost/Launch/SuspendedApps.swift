@@ -242,17 +242,28 @@ final class SuspendedApps: @unchecked Sendable {
         }
     }
 
+    /// Descriptors each suspended app holds in the host: its channel, its log pipe, two pidfds.
+    static let descriptorsPerApp = 4
+
+    /// The most apps suspended at once: `maximumCount`, and no more than a quarter of the host's
+    /// descriptors (RLIMIT_NOFILE, asked each time, as the transfers' bound is) can hold: a
+    /// host under systemd's default 1,024 keeps 64, and its other work its descriptors.
+    var effectiveMaximumCount: Int {
+        min(maximumCount, TransferBounds.descriptorLimit() / 4 / Self.descriptorsPerApp)
+    }
+
     /// Evicts in `evictionOrder` until the suspended apps fit the budget and the count. The app
     /// just suspended (`sparing`) goes last: evicting what was used a moment ago would only
     /// make its next launch start over.
     func enforceBudget(sparing: String? = nil) {
         while true {
             let (total, count) = lock.withLock { (suspended.values.reduce(0) { $0 + $1.residentBytes }, suspended.count) }
+            let maximumCount = effectiveMaximumCount
             let order = evictionOrder()
             guard total > budgetBytes || count > maximumCount,
                   let first = order.first(where: { $0 != sparing }) ?? order.first else { return }
             let reason = count > maximumCount
-                ? "more than \(maximumCount) apps were suspended (--max-suspended-apps)"
+                ? "more than \(maximumCount) apps were suspended (--max-suspended-apps \(self.maximumCount); a quarter of the host's RLIMIT_NOFILE \(TransferBounds.descriptorLimit()) holds \(TransferBounds.descriptorLimit() / 4 / Self.descriptorsPerApp))"
                 : "the suspended apps held \(RunRecord.mib(total)), over the budget of \(RunRecord.mib(budgetBytes)) (--suspended-memory)"
             evict(first, reason: "jetsam: \(reason); it was the least recently used")
         }
