@@ -89,11 +89,16 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
     func startDownloads(_ config: Config) {
         cancelAfter = config.cancelAfterBytes
         cancelTask = config.cancel
-        for (index, address) in (config.downloads ?? []).enumerated() {
-            guard let url = URL(string: address) else { continue }
+        // Every task counted before the first is resumed: one that completes at once (a server
+        // error) must not bring the count to zero while the others are still to start.
+        let tasks: [URLSessionDownloadTask] = (config.downloads ?? []).enumerated().compactMap { index, address in
+            guard let url = URL(string: address) else { return nil }
             let task = session.downloadTask(with: url)
             task.taskDescription = "file\(index)"
-            running += 1
+            return task
+        }
+        running += tasks.count
+        for task in tasks {
             task.resume()
             say("started \(task.taskDescription ?? "") task \(task.taskIdentifier)")
         }
