@@ -362,9 +362,14 @@ extension RunRecord: CustomStringConvertible {
         var lines: [String] = []
         var how = termination.rawValue
         if let signal { how += " (\(signal))" }
-        if let exitStatus, termination != .exited { how += " (exit status \(exitStatus))" }
+        if let exitStatus, termination != .exited, termination != .suspended { how += " (exit status \(exitStatus))" }
         lines.append("launch \(launchID) of \(app) (\(reason)): \(how) after \(Self.ms(wallMs))")
         if let error { lines.append("  error: \(error)") }
+        if resumed == true {
+            lines.append("  resumed the app's process after \(DurationText.format(seconds: (suspendedMs ?? 0) / 1000)) suspended (its launch \(processLaunches ?? 0))")
+        } else if let previousProcess {
+            lines.append("  a new process: the previous one ended while suspended: \(previousProcess)")
+        }
         for task in tasks {
             var times: [String] = []
             if let t = task.startedMs { times.append("started \(Self.ms(t))") }
