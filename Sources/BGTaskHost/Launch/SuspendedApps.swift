@@ -127,7 +127,9 @@ final class SuspendedApps: @unchecked Sendable {
         self.maximumCount = maximumCount
         self.logger = logger
         _ = bgtask_pipe_cloexec(&wake)
-        if wake[0] >= 0 { _ = fcntl(wake[0], F_SETFL, fcntl(wake[0], F_GETFL) | O_NONBLOCK) }
+        // Both ends non-blocking: a wake-up that finds the pipe full (no watcher yet, or one
+        // already behind) is redundant, and must never block the thread that sends it.
+        for fd in wake where fd >= 0 { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
         pressure = Self.pressureTrigger()
     }
 
