@@ -209,37 +209,51 @@ public struct LaunchSupervisor: Sendable {
         }
         if keeps { suspendedApps?.ended(plan.bundle.identifier) }
 
-        var status: Int32 = 0
-        var usage = rusage()
-        _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
-        // The launch ends when its child is reaped; cleaning up after it is the host's time.
-        let endNs = bgtask_monotonic_ns()
-        cleanUp(after: pid, cgroup: cgroup, &state)
-        // What the launch wrote before it ended, then what it said on its channel.
-        log.drain(budget: LaunchLog.finalDrainBytes)
-        loop.drain(&state)
-        log.finish()
-
+        let (status, usage, endNs) = reap(pid, cgroup: cgroup, &loop, &state, log: log)
         var record = state.record(
             status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
-        record.processLimit = cgroup?.processLimit
         // A runner that died before it could report (its namespace, its channel) said why on
         // its stderr, the launch log: the record carries those words, not only a status.
         if record.termination == .launchFailed, let error = record.error, error.hasSuffix("before loading the plugin"),
            let said = Self.lastRunnerLine(log.path) {
             record.error = error + " (it said: \(said))"
         }
+        finish(&record, state, plan: plan, log: log, cgroup: cgroup, refusedGroups: refusedGroups, logger: logger)
+        return record
+    }
+
+    /// Waits for the launch's process (`pid`, the host's child) to be reaped, then cleans up
+    /// after it and reads what it wrote and said last. Its wait status, its rusage, and when it
+    /// ended (the launch ends when its child is reaped; cleaning up after it is the host's time).
+    private func reap(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, _ loop: inout LaunchLoop, _ state: inout LaunchState,
+                      log: LaunchLog) -> (status: Int32, usage: rusage, endNs: UInt64) {
+        var status: Int32 = 0
+        var usage = rusage()
+        _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
+        let endNs = bgtask_monotonic_ns()
+        cleanUp(after: pid, cgroup: cgroup, &state)
+        // What the launch wrote before it ended, then what it said on its channel.
+        log.drain(budget: LaunchLog.finalDrainBytes)
+        loop.drain(&state)
+        log.finish()
+        return (status, usage, endNs)
+    }
+
+    /// What every record gets once its launch is over, however it ended (reaped, or
+    /// suspended): its cgroup's process limit, the app's disk use against its quota and a log
+    /// that could not be kept, the app groups it was refused.
+    private func finish(_ record: inout RunRecord, _ state: LaunchState, plan: LaunchPlan, log: LaunchLog,
+                        cgroup: CgroupV2.LaunchGroup?, refusedGroups: [String: String], logger: Logger) {
+        record.processLimit = cgroup?.processLimit
         let logError = log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" }
         if plan.limits.diskQuota.isOn || logError != nil {
             // What the app holds now, for the record (one walk; the quota's kill, if any, says
             // what it held then).
-            let use = plan.limits.diskQuota.isOn
-                ? DiskAccounting.use(of: plan) : nil
+            let use = plan.limits.diskQuota.isOn ? DiskAccounting.use(of: plan) : nil
             record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded, logError: logError)
         }
         if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
         logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
-        return record
     }
 
     /// Runs the launch in the app's suspended `process`: continued (`SIGCONT`, its cgroup thawed),
@@ -307,25 +321,12 @@ public struct LaunchSupervisor: Sendable {
             return record
         }
         apps.ended(plan.bundle.identifier)
-        var status: Int32 = 0
-        var usage = rusage()
-        _ = try? syscall("wait4") { bgtask_wait4(process.pid, &status, 0, &usage) }
-        let endNs = bgtask_monotonic_ns()
-        cleanUp(after: process.pid, cgroup: process.cgroup, &state)
-        log.drain(budget: LaunchLog.finalDrainBytes)
-        loop.drain(&state)
-        log.finish()
+        let (status, usage, endNs) = reap(process.pid, cgroup: process.cgroup, &loop, &state, log: log)
         // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
         let cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
-        usage = Self.usage(cpuNs: cpuNs > cpuAtStart ? cpuNs - cpuAtStart : 0)
-        var record = state.record(status: status, usage: usage, pid: process.pid, wallNs: endNs - startNs, startedAt: startedAt)
-        record.processLimit = process.cgroup?.processLimit
-        if plan.limits.diskQuota.isOn {
-            record.disk = Self.diskRecord(plan, use: DiskAccounting.use(of: plan), exceeded: state.diskQuotaExceeded,
-                                          logError: log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" })
-        }
-        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
-        logger.debug("launch ended", metadata: ["termination": "\(record.termination.rawValue)"])
+        var record = state.record(status: status, usage: Self.usage(cpuNs: cpuNs > cpuAtStart ? cpuNs - cpuAtStart : 0), pid: process.pid,
+                                  wallNs: endNs - startNs, startedAt: startedAt)
+        finish(&record, state, plan: plan, log: log, cgroup: process.cgroup, refusedGroups: refusedGroups, logger: logger)
         return record
     }
 
@@ -358,13 +359,7 @@ public struct LaunchSupervisor: Sendable {
         state.peakRSS = max(state.peakRSS, ProcessTree.residentBytes(ofProcess: app))
         var record = state.record(status: 0, usage: Self.usage(cpuNs: cpuNs > cpuAtStartNs ? cpuNs - cpuAtStartNs : 0), pid: pid,
                                   wallNs: endNs - state.startNs, startedAt: startedAt)
-        record.processLimit = cgroup?.processLimit
-        if plan.limits.diskQuota.isOn || log.failure != nil {
-            let use = plan.limits.diskQuota.isOn ? DiskAccounting.use(of: plan) : nil
-            record.disk = Self.diskRecord(plan, use: use, exceeded: state.diskQuotaExceeded,
-                                          logError: log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" })
-        }
-        if !refusedGroups.isEmpty { record.appGroupsRefused = refusedGroups }
+        finish(&record, state, plan: plan, log: log, cgroup: cgroup, refusedGroups: refusedGroups, logger: logger)
         let process = SuspendedApp(
             app: plan.bundle.identifier, pid: pid, appPID: app, channel: channel, logReadEnd: log.detachReadEnd(), cgroup: cgroup,
             sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
@@ -374,7 +369,7 @@ public struct LaunchSupervisor: Sendable {
             apps.endUnkept(process)
             record.termination = .exited
         }
-        logger.debug("launch ended; its process is suspended", metadata: ["unique.bytes": "\(unique)"])
+        logger.debug("its process is suspended", metadata: ["unique.bytes": "\(unique)"])
         return record
     }
 
