@@ -65,10 +65,8 @@ final class ControlVerbs: @unchecked Sendable {
             guard let apps = launches.suspendedApps else {
                 return .failure(.badRequest, "evict: this host keeps no app's process (--app-lifecycle fresh)")
             }
-            let had = apps.states().contains { $0.app == app && $0.state == .suspended }
-            apps.evict(app, reason: "evicted by the operator (bgtask evict)")
             var response = ControlResponse()
-            response.removed = had ? 1 : 0
+            response.removed = apps.evict(app, reason: "evicted by the operator (bgtask evict)") ? 1 : 0
             return response
         case .device: return device(request)
         case .clock: return clock(request)

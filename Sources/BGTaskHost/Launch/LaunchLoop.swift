@@ -243,7 +243,7 @@ struct LaunchLoop {
     /// settles. The app's word can only give its slot up early, never hold one longer.
     private mutating func noteWorkOver(_ state: LaunchState) {
         guard !workOverSaid, let onWorkOver = control?.onWorkOver, state.phase == .launched, state.backgroundTimeHeld.isEmpty,
-              state.tasks.values.allSatisfy({ $0.completedNs != nil || $0.notRegistered }) else { return }
+              state.openTaskCount == 0 else { return }
         workOverSaid = true
         onWorkOver()
     }
@@ -343,7 +343,7 @@ struct LaunchLoop {
             // (it is then supervised to its end as any other). Background time is the app's
             // own word both ways (as for `finished`): an app that says it is over while it
             // holds some only loses that time.
-            let open = state.tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count
+            let open = state.openTaskCount
             guard state.keepsProcess, state.idleNs == nil, open == 0 else {
                 state.refuse("idle", state.keepsProcess
                              ? "the launch said it was over with \(open) task(s) still open"

@@ -132,6 +132,10 @@ struct LaunchState {
         tasks = Dictionary(uniqueKeysWithValues: plan.tasks.map { ($0.task, TaskProgress(assignment: $0)) })
     }
 
+    /// Tasks the launch has that have not ended (completed, or not registered), as the host has
+    /// heard.
+    var openTaskCount: Int { tasks.values.reduce(0) { $0 + ($1.completedNs == nil && !$1.notRegistered ? 1 : 0) } }
+
     mutating func addTask(_ task: TaskAssignment) {
         addedTasks.append(task)
         tasks[task.task] = TaskProgress(assignment: task)
@@ -260,7 +264,7 @@ struct LaunchState {
         let signaled = bgtask_wifsignaled(status) != 0
         if signaled { signal = SignalName.of(bgtask_wtermsig(status)) }
         if bgtask_wifexited(status) != 0 { exitStatus = bgtask_wexitstatus(status) }
-        let openTasks = tasks.values.contains { !$0.notRegistered && $0.completedNs == nil }
+        let openTasks = openTaskCount > 0
 
         if let killed, killed == .watchdog || killed == .jetsam || killed == .disk || killed == .diskQuota {
             termination = killed
@@ -272,7 +276,7 @@ struct LaunchState {
             } else if killed == .watchdog, let lingering {
                 error = lingering
             } else if killed == .watchdog {
-                let open = tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count
+                let open = openTaskCount
                 let held = backgroundTimeHeld.isEmpty ? "" : " and \(backgroundTimeHeld.count) background-time assertion(s) not ended (endBackgroundTask)"
                 error = "killed \(RunRecord.ms(plan.limits.grace.milliseconds)) after expiration with \(open) task(s) still open\(held)"
             } else {
@@ -304,7 +308,7 @@ struct LaunchState {
             error = "exited with status \(exitStatus ?? -1)"
         } else if openTasks || !finished {
             termination = .crashed
-            error = "exited with status 0 while \(tasks.values.filter { $0.completedNs == nil && !$0.notRegistered }.count) task(s) were still open"
+            error = "exited with status 0 while \(openTaskCount) task(s) were still open"
         } else {
             termination = suspendedAfter ? .suspended : .exited
         }

@@ -272,13 +272,14 @@ final class SuspendedApps: @unchecked Sendable {
     }
 
     /// Ends `app`'s suspended process (SIGKILL to its group, its cgroup), reaps it and records
-    /// why. Nothing when it has none.
-    func evict(_ app: String, reason: String) {
+    /// why. False (and nothing done) when it has none.
+    @discardableResult
+    func evict(_ app: String, reason: String) -> Bool {
         let taken: (SuspendedApp, [Int32])? = lock.withLock {
             guard let process = suspended.removeValue(forKey: app) else { return nil }
             return (process, pidfds.removeValue(forKey: app) ?? [])
         }
-        guard let (process, fds) = taken else { return }
+        guard let (process, fds) = taken else { return false }
         fds.forEach { close($0) }
         wakeWatcher()
         end(process)
@@ -287,6 +288,7 @@ final class SuspendedApps: @unchecked Sendable {
         }
         logger.info("evicted a suspended app", metadata: [
             "bundle.id": "\(app)", "pid": "\(process.pid)", "rss": "\(process.residentBytes)", "reason": "\(reason)"])
+        return true
     }
 
     /// Every suspended app ends (the host stops); none is taken in after.
