@@ -72,6 +72,9 @@ let package = Package(
         // loops above), streaming bodies with backpressure, HTTP/1.1 and HTTP/2, TLS through
         // swift-nio-ssl, pooled connections, redirects (docs/transfers.md, "Why AsyncHTTPClient").
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.26.0"),
+        // The supervision loops' deadline heap and the launch workers' queue (already built for
+        // SwiftNIO, which depends on it).
+        .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
     ],
     targets: [
         // MARK: The ABI and the SDK
@@ -126,6 +129,8 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "DequeModule", package: "swift-collections"),
             ]
         ),
         .executableTarget(

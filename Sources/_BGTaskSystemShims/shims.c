@@ -21,6 +21,9 @@
 #include <sys/single_threaded.h>
 #endif
 #include <sys/socket.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -420,4 +423,45 @@ int64_t bgtask_directory_usage_entries(const char *path, int64_t max_entries, in
     if (entries) *entries = limit - (usage_left > 0 ? usage_left : 0);
     if (complete) *complete = result != FTW_STOP;
     return usage_total;
+}
+
+int bgtask_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+static int epoll_control(int epfd, int op, int fd, uint32_t events, uint64_t token) {
+    struct epoll_event event = {.events = events, .data.u64 = token};
+    return epoll_ctl(epfd, op, fd, &event);
+}
+
+int bgtask_epoll_add(int epfd, int fd, uint32_t events, uint64_t token) { return epoll_control(epfd, EPOLL_CTL_ADD, fd, events, token); }
+int bgtask_epoll_modify(int epfd, int fd, uint32_t events, uint64_t token) { return epoll_control(epfd, EPOLL_CTL_MOD, fd, events, token); }
+int bgtask_epoll_remove(int epfd, int fd) { return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL); }
+
+int bgtask_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int capacity, int timeout_ms) {
+    struct epoll_event ready[256];
+    if (capacity > 256) capacity = 256;
+    int n = epoll_wait(epfd, ready, capacity, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        tokens[i] = ready[i].data.u64;
+        events[i] = ready[i].events;
+    }
+    return n;
+}
+
+int bgtask_timerfd_create(void) { return timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC); }
+
+int bgtask_timerfd_arm(int fd, uint64_t at_ns) {
+    struct itimerspec spec = {0};
+    spec.it_value.tv_sec = (time_t)(at_ns / 1000000000ull);
+    spec.it_value.tv_nsec = (long)(at_ns % 1000000000ull);
+    return timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, NULL);
+}
+
+int bgtask_eventfd_create(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+void bgtask_eventfd_signal(int fd) { uint64_t one = 1; (void)!write(fd, &one, sizeof one); }
+void bgtask_eventfd_clear(int fd) { uint64_t value; (void)!read(fd, &value, sizeof value); }
+
+long bgtask_send_nonblocking(int fd, const void *bytes, unsigned long count) {
+    long sent;
+    do { sent = send(fd, bytes, count, MSG_DONTWAIT | MSG_NOSIGNAL); } while (sent < 0 && errno == EINTR);
+    return sent;
 }

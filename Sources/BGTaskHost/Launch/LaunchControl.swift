@@ -6,8 +6,8 @@ import Glibc
 /// (`bgtask simulate-expire`, power lost, device no longer idle) or shut it down gracefully
 /// (expire now, kill after the grace). Wakes the supervisor's poll loop through a pipe.
 ///
-/// Any thread may call its methods. `onStart` is called on the supervising thread once the
-/// runner's pid is known.
+/// Any thread may call its methods. `onStart` is called on a launch worker once the runner's
+/// pid is known; `onEvent` and `onWorkOver` on the launch's supervision loop.
 public final class LaunchControl: @unchecked Sendable {
     public enum Command: Sendable, Equatable {
         case expire(task: UInt64?, reason: String)
@@ -33,7 +33,7 @@ public final class LaunchControl: @unchecked Sendable {
     private var commands: [Command] = []
     private var pipeFDs: [Int32] = [-1, -1]
     public var onStart: (@Sendable (Int32) -> Void)?
-    /// Called once on the supervising thread when the launch's work is over as far as the host
+    /// Called once on the supervision loop when the launch's work is over as far as the host
     /// has heard (every task ended, no background time held): from then on the launch only
     /// settles (its main queue's turn, quiet) and is suspended or exits, which takes no launch
     /// slot of the host's.
@@ -46,28 +46,35 @@ public final class LaunchControl: @unchecked Sendable {
     private let admission = NSCondition()
     private var admitted: Bool?
     private var needsAdmission = false
+    private var onAdmission: (@Sendable (Bool) -> Void)?
 
     /// Before the supervising thread starts: it must wait for `admit`.
     public func requireAdmission() { admission.withLock { needsAdmission = true } }
 
     /// The launch may start (true) or must not (false: it could not be recorded). Any thread.
     public func admit(_ allowed: Bool) {
-        admission.withLock {
+        let waiting = admission.withLock { () -> (@Sendable (Bool) -> Void)? in
             admitted = allowed
             admission.broadcast()
+            defer { onAdmission = nil }
+            return onAdmission
+        }
+        waiting?(allowed)
+    }
+
+    /// Whether the launch may start, when that is known now (true when no admission was
+    /// required); nil when it is not, and `later` is then called with the answer, on the
+    /// thread that calls `admit`.
+    func admission(orWhenKnown later: @escaping @Sendable (Bool) -> Void) -> Bool? {
+        admission.withLock {
+            guard needsAdmission else { return true }
+            if let admitted { return admitted }
+            onAdmission = later
+            return nil
         }
     }
 
-    /// On the supervising thread: whether the launch may start (true when no admission was
-    /// required), waiting for `admit` if need be.
-    public func waitForAdmission() -> Bool {
-        admission.withLock {
-            guard needsAdmission else { return true }
-            while admitted == nil { admission.wait() }
-            return admitted!
-        }
-    }
-    /// Called on the supervising thread for each event; must not block.
+    /// Called on the supervision loop for each event; must not block.
     public var onEvent: (@Sendable (Event) -> Void)?
 
     public init() {

@@ -4,10 +4,10 @@ import Dispatch
 import Foundation
 import Logging
 
-/// The running launches: starts each one on its own supervising thread, records it in the store
+/// The running launches: starts each one (supervised by the host's supervision loops), records it in the store
 /// before its process exists and after it ends, relays commands to it (expire, shut down, start a
 /// continued-processing task, close), follows its events, and hands its record to whoever waits
-/// for it. Confined to the host queue (every method is called there); launch threads hop onto it.
+/// for it. Confined to the host queue (every method is called there); launch workers hop onto it.
 ///
 /// It decides nothing about *when* to launch (`SchedulingLoop` does) and answers no client
 /// (`ControlVerbs` does); it tells the host a launch ended through `onEnded`.
@@ -38,8 +38,6 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
-    /// The launches' supervising threads, a few kept parked between launches.
-    static let threads = ParkedThreads(name: "bgtask.launch", maximumIdle: 8)
     /// Records of ended launches a client waits for, until it takes them.
     private var finishedRecords: [String: RunRecord] = [:]
     /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
@@ -87,6 +85,9 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             supervisor.suspendedApps = apps
         }
         self.supervisor = supervisor
+        // The supervision loops exist from the host's start (their descriptors and threads are
+        // part of the host at rest, not of its first launch).
+        _ = SupervisionLoops.all
     }
 
     var partName: String { "launch coordinator" }
@@ -238,21 +239,17 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
             control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1))
-        // The supervising thread (a parked one, or a new one) starts first and prepares the
-        // launch (containers, channel, log) while the launch is recorded here; it starts the
-        // child only once admitted, so the record still comes before the process (a hand-off to
-        // another thread is the slowest step on a loaded machine: it overlaps the recording).
+        // The launch's preparation (containers, channel, log) starts on a launch worker while
+        // the launch is recorded here; its process starts only once admitted, so the record
+        // still comes before the process. It is then supervised by a supervision loop, and its
+        // record comes back here.
         control.requireAdmission()
-        let supervisor = self.supervisor
         let broker = makeBroker(launchID)
-        Self.threads.run { [weak self, plan] in
+        supervisor.start(plan, broker: broker, control: control) { [weak self, plan] outcome in
             let record: RunRecord
-            do {
-                record = try supervisor.run(plan, broker: broker, control: control)
-            } catch let error as BGTaskError {
-                record = .notStarted(plan, error: error)
-            } catch {
-                record = .notStarted(plan, error: BGTaskError(.launch, "\(error)"))
+            switch outcome {
+            case .success(let finished): record = finished
+            case .failure(let error): record = .notStarted(plan, error: error)
             }
             guard let self else { return }
             queue.async { self.ended(record) }

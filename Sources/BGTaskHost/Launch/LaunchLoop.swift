@@ -6,11 +6,12 @@ import Glibc
 import Logging
 import _BGTaskSystemShims
 
-/// The supervision of one running launch: a single `poll(2)` loop over the launch's pidfd, its
-/// channel, its log pipe and its control's wake pipe, with the next deadline as the timeout (no
-/// sleeps). Each turn enforces what is due (expiry, the watchdogs, the disk reserve, the memory
-/// limit), waits, then carries out the host's commands, reads the log and answers the channel.
-/// It ends when the launch's process has exited; `drain` then reads what it said last.
+/// The supervision of one running launch, one turn at a time on a supervision loop (see
+/// `SupervisedLaunch`, which owns the descriptors: the launch's pidfd, its channel, its log pipe
+/// and its control's wake pipe). Each turn carries out the host's commands, reads the log and
+/// answers the channel, then enforces what is due (expiry, the watchdogs, the disk reserve, the
+/// memory limit) and names the next deadline (no sleeps, no thread of its own). It ends when
+/// the launch's process has exited or gone idle; `drain` then reads what it said last.
 struct LaunchLoop {
     let pid: pid_t
     let channel: LaunchChannel
@@ -67,37 +68,93 @@ struct LaunchLoop {
             lookInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
     }
 
-    mutating func run(_ state: inout LaunchState) {
-        let pidfd = bgtask_pidfd_open(pid)
-        defer { if pidfd >= 0 { close(pidfd) } }
-        while true {
-            let now = bgtask_monotonic_ns()
-            enforce(at: now, &state)
-            let timeoutNs = nextWake(after: now, state)
-            var fds = [pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0),
-                       pollfd(fd: control?.wakeFD ?? -1, events: Int16(POLLIN), revents: 0),
-                       pollfd(fd: state.log.readEnd, events: Int16(POLLIN), revents: 0)]
-            if channelOpen { fds.append(pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)) }
-            // Without a pidfd the child's exit cannot wake the loop: look every 10 ms.
-            let ready = bgtask_poll_ns(&fds, UInt(fds.count), pidfd >= 0 ? timeoutNs : (timeoutNs < 0 ? 10_000_000 : min(timeoutNs, 10_000_000)))
-            if ready < 0 && errno != EINTR { break }
+    /// One turn on the supervision loop (`SupervisedLaunch.fire`): the host's commands, the
+    /// launch's output, its messages (`channelReady`), then what is due at `now`. Returns false
+    /// once the launch's process has exited (`exited`), or its work is over and the process
+    /// stays (the supervisor suspends it).
+    mutating func turn(_ state: inout LaunchState, now: UInt64, commands: Bool, logReady: Bool, channelReady: Bool, exited: Bool) -> Bool {
+        if let control, commands { apply(control.take(), &state) }
+        // The launch's output before its messages: what it printed before it sent them.
+        if logReady { state.log.drain() }
+        if channelOpen, channelReady {
+            flush()
+            readChannel(&state)
+            noteWorkOver(state)
+        }
+        if outboxOverflowed, state.killed == nil {
+            state.end(.crashed, error: "the launch did not read its channel: \(outbox.count) message(s) of the host's (\(outboxBytes) bytes) were waiting")
+            kill(.crashed, &state, "killed: the launch stopped reading its channel")
+        }
+        checkHangUp(&state)
+        if exited { return false }
+        // The launch's work is over and its process stays: the supervisor suspends it.
+        if state.idleNs != nil && state.killed == nil { return false }
+        enforce(at: bgtask_monotonic_ns(), &state)
+        return true
+    }
 
-            if let control, fds[1].revents != 0 { apply(control.take(), &state) }
-            // The launch's output before its messages: what it printed before it sent them.
-            if fds[2].revents != 0 { state.log.drain() }
-            if channelOpen, fds.count > 3, fds[3].revents != 0 {
-                readChannel(&state)
-                noteWorkOver(state)
+    /// When the loop must turn next whatever the descriptors do (monotonic ns; `.max`: never).
+    func deadline(after now: UInt64, _ state: LaunchState) -> UInt64 {
+        let wake = nextWake(after: now, state)
+        return wake < 0 ? .max : now + UInt64(wake)
+    }
+
+    /// The channel waits to be written to: messages of the host's are queued (`outbox`).
+    var wantsToWrite: Bool { !outbox.isEmpty }
+    var isChannelOpen: Bool { channelOpen }
+
+    // MARK: Sending
+
+    /// The host's messages to the launch, never blocking the loop: sent at once when the
+    /// channel has room, queued when it has not (the runner reads its channel on a thread of
+    /// its own, so a full one is a launch that stopped reading). More than `outboxLimit` bytes
+    /// queued kill the launch (`outboxOverflowed`): before the loop, a launch that stopped
+    /// reading held its supervising thread in send(2), its watchdog with it.
+    private var outbox: [[UInt8]] = []
+    private var outboxBytes = 0
+    private var outboxOverflowed = false
+    static let outboxLimit = 4 << 20
+
+    private mutating func send(_ message: ParentMessage) throws(ChannelError) {
+        var writer = WireWriter()
+        message.write(to: &writer)
+        let bytes = writer.bytes
+        guard bytes.count <= LaunchChannel.maximumMessageBytes else {
+            throw ChannelError(.oversized, "message of \(bytes.count) bytes exceeds \(LaunchChannel.maximumMessageBytes)")
+        }
+        guard channelOpen else { throw ChannelError(.closed, "the launch closed its channel") }
+        if outbox.isEmpty {
+            let sent = bytes.withUnsafeBytes { bgtask_send_nonblocking(channel.fd, $0.baseAddress, UInt($0.count)) }
+            if sent >= 0 { return }
+            let e = errno
+            guard e == EAGAIN || e == EWOULDBLOCK else {
+                throw ChannelError(e == EPIPE || e == ECONNRESET ? .closed : .system, "send: \(String(cString: strerror(e)))")
             }
-            checkHangUp(&state)
-            if pidfd >= 0 ? fds[0].revents != 0 : bgtask_has_exited(pid) != 0 { break }
-            // The launch's work is over and its process stays: the supervisor suspends it.
-            if state.idleNs != nil && state.killed == nil { break }
+        }
+        outbox.append(bytes)
+        outboxBytes += bytes.count
+        if outboxBytes > Self.outboxLimit { outboxOverflowed = true }
+    }
+
+    /// Sends what is queued while the channel has room.
+    private mutating func flush() {
+        while let first = outbox.first {
+            let sent = first.withUnsafeBytes { bgtask_send_nonblocking(channel.fd, $0.baseAddress, UInt($0.count)) }
+            if sent < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK { return }
+                // Closed: nothing more reaches it (its end is noticed by the reader).
+                outbox.removeAll()
+                outboxBytes = 0
+                return
+            }
+            outbox.removeFirst()
+            outboxBytes -= first.count
         }
     }
 
     /// What the launch said after the loop ended (its last messages, up to 100,000).
     mutating func drain(_ state: inout LaunchState) {
+        answerWaitingCalls(&state)
         _ = receive(&state, limit: 100_000)
     }
 
@@ -108,7 +165,7 @@ struct LaunchLoop {
     private mutating func enforce(at now: UInt64, _ state: inout LaunchState) {
         if state.expiredAtNs == nil, now >= expireAt {
             state.expiredAtNs = now
-            try? channel.send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
+            try? send(ParentMessage.expire(task: nil, reason: plan.expireAfter == nil ? "budget" : "simulated"))
             // The grace runs from the deadline, not from this thread's wake-up: the runner
             // expired itself at the deadline (its parent reader: Runner.untilDeadline), and a
             // host that woke late must not kill late.
@@ -135,10 +192,18 @@ struct LaunchLoop {
             state.diskQuotaExceeded = "\(exceeded) while it ran"
             kill(.diskQuota, &state, "disk quota kill", ["bytes": "\(quota.use.bytes)", "inodes": "\(quota.use.inodes)"])
         } else if sampling,
-                  let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in (try? channel.send(ParentMessage.probeChildren)) != nil }),
+                  let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }),
                   rss > plan.limits.memoryLimitBytes {
             kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
         }
+    }
+
+    /// A message sent only if the channel has room now (the memory sampler's probe: one lost
+    /// is a probe not answered, and the sampler walks the launch's tree instead).
+    static func trySend(_ message: ParentMessage, on channel: LaunchChannel) -> Bool {
+        var writer = WireWriter()
+        message.write(to: &writer)
+        return writer.bytes.withUnsafeBytes { bgtask_send_nonblocking(channel.fd, $0.baseAddress, UInt($0.count)) } >= 0
     }
 
     private func kill(_ termination: RunRecord.Termination, _ state: inout LaunchState, _ message: Logger.Message,
@@ -194,11 +259,11 @@ struct LaunchLoop {
                 if let task, state.taskKillAt[task] == nil {
                     state.taskKillAt[task] = bgtask_monotonic_ns() + grace
                 }
-                try? channel.send(ParentMessage.expire(task: task, reason: reason))
+                try? send(ParentMessage.expire(task: task, reason: reason))
                 logger.debug("expiration sent", metadata: ["reason": "\(reason)", "task": "\(task.map(String.init) ?? "all")"])
             case let .startTask(task):
                 state.addTask(task)
-                try? channel.send(ParentMessage.startTask(task))
+                try? send(ParentMessage.startTask(task))
             case .close:
                 // A foreground launch leaves the foreground: what it still holds (background
                 // time) has what iOS gives an app entering the background, at most.
@@ -206,20 +271,116 @@ struct LaunchLoop {
                 let deadline = now + UInt64(LaunchLimits.backgroundTimeAfterForeground.nanoseconds)
                 if state.expiredAtNs == nil && deadline < expireAt {
                     expireAt = deadline
-                    try? channel.send(ParentMessage.deadline(expiresAtNs: deadline))
+                    try? send(ParentMessage.deadline(expiresAtNs: deadline))
                 }
-                try? channel.send(ParentMessage.close)
+                try? send(ParentMessage.close)
             case let .shutdown(reason):
                 let now = bgtask_monotonic_ns()
                 if state.expiredAtNs == nil { state.expiredAtNs = now }
-                try? channel.send(ParentMessage.expire(task: nil, reason: reason))
+                try? send(ParentMessage.expire(task: nil, reason: reason))
                 killAt = min(killAt ?? UInt64.max, now + grace)
             case let .transferEvent(json):
-                do { try channel.send(ParentMessage.transferEvent(json: json)) } catch {
+                do { try send(ParentMessage.transferEvent(json: json)) } catch {
                     logger.warning("a transfer event did not fit the launch channel", metadata: ["error": "\(error)"])
                 }
             }
         }
+    }
+
+    // MARK: The launch's calls
+
+    /// Calls of the launch's that wait for a worker's answer (`answer`), oldest first.
+    var calls: [ChildMessage] = []
+    /// Calls waiting beyond this many stop the loop reading the launch's channel until they
+    /// are answered: a launch that floods calls (each a store read or write) is slowed to the
+    /// host's pace instead of queueing without bound in the host's memory.
+    static let callsWaitingLimit = 16
+    var readsPaused: Bool { calls.count >= Self.callsWaitingLimit }
+    /// Calls are answered where they are read (after the loop: `drain`, on a worker; or a
+    /// launch turned by a thread of its own).
+    var synchronousCalls = false
+
+    /// The host's answer to one call, with what it changes in the launch's record.
+    struct CallAnswer: @unchecked Sendable {
+        var reply: ParentMessage?
+        /// Sent instead when `reply` does not fit the channel.
+        var fallback: ParentMessage?
+        var submitted: TaskRequest?
+        var notificationAdded: String?
+        var transferDelivered: String?
+    }
+
+    /// Answers a request (submit, cancel, pending, notifications, transfers, the device token)
+    /// through the broker. Any thread: it touches no state of the loop's.
+    static func answer(_ message: ChildMessage, broker: LaunchRequestBroker, plan: LaunchPlan, control: LaunchControl?) -> CallAnswer {
+        var answer = CallAnswer()
+        switch message {
+        case .submit(let seq, let request):
+            let rejection = broker.submit(request, app: plan.bundle)
+            if rejection == nil { answer.submitted = request }
+            answer.reply = .reply(seq: seq, status: rejection?.status.rawValue ?? 0, message: rejection?.message, requests: nil)
+        case .cancel(let seq, let identifier):
+            broker.cancel(identifier: identifier, app: plan.bundle)
+            answer.reply = .reply(seq: seq, status: 0, message: nil, requests: nil)
+        case .pending(let seq):
+            answer.reply = .reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle))
+        case .notificationAuthorization(let seq, _, _), .notificationAdd(let seq, _), .notificationList(let seq, _), .notificationRemove(let seq, _, _):
+            guard let call = NotificationCall(message) else { break }
+            let result = broker.notifications(call, app: plan.bundle)
+            if case let .add(request) = call, result.status == 0 { answer.notificationAdded = request.identifier }
+            answer.reply = .notificationReply(seq: seq, status: result.status, message: result.message,
+                                              authorization: result.authorization.rawValue, notifications: result.entries)
+            // A list too large for one frame (64 requests of 16 KiB): answered with an error
+            // rather than never.
+            answer.fallback = .notificationReply(seq: seq, status: 101, message: "the list is too large for the launch channel",
+                                                 authorization: result.authorization.rawValue, notifications: [])
+        case .transferCall(let seq, let json):
+            // Background URL sessions: the host's transfers part answers (BackgroundTransfers).
+            // The runner bounds the call, but a hostile child can send anything: checked again.
+            let result: TransferCallAnswer
+            if json.utf8.count > TransferLimits.callBytes {
+                result = .failure(TransferCallAnswer.invalidArgument, "the call is \(json.utf8.count) bytes, over the limit of \(TransferLimits.callBytes)")
+            } else if let call = try? JSONDecoder().decode(TransferCall.self, from: Data(json.utf8)) {
+                if let problem = call.problem {
+                    result = .failure(TransferCallAnswer.invalidArgument, problem)
+                } else {
+                    result = broker.transfer(call, app: plan.bundle, launchID: plan.launchID, control: control)
+                }
+            } else {
+                result = .failure(TransferCallAnswer.invalidArgument, "the call is not a TransferCall's JSON")
+            }
+            answer.transferDelivered = result.delivered
+            let reply = result.reply.flatMap { try? JSONEncoder.transferJSON.encode($0) }.map { String(decoding: $0, as: UTF8.self) }
+            answer.reply = .transferReply(seq: seq, status: result.status, message: result.message, json: reply)
+            answer.fallback = .transferReply(seq: seq, status: TransferCallAnswer.failed, message: "the answer does not fit the launch channel", json: nil)
+        case .deviceToken(let seq):
+            switch broker.deviceToken(app: plan.bundle) {
+            case .success(let token): answer.reply = .reply(seq: seq, status: 0, message: token, requests: nil)
+            case .failure(let rejection): answer.reply = .reply(seq: seq, status: rejection.status.rawValue, message: rejection.message, requests: nil)
+            }
+        default:
+            break
+        }
+        return answer
+    }
+
+    /// On the loop: an answer kept in the launch's state and sent.
+    mutating func deliver(_ answer: CallAnswer, _ state: inout LaunchState) {
+        if let request = answer.submitted { state.submitted.append(request) }
+        if let added = answer.notificationAdded { state.notificationsAdded.append(added) }
+        if let delivered = answer.transferDelivered { state.transfersDelivered.append(delivered) }
+        guard let reply = answer.reply else { return }
+        do { try send(reply) } catch {
+            if error.code == .oversized, let fallback = answer.fallback { try? send(fallback) }
+        }
+    }
+
+    /// After the loop (on a worker): the calls still waiting, answered where they are.
+    mutating func answerWaitingCalls(_ state: inout LaunchState) {
+        synchronousCalls = true
+        let waiting = calls
+        calls = []
+        for call in waiting { deliver(Self.answer(call, broker: broker, plan: plan, control: control), &state) }
     }
 
     // MARK: The channel
@@ -261,7 +422,7 @@ struct LaunchLoop {
 
     /// Reads the packets available, at most `limit` (so a child flooding its channel cannot keep
     /// the loop from its deadlines). Returns false once the channel is closed or unusable.
-    private func receive(_ state: inout LaunchState, limit: Int = 64) -> Bool {
+    private mutating func receive(_ state: inout LaunchState, limit: Int = 64) -> Bool {
         for _ in 0..<limit {
             let packet: [UInt8]?
             do {
@@ -287,53 +448,16 @@ struct LaunchLoop {
 
     /// Answers a request (submit, cancel, pending) through the broker, keeps what the launch
     /// reports in its state, and passes events on to the host.
-    private func handle(_ message: ChildMessage, _ state: inout LaunchState) {
+    private mutating func handle(_ message: ChildMessage, _ state: inout LaunchState) {
         switch message {
-        case .submit(let seq, let request):
-            let rejection = broker.submit(request, app: plan.bundle)
-            if rejection == nil { state.submitted.append(request) }
-            try? channel.send(ParentMessage.reply(seq: seq, status: rejection?.status.rawValue ?? 0, message: rejection?.message, requests: nil))
-        case .cancel(let seq, let identifier):
-            broker.cancel(identifier: identifier, app: plan.bundle)
-            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: nil))
-        case .pending(let seq):
-            try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: nil, requests: broker.pending(app: plan.bundle)))
-        case .notificationAuthorization(let seq, _, _), .notificationAdd(let seq, _), .notificationList(let seq, _), .notificationRemove(let seq, _, _):
-            guard let call = NotificationCall(message) else { break }
-            let answer = broker.notifications(call, app: plan.bundle)
-            if case let .add(request) = call, answer.status == 0 { state.notificationsAdded.append(request.identifier) }
-            do {
-                try channel.send(ParentMessage.notificationReply(seq: seq, status: answer.status, message: answer.message,
-                                                                 authorization: answer.authorization.rawValue, notifications: answer.entries))
-            } catch {
-                // A list too large for one frame (64 requests of 16 KiB): answered with an
-                // error rather than never.
-                if error.code == .oversized {
-                    try? channel.send(ParentMessage.notificationReply(seq: seq, status: 101, message: "the list is too large for the launch channel: \(error)",
-                                                                      authorization: answer.authorization.rawValue, notifications: []))
-                }
-            }
-        case .transferCall(let seq, let json):
-            // Background URL sessions: the host's transfers part answers (BackgroundTransfers).
-            // The runner bounds the call, but a hostile child can send anything: checked again.
-            let answer: TransferCallAnswer
-            if json.utf8.count > TransferLimits.callBytes {
-                answer = .failure(TransferCallAnswer.invalidArgument, "the call is \(json.utf8.count) bytes, over the limit of \(TransferLimits.callBytes)")
-            } else if let call = try? JSONDecoder().decode(TransferCall.self, from: Data(json.utf8)) {
-                if let problem = call.problem {
-                    answer = .failure(TransferCallAnswer.invalidArgument, problem)
-                } else {
-                    answer = broker.transfer(call, app: plan.bundle, launchID: plan.launchID, control: control)
-                }
+        case .submit, .cancel, .pending, .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove,
+             .transferCall, .deviceToken:
+            // The host's answer may wait on its store and its queue: answered on a worker
+            // (`SupervisedLaunch`), one call at a time per launch, in order, never on the loop.
+            if synchronousCalls {
+                deliver(Self.answer(message, broker: broker, plan: plan, control: control), &state)
             } else {
-                answer = .failure(TransferCallAnswer.invalidArgument, "the call is not a TransferCall's JSON")
-            }
-            if let delivered = answer.delivered { state.transfersDelivered.append(delivered) }
-            let reply = answer.reply.flatMap { try? JSONEncoder.transferJSON.encode($0) }.map { String(decoding: $0, as: UTF8.self) }
-            do {
-                try channel.send(ParentMessage.transferReply(seq: seq, status: answer.status, message: answer.message, json: reply))
-            } catch {
-                try? channel.send(ParentMessage.transferReply(seq: seq, status: TransferCallAnswer.failed, message: "the answer does not fit the launch channel: \(error)", json: nil))
+                calls.append(message)
             }
         case .log(let level, let text):
             state.log.append(level: level, text)
@@ -355,11 +479,6 @@ struct LaunchLoop {
             state.reportedCPUNs = cpu
             state.hearsResumes = hears
             state.finished = true
-        case .deviceToken(let seq):
-            switch broker.deviceToken(app: plan.bundle) {
-            case .success(let token): try? channel.send(ParentMessage.reply(seq: seq, status: 0, message: token, requests: nil))
-            case .failure(let rejection): try? channel.send(ParentMessage.reply(seq: seq, status: rejection.status.rawValue, message: rejection.message, requests: nil))
-            }
         default:
             state.apply(message)
         }

@@ -87,12 +87,48 @@ public struct LaunchSupervisor: Sendable {
         return executable.deletingLastPathComponent().appendingPathComponent("bgtask-runner").path
     }
 
-    public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil) throws(BGTaskError) -> RunRecord {
-        var logger = logger
-        // Set on the logger in one assignment once the pid is known: a log handler may redo its
-        // work on every metadata change (swift-log's StreamLogHandler prettifies all of it).
-        var launchMetadata: Logger.Metadata = ["launch.id": "\(plan.launchID)", "bundle.id": "\(plan.bundle.identifier)"]
+    /// What a launch comes to: its record, or why it could not be started at all.
+    public typealias Completion = @Sendable (Result<RunRecord, BGTaskError>) -> Void
 
+    /// Runs the launch and waits for its record (`start`, then a wait: for `bgtask run`, the
+    /// benches and tests; the host itself never waits).
+    public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil) throws(BGTaskError) -> RunRecord {
+        let done = DispatchSemaphore(value: 0)
+        let result = LockedValue<Result<RunRecord, BGTaskError>?>(nil)
+        start(plan, broker: broker, control: control) { outcome in
+            result.withLock { $0 = outcome }
+            done.signal()
+        }
+        done.wait()
+        return try result.withLock { $0! }.get()
+    }
+
+    /// Starts the launch and returns at once; `completion` gets its record, on a worker thread.
+    ///
+    /// The blocking steps (its containers made, its disk use measured, its process spawned,
+    /// and after it ends its reap and record) run on `workers`, a few threads for the whole
+    /// host; between them the launch is a source of a supervision loop (`SupervisionLoops`),
+    /// which supervises every running launch without a thread each.
+    public func start(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil, completion: @escaping Completion) {
+        Self.workers.run { [self] in
+            do throws(BGTaskError) {
+                try prepare(plan, broker: broker, control: control, completion: completion)
+            } catch {
+                completion(.failure(error))
+            }
+        }
+    }
+
+    /// The threads for the blocking steps around launches (see `start`). Four: a walk of a
+    /// large container for its disk quota must not hold up the next launch's fork.
+    static let workers = WorkerPool(name: "bgtask.launch", size: 4)
+    /// The threads that answer launches' calls (submit, pending, notifications, transfers):
+    /// they wait on the store and the host's queue, which the loops must never do.
+    static let brokers = WorkerPool(name: "bgtask.broker", size: 4)
+
+    /// On a worker: everything a launch needs before its process exists; then, once the host
+    /// has recorded it (`LaunchControl.whenAdmitted`), its process is started or resumed.
+    private func prepare(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?, completion: @escaping Completion) throws(BGTaskError) {
         guard access(runnerPath, X_OK) == 0 else {
             throw BGTaskError(.launch, file: runnerPath, "the bgtask-runner executable is missing or not executable (set BGTASK_RUNNER)")
         }
@@ -107,7 +143,8 @@ public struct LaunchSupervisor: Sendable {
                     .launch, file: plan.dataDirectory.path,
                     "not launched: \(exceeded); it launches again once it holds less (remove files from its container, or raise --disk-quota or --disk-quota-inodes)"))
                 record.disk = Self.diskRecord(plan, use: use, exceeded: exceeded, logError: nil)
-                return record
+                completion(.success(record))
+                return
             }
             diskUseAtStart = use
         }
@@ -122,8 +159,13 @@ public struct LaunchSupervisor: Sendable {
             let bringsEvents = plan.role != .background || plan.eventJSON != nil || plan.reason == .remoteNotification || plan.reason == .backgroundTransfer
             let (process, eviction) = apps.take(plan.bundle.identifier, key: processKey, bringsEvents: bringsEvents)
             if let process {
-                return try resume(process, plan: plan, broker: broker, control: control, refusedGroups: refusedGroups,
-                                  diskUseAtStart: diskUseAtStart, apps: apps)
+                let log = LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
+                                    header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID), adopting: process.logReadEnd)
+                for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
+                let resumption = Prepared(plan: plan, broker: broker, control: control, completion: completion, log: log,
+                                          refusedGroups: refusedGroups, diskUseAtStart: diskUseAtStart)
+                Self.whenAdmitted(control) { [self] allowed in resume(process, resumption, allowed: allowed, apps: apps) }
+                return
             }
             previous = eviction
         }
@@ -132,23 +174,90 @@ public struct LaunchSupervisor: Sendable {
         do { channels = try LaunchChannel.makePair() } catch {
             throw BGTaskError(.system, "\(error)")
         }
-        // Kept with the process when it is suspended after the launch.
-        var kept = false
-        defer { if !kept { channels.parent.close() } }
-        var childEndOpen = true
-        defer { if childEndOpen { channels.child.close() } }
         // The child's stdout and stderr: a pipe into the launch log (see LaunchLog), whose
         // header says whose it is (the entries' app is the host's word, not the child's).
-        let log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
+        let log: LaunchLog
+        do {
+            log = try LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
                                 header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID))
+        } catch {
+            channels.parent.close()
+            channels.child.close()
+            throw error
+        }
         for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
-        let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
-        defer { close(nullFD) }
+        let prepared = Prepared(plan: plan, broker: broker, control: control, completion: completion, log: log,
+                                refusedGroups: refusedGroups, diskUseAtStart: diskUseAtStart)
+        prepared.fresh = FreshProcess(channels: channels, groups: groups, identity: identity, keeps: keeps, key: key, previous: previous)
+        Self.whenAdmitted(control) { [self] allowed in
+            do throws(BGTaskError) {
+                try spawn(prepared, allowed: allowed)
+            } catch {
+                completion(.failure(error))
+            }
+        }
+    }
 
-        // The host records the launch while the above is prepared; no child before that.
-        if let control, !control.waitForAdmission() {
+    /// What `prepare` hands to the step after admission.
+    final class Prepared: @unchecked Sendable {
+        let plan: LaunchPlan
+        let broker: LaunchRequestBroker
+        let control: LaunchControl?
+        let completion: Completion
+        let log: LaunchLog
+        let refusedGroups: [String: String]
+        let diskUseAtStart: DiskUse?
+        var fresh: FreshProcess?
+
+        init(plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?, completion: @escaping Completion, log: LaunchLog,
+             refusedGroups: [String: String], diskUseAtStart: DiskUse?) {
+            self.plan = plan
+            self.broker = broker
+            self.control = control
+            self.completion = completion
+            self.log = log
+            self.refusedGroups = refusedGroups
+            self.diskUseAtStart = diskUseAtStart
+        }
+    }
+
+    struct FreshProcess {
+        var channels: (parent: LaunchChannel, child: LaunchChannel)
+        var groups: [AppGroup]
+        var identity: LaunchIdentity?
+        var keeps: Bool
+        var key: SuspendedApp.Key?
+        var previous: AppProcessEviction?
+    }
+
+    /// `body` once the host has recorded the launch: at once on this thread when it has (or
+    /// needs no admission), else on a worker when it does.
+    private static func whenAdmitted(_ control: LaunchControl?, _ body: @escaping @Sendable (Bool) -> Void) {
+        guard let control else { return body(true) }
+        if let allowed = control.admission(orWhenKnown: { allowed in workers.run { body(allowed) } }) { body(allowed) }
+    }
+
+    /// On a worker, once admitted: the runner started (forked from the zygote, or spawned), told
+    /// its launch, and handed to a supervision loop.
+    private func spawn(_ prepared: Prepared, allowed: Bool) throws(BGTaskError) {
+        let plan = prepared.plan, log = prepared.log, control = prepared.control
+        let fresh = prepared.fresh!
+        let channels = fresh.channels
+        var childEndOpen = true
+        var parentKept = false
+        defer {
+            if childEndOpen { channels.child.close() }
+            if !parentKept { channels.parent.close() }
+        }
+        guard allowed else {
             throw BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")
         }
+        let nullFD = try syscall("open /dev/null") { open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        defer { close(nullFD) }
+        var logger = logger
+        // Set on the logger in one assignment once the pid is known: a log handler may redo its
+        // work on every metadata change (swift-log's StreamLogHandler prettifies all of it).
+        var launchMetadata: Logger.Metadata = ["launch.id": "\(plan.launchID)", "bundle.id": "\(plan.bundle.identifier)"]
 
         // Orphans of a launch (a plugin's grandchildren whose parents died) come back to this
         // process instead of init, so they can be found and killed.
@@ -159,11 +268,11 @@ public struct LaunchSupervisor: Sendable {
         // take the child first: the runner finds it waiting instead of asking for it.
         let startFirst = cgroupRoot == nil
         func sendStart(_ cgroup: CgroupV2.LaunchGroup?) -> String? {
-            var start = assignment(plan, cgroup: cgroup, groups: groups, identity: identity)
+            var start = assignment(plan, cgroup: cgroup, groups: fresh.groups, identity: fresh.identity)
             start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
             start.backgroundRefreshStatus = plan.backgroundRefreshStatus
             start.reason = plan.reason.rawValue
-            start.suspendable = keeps
+            start.suspendable = fresh.keeps
             do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
             return nil
         }
@@ -173,21 +282,21 @@ public struct LaunchSupervisor: Sendable {
         childEndOpen = false
         log.closeChildEnd()
         let (pid, forked) = try started.get()
-        if keeps { suspendedApps?.started(plan.bundle.identifier, pid: pid) }
+        parentKept = true
+        if fresh.keeps { suspendedApps?.started(plan.bundle.identifier, pid: pid) }
         launchMetadata["child.pid"] = "\(pid)"
         logger.handler.metadata.merge(launchMetadata) { $1 }
         // The runner waits for its launch before loading anything, so every plugin process
         // starts inside the launch's cgroup.
         let cgroup = cgroupRoot.flatMap { launchGroup(under: $0, for: pid, plan: plan) }
-        defer { if !kept { cgroup?.remove() } }
         logger.debug("launch started", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
 
         var state = LaunchState(plan: plan, startNs: startNs, log: log)
-        state.diskUseAtStart = diskUseAtStart
+        state.diskUseAtStart = prepared.diskUseAtStart
         state.launcher = forked ? "zygote" : "spawn"
         state.cgroup = cgroup
-        state.keepsProcess = keeps
-        state.previousProcess = previous.map { "\($0.reason) (\(RunRecord.iso8601($0.at)))" }
+        state.keepsProcess = fresh.keeps
+        state.previousProcess = fresh.previous.map { "\($0.reason) (\(RunRecord.iso8601($0.at)))" }
         if !startFirst { startError = sendStart(cgroup) }
         if let startError {
             logger.error("could not send the launch to its runner", metadata: ["error": "\(startError)"])
@@ -198,39 +307,35 @@ public struct LaunchSupervisor: Sendable {
         }
 
         control?.onStart?(pid)
-        var loop = LaunchLoop(pid: pid, channel: channels.parent, plan: plan, broker: broker, control: control,
+        let loop = LaunchLoop(pid: pid, channel: channels.parent, plan: plan, broker: prepared.broker, control: control,
                               logger: logger, supervisor: self, state: state)
-        loop.run(&state)
-        if let key, let apps = suspendedApps,
-           let record = suspendIfOver(&loop, &state, pid: pid, channel: channels.parent, log: log, cgroup: cgroup, plan: plan, key: key,
-                                      launches: 1, cpuAtStartNs: 0, startedAt: startedAt, refusedGroups: refusedGroups, apps: apps) {
-            kept = true
-            return record
-        }
-        if keeps { suspendedApps?.ended(plan.bundle.identifier) }
+        let ending = SupervisedLaunch.Ending(
+            key: fresh.keeps ? fresh.key : nil, apps: fresh.keeps ? suspendedApps : nil, launches: 1, cpuAtStartNs: 0, startedAt: startedAt,
+            refusedGroups: prepared.refusedGroups, resumed: false)
+        supervise(SupervisedLaunch(supervisor: self, logger: logger, pid: pid, channel: channels.parent, cgroup: cgroup, loop: loop, state: state,
+                                   ending: ending, completion: prepared.completion))
+    }
 
-        let (status, usage, endNs) = reap(pid, cgroup: cgroup, &loop, &state, log: log)
-        var record = state.record(
-            status: status, usage: usage, pid: pid, wallNs: endNs - startNs, startedAt: startedAt)
-        // A runner that died before it could report (its namespace, its channel) said why on
-        // its stderr, the launch log: the record carries those words, not only a status.
-        if record.termination == .launchFailed, let error = record.error, error.hasSuffix("before loading the plugin"),
-           let said = Self.lastRunnerLine(log.path) {
-            record.error = error + " (it said: \(said))"
+    /// Hands a started launch to the supervision loop with the fewest launches (or, when no
+    /// loop could be made, out of descriptors, to a thread of its own that turns it).
+    private func supervise(_ launch: SupervisedLaunch) {
+        if let loop = SupervisionLoops.next() {
+            launch.home = loop
+            loop.add(launch)
+        } else {
+            Thread { launch.superviseAlone() }.start()
         }
-        finish(&record, state, plan: plan, log: log, cgroup: cgroup, refusedGroups: refusedGroups, logger: logger)
-        return record
     }
 
     /// Waits for the launch's process (`pid`, the host's child) to be reaped, then cleans up
     /// after it and reads what it wrote and said last. Its wait status, its rusage, and when it
     /// ended (the launch ends when its child is reaped; cleaning up after it is the host's time).
-    private func reap(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, _ loop: inout LaunchLoop, _ state: inout LaunchState,
-                      log: LaunchLog) -> (status: Int32, usage: rusage, endNs: UInt64) {
+    func reap(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?, _ loop: inout LaunchLoop, _ state: inout LaunchState,
+              log: LaunchLog, exitedAtNs: UInt64? = nil) -> (status: Int32, usage: rusage, endNs: UInt64) {
         var status: Int32 = 0
         var usage = rusage()
         _ = try? syscall("wait4") { bgtask_wait4(pid, &status, 0, &usage) }
-        let endNs = bgtask_monotonic_ns()
+        let endNs = min(exitedAtNs ?? .max, bgtask_monotonic_ns())
         cleanUp(after: pid, cgroup: cgroup, &state)
         // What the launch wrote before it ended, then what it said on its channel.
         log.drain(budget: LaunchLog.finalDrainBytes)
@@ -242,7 +347,7 @@ public struct LaunchSupervisor: Sendable {
     /// What every record gets once its launch is over, however it ended (reaped, or
     /// suspended): its cgroup's process limit, the app's disk use against its quota and a log
     /// that could not be kept, the app groups it was refused.
-    private func finish(_ record: inout RunRecord, _ state: LaunchState, plan: LaunchPlan, log: LaunchLog,
+    func finish(_ record: inout RunRecord, _ state: LaunchState, plan: LaunchPlan, log: LaunchLog,
                         cgroup: CgroupV2.LaunchGroup?, refusedGroups: [String: String], logger: Logger) {
         record.processLimit = cgroup?.processLimit
         let logError = log.failure.map { "\($0): \(log.lostBytes) bytes of the launch's output were not kept" }
@@ -260,35 +365,24 @@ public struct LaunchSupervisor: Sendable {
     /// told the launch (`ParentMessage.resume`: no load, no launch entry; the app's resume
     /// handler, then its tasks), supervised as any launch (its own budget, expiration, watchdog,
     /// memory limit and log), then suspended again or reaped.
-    private func resume(_ process: SuspendedApp, plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl?,
-                        refusedGroups: [String: String], diskUseAtStart: DiskUse?, apps: SuspendedApps) throws(BGTaskError) -> RunRecord {
+    private func resume(_ process: SuspendedApp, _ prepared: Prepared, allowed: Bool, apps: SuspendedApps) {
+        let plan = prepared.plan, log = prepared.log, control = prepared.control
         var logger = logger
         logger.handler.metadata.merge(["launch.id": "\(plan.launchID)", "bundle.id": "\(plan.bundle.identifier)", "child.pid": "\(process.pid)"]) { $1 }
-        let log = LaunchLog(path: plan.logFile.path, limit: plan.limits.logLimitBytes,
-                            header: LaunchLogHeader(app: plan.bundle.identifier, launchID: plan.launchID), adopting: process.logReadEnd)
-        for group in refusedGroups.keys.sorted() { log.append(level: 2, refusedGroups[group]!) }
-        var kept = false
-        defer {
-            if !kept {
-                process.channel.close()
-                process.cgroup?.remove()
-            }
-        }
-        if let control, !control.waitForAdmission() {
+        guard allowed else {
             // Not recorded, not run: the process goes back to sleep as it was (or ends, when
             // the host is stopping). Either way its descriptors are no longer this launch's.
             _ = log.detachReadEnd()
             if !apps.suspend(process) { apps.endUnkept(process) }
-            kept = true
-            throw BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")
+            prepared.completion(.failure(BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")))
+            return
         }
         let startNs = bgtask_monotonic_ns()
         let startedAt = Date()
-        let cpuAtStart = process.cpuNs
         var state = LaunchState(plan: plan, startNs: startNs, log: log)
         // Loaded and launched long ago: a death from here on is the app's crash.
         state.phase = .launched
-        state.diskUseAtStart = diskUseAtStart
+        state.diskUseAtStart = prepared.diskUseAtStart
         state.sandbox = process.sandbox
         state.launcher = process.launcher
         state.cgroup = process.cgroup
@@ -302,31 +396,62 @@ public struct LaunchSupervisor: Sendable {
         process.cgroup?.freeze(false)
         kill(-process.pid, SIGCONT)
         kill(process.pid, SIGCONT)
-        do {
-            try process.channel.send(ParentMessage.resume(start))
-        } catch {
-            state.end(.crashed, error: "could not send the launch to the app's suspended process: \(error)")
+        // Never blocking: a suspended process's channel holds nothing of the host's, and one
+        // that cannot take the launch now is not waited for.
+        var writer = WireWriter()
+        ParentMessage.resume(start).write(to: &writer)
+        let sent = writer.bytes.withUnsafeBytes { bgtask_send_nonblocking(process.channel.fd, $0.baseAddress, UInt($0.count)) }
+        if sent < 0 {
+            state.end(.crashed, error: "could not send the launch to the app's suspended process: \(String(cString: strerror(errno)))")
             state.killed = .crashed
             Self.terminate(process.pid, cgroup: process.cgroup)
         }
         control?.onStart?(process.pid)
         logger.debug("launch resumed a suspended process", metadata: ["tasks": "\(plan.tasks.map(\.identifier))"])
-        var loop = LaunchLoop(pid: process.pid, channel: process.channel, plan: plan, broker: broker, control: control,
+        let loop = LaunchLoop(pid: process.pid, channel: process.channel, plan: plan, broker: prepared.broker, control: control,
                               logger: logger, supervisor: self, state: state)
-        loop.run(&state)
-        if let record = suspendIfOver(&loop, &state, pid: process.pid, channel: process.channel, log: log, cgroup: process.cgroup,
-                                      plan: plan, key: process.key, launches: process.launches + 1, cpuAtStartNs: cpuAtStart,
-                                      startedAt: startedAt, refusedGroups: refusedGroups, apps: apps) {
-            kept = true
+        let ending = SupervisedLaunch.Ending(
+            key: process.key, apps: apps, launches: process.launches + 1, cpuAtStartNs: process.cpuNs, startedAt: startedAt,
+            refusedGroups: prepared.refusedGroups, resumed: true)
+        supervise(SupervisedLaunch(supervisor: self, logger: logger, pid: process.pid, channel: process.channel, cgroup: process.cgroup,
+                                   loop: loop, state: state, ending: ending, completion: prepared.completion))
+    }
+
+    /// On a worker, once the launch's loop is over: the process suspended when its work is
+    /// over and it stays, else reaped; the record.
+    func conclude(_ launch: SupervisedLaunch) -> RunRecord {
+        let plan = launch.loop.plan, pid = launch.pid, ending = launch.ending, log = launch.state.log
+        if let key = ending.key, let apps = ending.apps,
+           let record = suspendIfOver(&launch.loop, &launch.state, pid: pid, channel: launch.channel, log: log, cgroup: launch.cgroup,
+                                      plan: plan, key: key, launches: ending.launches, cpuAtStartNs: ending.cpuAtStartNs,
+                                      startedAt: ending.startedAt, refusedGroups: ending.refusedGroups, apps: apps, logger: launch.logger) {
             return record
         }
-        apps.ended(plan.bundle.identifier)
-        let (status, usage, endNs) = reap(process.pid, cgroup: process.cgroup, &loop, &state, log: log)
-        // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
-        let cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
-        var record = state.record(status: status, usage: Self.usage(cpuNs: cpuNs > cpuAtStart ? cpuNs - cpuAtStart : 0), pid: process.pid,
-                                  wallNs: endNs - startNs, startedAt: startedAt)
-        finish(&record, state, plan: plan, log: log, cgroup: process.cgroup, refusedGroups: refusedGroups, logger: logger)
+        ending.apps?.ended(plan.bundle.identifier)
+        defer {
+            launch.channel.close()
+            launch.cgroup?.remove()
+        }
+        // A process that went idle and is not kept after all (its launch was ended by garbage
+        // or a crash report after it said so) is ended before the reap waits for it.
+        if bgtask_has_exited(pid) == 0 { Self.terminate(pid, cgroup: launch.cgroup) }
+        let (status, usage, endNs) = reap(pid, cgroup: launch.cgroup, &launch.loop, &launch.state, log: log, exitedAtNs: launch.exitedAtNs)
+        var record: RunRecord
+        if ending.resumed {
+            // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
+            let cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
+            record = launch.state.record(status: status, usage: Self.usage(cpuNs: cpuNs > ending.cpuAtStartNs ? cpuNs - ending.cpuAtStartNs : 0),
+                                         pid: pid, wallNs: endNs - launch.state.startNs, startedAt: ending.startedAt)
+        } else {
+            record = launch.state.record(status: status, usage: usage, pid: pid, wallNs: endNs - launch.state.startNs, startedAt: ending.startedAt)
+            // A runner that died before it could report (its namespace, its channel) said why on
+            // its stderr, the launch log: the record carries those words, not only a status.
+            if record.termination == .launchFailed, let error = record.error, error.hasSuffix("before loading the plugin"),
+               let said = Self.lastRunnerLine(log.path) {
+                record.error = error + " (it said: \(said))"
+            }
+        }
+        finish(&record, launch.state, plan: plan, log: log, cgroup: launch.cgroup, refusedGroups: ending.refusedGroups, logger: launch.logger)
         return record
     }
 
@@ -334,9 +459,9 @@ public struct LaunchSupervisor: Sendable {
     /// is suspended (its group stopped, its cgroup frozen, what it started killed) and put in
     /// `apps`, and the launch's record is returned (termination `suspended`). Nil when the
     /// process does not stay (it exited, was killed, or the host is stopping): the caller reaps it.
-    private func suspendIfOver(_ loop: inout LaunchLoop, _ state: inout LaunchState, pid: pid_t, channel: LaunchChannel, log: LaunchLog,
+    func suspendIfOver(_ loop: inout LaunchLoop, _ state: inout LaunchState, pid: pid_t, channel: LaunchChannel, log: LaunchLog,
                                cgroup: CgroupV2.LaunchGroup?, plan: LaunchPlan, key: SuspendedApp.Key, launches: Int, cpuAtStartNs: UInt64,
-                               startedAt: Date, refusedGroups: [String: String], apps: SuspendedApps) -> RunRecord? {
+                               startedAt: Date, refusedGroups: [String: String], apps: SuspendedApps, logger: Logger) -> RunRecord? {
         guard state.idleNs != nil, state.killed == nil, state.forcedTermination == nil else { return nil }
         let endNs = bgtask_monotonic_ns()
         kill(-pid, SIGSTOP)

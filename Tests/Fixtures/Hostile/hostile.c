@@ -28,6 +28,10 @@
  *                                       ends first; then completes.
  *  - com.example.hostile.forgefinishedchild  forks a child, forges `finished` saying it had
  *                                       descendants, and runs on.
+ *  - com.example.hostile.deafflood      stops reading its channel (keeps it at another
+ *                                       descriptor, puts a socket nobody writes to at fd 3)
+ *                                       and floods it with `pending` calls whose answers it
+ *                                       never reads, until its watchdog kill.
  *  - com.example.hostile.forgeidle      forges `idle` (its launch is over, suspend it) with its
  *                                       task still open, and runs on.
  *  - com.example.hostile.groupsteal     reads and writes the container of app group
@@ -262,6 +266,30 @@ static void forge_idle(void *context, const bgtask_task_info *task) {
     for (;;) pause();
 }
 
+/* The runner's reader waits on a socket nobody writes to, and the real channel is flooded with
+ * ChildMessage.pending(seq:) (0xB1, tag 14, u64) whose answers pile up unread: the host must
+ * neither block on the full channel nor queue calls without bound, and its watchdog must
+ * still end the launch. */
+static void deaf_flood(void *context, const bgtask_task_info *task) {
+    (void)context;
+    (void)task;
+    int real = dup(3);
+    int deaf[2];
+    if (real < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, deaf) != 0 || dup2(deaf[0], 3) < 0) {
+        printf("hostile: could not stop reading the channel\n");
+        fflush(stdout);
+        for (;;) pause();
+    }
+    printf("hostile: deaf, flooding pending calls\n");
+    fflush(stdout);
+    unsigned char packet[10] = {0xB1, 14};
+    for (uint64_t seq = 1ull << 40;; seq++) {
+        memcpy(packet + 2, &seq, 8);
+        if (send(real, packet, sizeof packet, MSG_NOSIGNAL) < 0) break;
+    }
+    for (;;) pause();
+}
+
 static void forge_finished(void *context, const bgtask_task_info *task) {
     (void)context;
     (void)task;
@@ -482,6 +510,7 @@ static int32_t launch(const bgtask_host_api *a, bgtask_host *h, const bgtask_lau
     api->register_handler(host, "com.example.hostile.groupsteal", group_steal, NULL);
     api->register_handler(host, "com.example.hostile.forgefinishedchild", forge_finished_with_child, NULL);
     api->register_handler(host, "com.example.hostile.forgeidle", forge_idle, NULL);
+    api->register_handler(host, "com.example.hostile.deafflood", deaf_flood, NULL);
     return 0;
 }
 
