@@ -95,9 +95,15 @@ public struct LaunchSupervisor: Sendable {
     public func run(_ plan: LaunchPlan, broker: LaunchRequestBroker, control: LaunchControl? = nil) throws(BGTaskError) -> RunRecord {
         let done = DispatchSemaphore(value: 0)
         let result = LockedValue<Result<RunRecord, BGTaskError>?>(nil)
-        start(plan, broker: broker, control: control) { outcome in
+        let completion: Completion = { outcome in
             result.withLock { $0 = outcome }
             done.signal()
+        }
+        // Prepared on this thread, which waits anyway (no hop to a worker first).
+        do throws(BGTaskError) {
+            try prepare(plan, broker: broker, control: control, completion: completion)
+        } catch {
+            completion(.failure(error))
         }
         done.wait()
         return try result.withLock { $0! }.get()
