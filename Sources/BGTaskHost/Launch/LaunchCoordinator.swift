@@ -213,9 +213,11 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
         }
         let control = LaunchControl()
-        let store = core.store
-        control.onStart = { pid in try? store.setLaunchPID(id: launchID, pid: pid) }
         let queue = core.queue
+        control.onStart = { [weak self] pid in
+            guard let self else { return }
+            queue.async { self.notePID(launchID, pid) }
+        }
         // What a launch says as it runs (entry returned, tasks begun and ended, progress) is
         // the host's business only in a foreground launch (its stay, its continued-processing
         // tasks); a background launch's supervisor keeps it to itself, without a hop onto this
@@ -254,19 +256,61 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             guard let self else { return }
             queue.async { self.ended(record) }
         }
-        do {
-            // Records carry real time (the virtual clock only steers scheduling decisions).
-            try store.beginLaunch(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date())
-            control.admit(true)
-        } catch {
-            // Not started: its thread ends with a `launch-failed` record, and the app backs off.
-            control.admit(false)
-            core.logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
-            return launchID
-        }
+        // Recorded with the other launches this turn of the queue starts (`recordBegun`).
+        // Records carry real time (the virtual clock only steers scheduling decisions).
+        beginning.append((PendingRequestStore.LaunchBegin(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date()),
+                          control))
+        if beginning.count == 1 { queue.async { [weak self] in self?.recordBegun() } }
         core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
                                                "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         return launchID
+    }
+
+    // MARK: Batched bookkeeping
+
+    /// Launches started in this turn of the host's queue, to be recorded together: a
+    /// scheduling pass that starts a hundred launches commits once, not a hundred times. Each
+    /// launch's process starts only once its launch is recorded (admission); its preparation
+    /// (containers, channel, log) runs on a worker meanwhile.
+    private var beginning: [(launch: PendingRequestStore.LaunchBegin, control: LaunchControl)] = []
+    /// Runners' pids, for the store (a dead host's launches are found by them), and records
+    /// that came back: each batch written at the queue's next turn, in one transaction.
+    private var startedPIDs: [(id: String, pid: Int32)] = []
+    private var endedRecords: [RunRecord] = []
+
+    private func recordBegun() {
+        let batch = beginning
+        beginning = []
+        let store = core.store
+        var failures: [String: BGTaskError] = [:]
+        do { try store.beginLaunches(batch.map(\.launch)) } catch {
+            // One at a time: a launch that cannot be recorded fails alone.
+            for (launch, _) in batch {
+                do { try store.beginLaunch(id: launch.id, app: launch.app, reason: launch.reason, tasks: launch.tasks, at: launch.at) } catch {
+                    failures[launch.id] = error
+                }
+            }
+        }
+        for (launch, control) in batch {
+            if let error = failures[launch.id] {
+                // Not started: its launch ends with a `launch-failed` record, and the app backs off.
+                core.logger.error("cannot record a launch; not starting it", metadata: ["bundle.id": "\(launch.app)", "error": "\(error)"])
+            }
+            control.admit(failures[launch.id] == nil)
+        }
+    }
+
+    private func notePID(_ launchID: String, _ pid: Int32) {
+        startedPIDs.append((launchID, pid))
+        guard startedPIDs.count == 1 else { return }
+        core.queue.async { [weak self] in
+            guard let self else { return }
+            let batch = startedPIDs
+            startedPIDs = []
+            do { try core.store.setLaunchPIDs(batch) } catch {
+                core.logger.error("cannot record the pids of running launches", metadata: ["error": "\(error)"])
+            }
+        }
     }
 
     // MARK: Ending
@@ -278,52 +322,79 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         for id in launchIDs { unlink("\(logs)/\(id).log") }
     }
 
+    /// A launch's record came back: written with the others that come back in this turn of
+    /// the queue (`recordEnded`), in one transaction.
     private func ended(_ record: RunRecord) {
+        endedRecords.append(record)
+        if endedRecords.count == 1 { core.queue.async { [weak self] in self?.recordEnded() } }
+    }
+
+    private func recordEnded() {
+        let batch = endedRecords
+        endedRecords = []
         let (store, clock, configuration) = (core.store, core.clock, core.configuration)
-        if record.pid == 0 && record.termination == .launchFailed {
-            // The host could not start the child (runner missing, out of descriptors): not the
-            // app's fault. Its requests stay pending, and the app is retried after a pause.
-            do { removeLogs(of: try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp)) } catch {
-                core.logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+        // The host could not start the child (runner missing, out of descriptors): not the
+        // app's fault. Its requests stay pending, and the app is retried after a pause.
+        let notStarted = batch.filter { $0.pid == 0 && $0.termination == .launchFailed }
+        let finished = batch.filter { !($0.pid == 0 && $0.termination == .launchFailed) }
+        for record in notStarted { recordNotStarted(record) }
+        if !finished.isEmpty {
+            // The records and the apps' state in one transaction (launch bookkeeping: not
+            // synced, see `finishLaunch`).
+            let now = clock.now
+            let update: (RunRecord, inout AppState) -> Void = { record, state in
+                state.lastLaunchAt = now
+                state.lastLaunchID = record.launchID
+                state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered
+                    : record.listEntriesOmitted?["registered"] != nil ? nil : record.registered
+                if SchedulingPolicy.isBad(record) {
+                    state.penaltyLevel += 1
+                    state.penaltyUntil = now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
+                } else if record.termination == .exited || record.termination == .suspended {
+                    state.penaltyLevel = 0
+                    state.penaltyUntil = nil
+                }
             }
-            // Over its disk quota: the app's fault, measured again after a longer pause.
-            let overQuota = record.disk?.exceeded != nil
-            let pause = overQuota ? Self.diskQuotaBackoff : Self.startFailureBackoff
-            retryAfter[record.app] = Date().addingTimeInterval(pause)
-            startFailures[record.app] = (record.error ?? "the launch could not be started", overQuota)
-            core.queue.asyncAfter(deadline: .now() + pause + 0.01) { [weak self] in self?.onEnded() }
-            core.logger.error(overQuota ? "not launching an app over its disk quota; measuring again later" : "could not start a launch; retrying later",
-                              metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
-        } else {
             do {
-                // The record and the app's state in one transaction (launch bookkeeping: not
-                // synced, see `finishLaunch`).
-                let now = clock.now
-                removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp) { state in
-                    state.lastLaunchAt = now
-                    state.lastLaunchID = record.launchID
-                    state.lastRegistered = record.termination == .launchFailed ? state.lastRegistered
-                        : record.listEntriesOmitted?["registered"] != nil ? nil : record.registered
-                    if SchedulingPolicy.isBad(record) {
-                        state.penaltyLevel += 1
-                        state.penaltyUntil = now.addingTimeInterval(SchedulingPolicy.penalty(level: state.penaltyLevel))
-                    } else if record.termination == .exited || record.termination == .suspended {
-                        state.penaltyLevel = 0
-                        state.penaltyUntil = nil
-                    }
-                })
+                for pruned in try store.finishLaunches(finished, keepHistory: configuration.historyPerApp, updatingState: update) { removeLogs(of: pruned) }
             } catch {
-                core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+                // One at a time: a record that cannot be written fails alone.
+                for record in finished {
+                    do {
+                        removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp) { update(record, &$0) })
+                    } catch {
+                        core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+                    }
+                }
             }
-            core.logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
+            for record in finished {
+                core.logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
+            }
         }
-        let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
-        // Queued continued-processing requests die with the foreground launch that made them.
-        continued.launchEnded(record.launchID, at: Date())
+        for record in batch {
+            let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+            // Queued continued-processing requests die with the foreground launch that made them.
+            continued.launchEnded(record.launchID, at: Date())
+            if !waiters.isEmpty { finishedRecords[record.launchID] = record }
+            for waiter in waiters { waiter.signal() }
+        }
         startQueuedContinued()
-        if !waiters.isEmpty { finishedRecords[record.launchID] = record }
-        for waiter in waiters { waiter.signal() }
         onEnded()
+    }
+
+    private func recordNotStarted(_ record: RunRecord) {
+        let (store, configuration) = (core.store, core.configuration)
+        do { removeLogs(of: try store.recoverInterruptedLaunch(record, keepHistory: configuration.historyPerApp)) } catch {
+            core.logger.error("cannot record a launch that failed to start", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
+        }
+        // Over its disk quota: the app's fault, measured again after a longer pause.
+        let overQuota = record.disk?.exceeded != nil
+        let pause = overQuota ? Self.diskQuotaBackoff : Self.startFailureBackoff
+        retryAfter[record.app] = Date().addingTimeInterval(pause)
+        startFailures[record.app] = (record.error ?? "the launch could not be started", overQuota)
+        core.queue.asyncAfter(deadline: .now() + pause + 0.01) { [weak self] in self?.onEnded() }
+        core.logger.error(overQuota ? "not launching an app over its disk quota; measuring again later" : "could not start a launch; retrying later",
+                          metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
     }
 
     /// A semaphore signalled when launch `id` ends (at once if it has ended); then `record(of:)`.

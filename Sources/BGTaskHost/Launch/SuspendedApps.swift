@@ -95,11 +95,14 @@ public struct AppProcessState: Sendable, Equatable {
 /// memory of all suspended apps together) and `maximumCount`; over either, and when the kernel
 /// reports memory pressure (PSI, `/proc/pressure/memory`), suspended apps are evicted in iOS's
 /// order: the least recently used first (the lowest priority band), the largest first among
-/// those suspended within the same `bandSeconds`. One thread watches them all (`poll` over their
-/// pidfds and the pressure trigger): a suspended app that dies (killed from outside, the kernel's
-/// OOM killer) is reaped and its eviction recorded at once.
+/// those suspended within the same `bandSeconds`. The supervision loops watch them
+/// (`SuspendedWatch`: each app's pidfds, a source of a loop; the pressure trigger, another): a
+/// suspended app that dies (killed from outside, the kernel's OOM killer) is reaped and its
+/// eviction recorded at once, on a launch worker. No thread of its own, and no list of every
+/// suspended app's descriptors rebuilt at each suspension (a thousand suspended apps made each
+/// launch's suspension a poll over two thousand descriptors).
 ///
-/// Thread-safe: launches' supervising threads take and put; the watcher evicts.
+/// Thread-safe: launch workers take and put; watches evict (on a worker).
 final class SuspendedApps: @unchecked Sendable {
     let budgetBytes: UInt64
     let maximumCount: Int
@@ -109,14 +112,15 @@ final class SuspendedApps: @unchecked Sendable {
     private let logger: Logger
     private let lock = NSLock()
     private var suspended: [String: SuspendedApp] = [:]
-    /// Per suspended app: pidfds of the host's child and of the app's own process (below a
-    /// namespace's init, which is stopped too and would not notice the app's death).
-    private var pidfds: [String: [Int32]] = [:]
+    /// Per suspended app: the watch over the pidfds of the host's child and of the app's own
+    /// process (below a namespace's init, which is stopped too and would not notice the app's
+    /// death).
+    private var watches: [String: SuspendedWatch] = [:]
     private var evictions: [String: AppProcessEviction] = [:]
     /// Apps whose process runs a launch now (taken out), with its pid.
     private var running: [String: pid_t] = [:]
-    private var wake: [Int32] = [-1, -1]
     private var pressure: Int32 = -1
+    private var pressureWatched = false
     private var stopped = false
 
     /// What runs a launch's cleanup once its process is gone (the supervisor's orphan reaping).
@@ -126,16 +130,8 @@ final class SuspendedApps: @unchecked Sendable {
         self.budgetBytes = budgetBytes
         self.maximumCount = maximumCount
         self.logger = logger
-        _ = bgtask_pipe_cloexec(&wake)
-        // Both ends non-blocking: a wake-up that finds the pipe full (no watcher yet, or one
-        // already behind) is redundant, and must never block the thread that sends it.
-        for fd in wake where fd >= 0 { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
         pressure = Self.pressureTrigger()
     }
-
-    /// The watcher starts with the first suspended app: a host that keeps none has no thread
-    /// for it.
-    private var watcherStarted = false
 
     /// A PSI trigger on memory: readable (POLLPRI) when tasks stalled on memory for 100 ms
     /// within one second (`some`). -1 where the kernel has no PSI or refuses the trigger.
@@ -179,9 +175,8 @@ final class SuspendedApps: @unchecked Sendable {
         }
         return lock.withLock {
             if let process = suspended.removeValue(forKey: app), process.key == key, process.hearsResumes || !bringsEvents {
-                for fd in pidfds.removeValue(forKey: app) ?? [] { close(fd) }
+                watches.removeValue(forKey: app)?.cancel()
                 running[app] = process.pid
-                wakeWatcher()
                 return (process, nil)
             }
             return (nil, evictions.removeValue(forKey: app))
@@ -202,24 +197,26 @@ final class SuspendedApps: @unchecked Sendable {
     /// what is over the budget. False when the host is stopping (the caller ends it instead).
     func suspend(_ process: SuspendedApp) -> Bool {
         let fds = Set([process.pid, process.appPID]).map { bgtask_pidfd_open($0) }.filter { $0 >= 0 }
-        let accepted: Bool = lock.withLock {
+        let watch = SuspendedWatch(app: process.app, pidfds: fds, apps: self)
+        // Its loop is known before anyone can cancel it (a resume on another worker).
+        let loop = SupervisionLoops.next()
+        watch.home = loop
+        let (accepted, watchPressure): (Bool, Bool) = lock.withLock {
             running.removeValue(forKey: process.app)
-            guard !stopped else { return false }
+            guard !stopped else { return (false, false) }
             suspended[process.app] = process
-            pidfds[process.app] = fds
-            if !watcherStarted {
-                watcherStarted = true
-                let thread = Thread { [weak self] in self?.watch() }
-                thread.name = "bgtask.suspended"
-                thread.start()
-            }
-            return true
+            watches[process.app] = watch
+            defer { pressureWatched = true }
+            return (true, !pressureWatched && pressure >= 0)
         }
         guard accepted else {
             fds.forEach { close($0) }
             return false
         }
-        wakeWatcher()
+        if let loop {
+            loop.add(watch)
+            if watchPressure { loop.add(PressureWatch(fd: pressure, apps: self)) }
+        }
         enforceBudget(sparing: process.app)
         return true
     }
@@ -274,14 +271,16 @@ final class SuspendedApps: @unchecked Sendable {
     /// Ends `app`'s suspended process (SIGKILL to its group, its cgroup), reaps it and records
     /// why. False (and nothing done) when it has none.
     @discardableResult
-    func evict(_ app: String, reason: String) -> Bool {
-        let taken: (SuspendedApp, [Int32])? = lock.withLock {
+    func evict(_ app: String, reason: String, watchedBy watch: SuspendedWatch? = nil) -> Bool {
+        let taken: SuspendedApp? = lock.withLock {
+            // A watch's word is about its own process only: the app may have been resumed and
+            // suspended again since (another process, another watch).
+            if let watch, watches[app] !== watch { return nil }
             guard let process = suspended.removeValue(forKey: app) else { return nil }
-            return (process, pidfds.removeValue(forKey: app) ?? [])
+            watches.removeValue(forKey: app)?.cancel()
+            return process
         }
-        guard let (process, fds) = taken else { return false }
-        fds.forEach { close($0) }
-        wakeWatcher()
+        guard let process = taken else { return false }
         end(process)
         lock.withLock {
             evictions[app] = AppProcessEviction(reason: reason, at: Date(), residentBytes: process.residentBytes)
@@ -298,7 +297,6 @@ final class SuspendedApps: @unchecked Sendable {
             return Array(suspended.keys)
         }
         for app in apps { evict(app, reason: reason) }
-        wakeWatcher()
     }
 
     /// Ends a kept process that is not in the table (the host stopped before it could be put
@@ -340,45 +338,79 @@ final class SuspendedApps: @unchecked Sendable {
     var suspendedCount: Int { lock.withLock { suspended.count } }
     var suspendedBytes: UInt64 { lock.withLock { suspended.values.reduce(0) { $0 + $1.residentBytes } } }
 
-    // MARK: The watcher
+    // MARK: The watches
 
-    private func wakeWatcher() {
-        var byte: UInt8 = 1
-        _ = write(wake[1], &byte, 1)
+    /// The kernel asked for memory back (the pressure trigger fired): the first in eviction
+    /// order goes.
+    func pressureReported() {
+        guard let first = evictionOrder().first else { return }
+        evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used")
+    }
+}
+
+/// One suspended app's pidfds on a supervision loop: readable is a process that died while
+/// stopped. Its eviction runs on a launch worker. `cancel` (the app was resumed or evicted)
+/// takes it off its loop, which closes the pidfds once they are out of its set.
+final class SuspendedWatch: SupervisionLoop.Source, @unchecked Sendable {
+    let app: String
+    private let pidfds: [Int32]
+    private weak var apps: SuspendedApps?
+    weak var home: SupervisionLoop?
+    private let lock = NSLock()
+    private var cancelled = false
+
+    init(app: String, pidfds: [Int32], apps: SuspendedApps) {
+        self.app = app
+        self.pidfds = pidfds
+        self.apps = apps
     }
 
-    /// One thread for every suspended app: a pidfd that becomes readable is a process that died
-    /// while stopped; the pressure trigger is the kernel asking for memory back.
-    private func watch() {
-        while true {
-            let (apps, fds, done): ([String], [Int32], Bool) = lock.withLock {
-                let watched = pidfds.flatMap { app, fds in fds.map { (app, $0) } }
-                return (watched.map(\.0), watched.map(\.1), stopped && suspended.isEmpty)
-            }
-            if done { return }
-            var polled = [pollfd(fd: wake[0], events: Int16(POLLIN), revents: 0),
-                          pollfd(fd: pressure, events: Int16(POLLPRI), revents: 0)]
-            polled += fds.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-            let ready = poll(&polled, nfds_t(polled.count), -1)
-            if ready < 0 {
-                if errno == EINTR { continue }
-                logger.error("the suspended apps' watcher stopped", metadata: ["error": "\(String(cString: strerror(errno)))"])
-                return
-            }
-            if polled[0].revents != 0 {
-                var buffer = [UInt8](repeating: 0, count: 64)
-                while read(wake[0], &buffer, buffer.count) > 0 {}
-            }
-            // Only a descriptor still the app's: one taken out meanwhile (a launch resumed it;
-            // its number may be another's by now) says nothing about this app.
-            let fired = apps.indices.filter { polled[$0 + 2].revents != 0 }
-            let dead = lock.withLock { Set(fired.filter { pidfds[apps[$0]]?.contains(fds[$0]) == true }.map { apps[$0] }) }
-            for app in dead {
-                evict(app, reason: "its process died while it was suspended")
-            }
-            if pressure >= 0, polled[1].revents & Int16(POLLPRI) != 0, let first = evictionOrder().first {
-                evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used")
-            }
+    var descriptors: [(fd: Int32, events: UInt32)] { pidfds.map { ($0, BGTASK_EPOLL_IN) } }
+    var deadline: UInt64 { .max }
+
+    func fire(ready: UInt32, now: UInt64) -> Bool {
+        if lock.withLock({ cancelled }) { return false }
+        guard ready != 0 else { return true }
+        LaunchSupervisor.workers.run { [self, apps] in
+            apps?.evict(app, reason: "its process died while it was suspended", watchedBy: self)
         }
+        return false
     }
+
+    func retire() {
+        pidfds.forEach { close($0) }
+    }
+
+    /// Any thread: off its loop at the loop's next turn (its pidfds closed then).
+    func cancel() {
+        lock.withLock { cancelled = true }
+        guard let home else {
+            retire()
+            return
+        }
+        home.execute { [self] in home.refire(self) }
+    }
+}
+
+/// The kernel's memory-pressure trigger (PSI) on a supervision loop: readable (EPOLLPRI) when
+/// tasks stalled on memory; the first suspended app in eviction order goes, on a launch worker.
+final class PressureWatch: SupervisionLoop.Source, @unchecked Sendable {
+    private let fd: Int32
+    private weak var apps: SuspendedApps?
+
+    init(fd: Int32, apps: SuspendedApps) {
+        self.fd = fd
+        self.apps = apps
+    }
+
+    var descriptors: [(fd: Int32, events: UInt32)] { [(fd, BGTASK_EPOLL_PRI)] }
+    var deadline: UInt64 { .max }
+
+    func fire(ready: UInt32, now: UInt64) -> Bool {
+        guard let apps else { return false }
+        if ready != 0 { LaunchSupervisor.workers.run { apps.pressureReported() } }
+        return true
+    }
+
+    func retire() {}
 }

@@ -373,16 +373,57 @@ public final class PendingRequestStore: @unchecked Sendable {
     ) throws(BGTaskError) {
         let path = databaseURL.path
         try writeUnsynced("begin launch \(id) of \(app)") { db in
-            if try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM launch WHERE id = ?"), arguments: [id]) != nil {
-                throw BGTaskError(.invalidRequest, file: path, "begin launch \(id) of \(app): a launch with this id is already recorded")
-            }
-            try db.cachedStatement(sql: """
-                    INSERT INTO launch (id, app, reason, pid, started_at, state, tasks)
-                    VALUES (?, ?, ?, NULL, ?, 'running', ?)
-                    """).execute(arguments: [id, app, reason, date.timeIntervalSince1970, Self.json(tasks)])
-            for identifier in Set(tasks.map(\.identifier)) {
-                try db.cachedStatement(sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL")
-                    .execute(arguments: [id, app, identifier])
+            try Self.begin(db, LaunchBegin(id: id, app: app, reason: reason, tasks: tasks, at: date), file: path)
+        }
+    }
+
+    /// A launch to record as begun (`beginLaunches`).
+    public struct LaunchBegin: Sendable {
+        public var id: String
+        public var app: String
+        public var reason: String
+        public var tasks: [TaskAssignment]
+        public var at: Date
+
+        public init(id: String, app: String, reason: String, tasks: [TaskAssignment], at: Date) {
+            (self.id, self.app, self.reason, self.tasks, self.at) = (id, app, reason, tasks, at)
+        }
+    }
+
+    /// `beginLaunch` for the launches one turn of the host started (a scheduling pass that
+    /// launches a hundred apps), in one transaction: one commit where there were a hundred.
+    /// Any failure fails them all (the caller then records them one at a time, so that each
+    /// failure is its own launch's).
+    public func beginLaunches(_ launches: [LaunchBegin]) throws(BGTaskError) {
+        guard !launches.isEmpty else { return }
+        let path = databaseURL.path
+        try writeUnsynced("begin \(launches.count) launches") { db in
+            for launch in launches { try Self.begin(db, launch, file: path) }
+        }
+    }
+
+    private static func begin(_ db: Database, _ launch: LaunchBegin, file path: String) throws {
+        let (id, app) = (launch.id, launch.app)
+        if try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM launch WHERE id = ?"), arguments: [id]) != nil {
+            throw BGTaskError(.invalidRequest, file: path, "begin launch \(id) of \(app): a launch with this id is already recorded")
+        }
+        try db.cachedStatement(sql: """
+                INSERT INTO launch (id, app, reason, pid, started_at, state, tasks)
+                VALUES (?, ?, ?, NULL, ?, 'running', ?)
+                """).execute(arguments: [id, app, launch.reason, launch.at.timeIntervalSince1970, Self.json(launch.tasks)])
+        for identifier in Set(launch.tasks.map(\.identifier)) {
+            try db.cachedStatement(sql: "UPDATE request SET running_launch = ? WHERE app = ? AND identifier = ? AND running_launch IS NULL")
+                .execute(arguments: [id, app, identifier])
+        }
+    }
+
+    /// The runners' pids of running launches, in one transaction (`setLaunchPID` for the
+    /// launches a turn of the host started); a launch no longer recorded is skipped.
+    public func setLaunchPIDs(_ pids: [(id: String, pid: Int32)]) throws(BGTaskError) {
+        guard !pids.isEmpty else { return }
+        try writeUnsynced("set the pids of \(pids.count) launches") { db in
+            for (id, pid) in pids {
+                try db.cachedStatement(sql: "UPDATE launch SET pid = ? WHERE id = ?").execute(arguments: [pid, id])
             }
         }
     }
@@ -421,18 +462,44 @@ public final class PendingRequestStore: @unchecked Sendable {
             throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
         }
         let body = { (db: Database) throws -> [String] in
-            try Self.end(db, record, file: path, json: json)
-            try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
-            if let update {
-                var current = try Self.appState(db, record.app)
-                update(&current)
-                try Self.saveAppState(db, current)
-            }
-            guard let keepHistory else { return [] }
-            return try Self.pruneHistory(db, app: record.app, keep: keepHistory)
+            try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory, update: update)
         }
         let operation = "finish launch \(record.launchID) of \(record.app)"
         return update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
+    }
+
+    /// `finishLaunch` with a state update (the host's bookkeeping, not synced) for the records
+    /// that came back in one turn of the host, in one transaction. The launches pruned from the
+    /// history, per record. Any failure fails them all (the caller then records them one at a
+    /// time).
+    public func finishLaunches(_ records: [RunRecord], keepHistory: Int? = nil,
+                               updatingState update: @escaping (RunRecord, inout AppState) -> Void) throws(BGTaskError) -> [[String]] {
+        guard !records.isEmpty else { return [] }
+        let path = databaseURL.path
+        var encoded: [String] = []
+        for record in records {
+            do { encoded.append(try Self.json(record)) } catch {
+                throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
+            }
+        }
+        return try writeUnsynced("finish \(records.count) launches") { db in
+            try zip(records, encoded).map { record, json in
+                try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory) { update(record, &$0) }
+            }
+        }
+    }
+
+    private static func finish(_ db: Database, _ record: RunRecord, json: String, file path: String, keepHistory: Int?,
+                               update: ((inout AppState) -> Void)?) throws -> [String] {
+        try end(db, record, file: path, json: json)
+        try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
+        if let update {
+            var current = try appState(db, record.app)
+            update(&current)
+            try saveAppState(db, current)
+        }
+        guard let keepHistory else { return [] }
+        return try pruneHistory(db, app: record.app, keep: keepHistory)
     }
 
     /// Each app's newest launch whose process was suspended after it (termination `suspended`):

@@ -255,6 +255,7 @@ int bgtask_getrandom(void *buffer, size_t length);
  * wake-up, without depending on what Swift's Glibc module happens to expose. Events are
  * BGTASK_EPOLL_IN/OUT (level-triggered); ERR and HUP are always reported. */
 #define BGTASK_EPOLL_IN 0x001u
+#define BGTASK_EPOLL_PRI 0x002u
 #define BGTASK_EPOLL_OUT 0x004u
 #define BGTASK_EPOLL_ERR 0x008u
 #define BGTASK_EPOLL_HUP 0x010u
