@@ -23,7 +23,6 @@
 #include <sys/socket.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/timerfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -436,24 +435,25 @@ int bgtask_epoll_add(int epfd, int fd, uint32_t events, uint64_t token) { return
 int bgtask_epoll_modify(int epfd, int fd, uint32_t events, uint64_t token) { return epoll_control(epfd, EPOLL_CTL_MOD, fd, events, token); }
 int bgtask_epoll_remove(int epfd, int fd) { return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL); }
 
-int bgtask_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int capacity, int timeout_ms) {
+int bgtask_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int capacity, int64_t timeout_ns) {
     struct epoll_event ready[256];
     if (capacity > 256) capacity = 256;
-    int n = epoll_wait(epfd, ready, capacity, timeout_ms);
+    static int no_pwait2 = 0;
+    int n = -1;
+    if (!no_pwait2) {
+        struct timespec timeout = {.tv_sec = (time_t)(timeout_ns / 1000000000), .tv_nsec = (long)(timeout_ns % 1000000000)};
+        n = epoll_pwait2(epfd, ready, capacity, timeout_ns < 0 ? NULL : &timeout, NULL);
+        if (n < 0 && errno == ENOSYS) no_pwait2 = 1;
+    }
+    if (no_pwait2) {
+        int ms = timeout_ns < 0 ? -1 : (int)((timeout_ns + 999999) / 1000000);
+        n = epoll_wait(epfd, ready, capacity, ms);
+    }
     for (int i = 0; i < n; i++) {
         tokens[i] = ready[i].data.u64;
         events[i] = ready[i].events;
     }
     return n;
-}
-
-int bgtask_timerfd_create(void) { return timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC); }
-
-int bgtask_timerfd_arm(int fd, uint64_t at_ns) {
-    struct itimerspec spec = {0};
-    spec.it_value.tv_sec = (time_t)(at_ns / 1000000000ull);
-    spec.it_value.tv_nsec = (long)(at_ns % 1000000000ull);
-    return timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, NULL);
 }
 
 int bgtask_eventfd_create(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }

@@ -79,15 +79,14 @@ final class SupervisedLaunch: SupervisionLoop.Source, @unchecked Sendable {
         func has(_ slot: Slot) -> Bool { ready & (1 << slot.rawValue) != 0 }
         let exited = pidfd >= 0 ? has(.exit) : bgtask_has_exited(pid) != 0
         if exited { exitedAtNs = now }
-        let going = loop.turn(&state, now: now, commands: has(.commands), logReady: has(.log), channelReady: has(.channel), exited: exited)
+        let next = loop.turn(&state, now: now, commands: has(.commands), logReady: has(.log), channelReady: has(.channel), exited: exited)
         if !answering, !loop.calls.isEmpty { answerNext() }
-        guard going else {
+        guard var next else {
             // Out of the loop once the answer being made is in (the rest: `conclude`).
             winding = answering
             deadline = .max
             return answering
         }
-        var next = loop.deadline(after: bgtask_monotonic_ns(), state)
         if pidfd < 0 { next = min(next, now + Self.exitPollNs) }
         deadline = next
         return true

@@ -3,9 +3,9 @@ import Glibc
 import HeapModule
 import _BGTaskSystemShims
 
-/// A reactor, as systemd's sd-event or launchd's kqueue loop: one thread, one epoll set, one
-/// timerfd armed to the earliest deadline of all its sources, one eventfd for work handed in
-/// from other threads. It supervises any number of launches without a thread or a poll loop
+/// A reactor, as systemd's sd-event or launchd's kqueue loop: one thread, one epoll set whose
+/// wait times out at the earliest deadline of all its sources (epoll_pwait2, to the
+/// nanosecond), one eventfd for work handed in from other threads. It supervises any number of launches without a thread or a poll loop
 /// each: at a thousand launches the host had a thousand threads, each waking for its own
 /// deadlines, and its expirations came tens of milliseconds late on two cores.
 ///
@@ -14,6 +14,10 @@ import _BGTaskSystemShims
 /// what it named (a descriptor it no longer names is taken out of the set; one it closed
 /// itself is gone from the set already). `fire` runs on the loop's thread only, so a source's
 /// state needs no lock; it must not block (no wait4 on a live process, no blocking send).
+///
+/// The deadline is the wait's timeout, not a timerfd: one system call per wake-up where a
+/// timerfd re-armed at each wake-up made two (`timerfd_settime` was a tenth of a loop's CPU at
+/// a hundred launches).
 final class SupervisionLoop: @unchecked Sendable {
     /// What a loop drives.
     protocol Source: AnyObject, Sendable {
@@ -46,7 +50,6 @@ final class SupervisionLoop: @unchecked Sendable {
 
     let name: String
     private let epoll: Int32
-    private let timer: Int32
     private let wake: Int32
     private let lock = NSLock()
     private var handedIn: [@Sendable () -> Void] = []
@@ -56,26 +59,21 @@ final class SupervisionLoop: @unchecked Sendable {
     private var ids: [ObjectIdentifier: UInt32] = [:]
     private var nextID: UInt32 = 1
     private var heap = Heap<Due>()
-    private var armedAt: UInt64 = 0
     /// Sources now supervised (any thread; for tests and `bgtask doctor`).
     private let countLock = NSLock()
     private var sourceCount = 0
 
     static let maximumDescriptors = 16
-    private static let timerToken: UInt64 = 0
     private static let wakeToken: UInt64 = 1
 
-    /// Starts the loop's thread. Fails (returns nil) only when the kernel refuses an epoll set,
-    /// a timerfd or an eventfd (out of descriptors).
+    /// Starts the loop's thread. Fails (returns nil) only when the kernel refuses an epoll set
+    /// or an eventfd (out of descriptors).
     init?(name: String) {
         self.name = name
         epoll = bgtask_epoll_create()
-        timer = bgtask_timerfd_create()
         wake = bgtask_eventfd_create()
-        guard epoll >= 0, timer >= 0, wake >= 0,
-              bgtask_epoll_add(epoll, timer, BGTASK_EPOLL_IN, Self.timerToken) == 0,
-              bgtask_epoll_add(epoll, wake, BGTASK_EPOLL_IN, Self.wakeToken) == 0 else {
-            for fd in [epoll, timer, wake] where fd >= 0 { close(fd) }
+        guard epoll >= 0, wake >= 0, bgtask_epoll_add(epoll, wake, BGTASK_EPOLL_IN, Self.wakeToken) == 0 else {
+            for fd in [epoll, wake] where fd >= 0 { close(fd) }
             return nil
         }
         let thread = Thread { [self] in run() }
@@ -127,8 +125,10 @@ final class SupervisionLoop: @unchecked Sendable {
         var due: [UInt32] = []
         while true {
             runHandedIn()
-            armTimer()
-            let n = bgtask_epoll_wait(epoll, &tokens, &events, Int32(capacity), -1)
+            let next = earliestDeadline()
+            let before = bgtask_monotonic_ns()
+            let timeout: Int64 = next == .max ? -1 : Int64(clamping: next > before ? next - before : 0)
+            let n = bgtask_epoll_wait(epoll, &tokens, &events, Int32(capacity), timeout)
             if n < 0 {
                 if errno == EINTR { continue }
                 // Not expected with a valid set; a loop that cannot wait must not spin.
@@ -139,10 +139,7 @@ final class SupervisionLoop: @unchecked Sendable {
             ready.removeAll(keepingCapacity: true)
             for i in 0..<Int(n) {
                 let token = tokens[i]
-                if token == Self.timerToken {
-                    bgtask_eventfd_clear(timer)
-                    armedAt = 0
-                } else if token == Self.wakeToken {
+                if token == Self.wakeToken {
                     continue
                 } else {
                     ready[UInt32(truncatingIfNeeded: token >> 8), default: 0] |= 1 << UInt32(token & 0xff)
@@ -172,14 +169,10 @@ final class SupervisionLoop: @unchecked Sendable {
         for job in jobs { job() }
     }
 
-    /// The timerfd at the earliest live deadline (stale heap entries dropped on the way).
-    private func armTimer() {
+    /// The earliest live deadline (stale heap entries dropped on the way).
+    private func earliestDeadline() -> UInt64 {
         while let top = heap.min, entries[top.id]?.deadline != top.at { heap.removeMin() }
-        let next = heap.min?.at ?? 0
-        guard next != armedAt else { return }
-        armedAt = next
-        // An absolute time already past fires at once.
-        _ = bgtask_timerfd_arm(timer, next)
+        return heap.min?.at ?? .max
     }
 
     private func fire(_ id: UInt32, ready: UInt32, now: UInt64) {

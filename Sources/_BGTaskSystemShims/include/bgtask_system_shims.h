@@ -251,9 +251,9 @@ ssize_t bgtask_recv_fds(int socket, int *fds, int *count, void *buffer, size_t l
  * Async-signal-safe: yes */
 int bgtask_getrandom(void *buffer, size_t length);
 
-/* The supervision loops' reactor (SupervisionLoop.swift): an epoll set, its timer and its
- * wake-up, without depending on what Swift's Glibc module happens to expose. Events are
- * BGTASK_EPOLL_IN/OUT (level-triggered); ERR and HUP are always reported. */
+/* The supervision loops' reactor (SupervisionLoop.swift): an epoll set and its wake-up, without
+ * depending on what Swift's Glibc module happens to expose. Events are BGTASK_EPOLL_IN/PRI/OUT
+ * (level-triggered); ERR and HUP are always reported. */
 #define BGTASK_EPOLL_IN 0x001u
 #define BGTASK_EPOLL_PRI 0x002u
 #define BGTASK_EPOLL_OUT 0x004u
@@ -271,24 +271,19 @@ int bgtask_epoll_modify(int epfd, int fd, uint32_t events, uint64_t token);
 /* epoll_ctl(EPOLL_CTL_DEL).
  * Async-signal-safe: yes */
 int bgtask_epoll_remove(int epfd, int fd);
-/* epoll_wait: up to `capacity` (at most 256) ready, their tokens and events into the two
- * arrays; waits forever when `timeout_ms` is negative; -1 and errno (EINTR included).
+/* epoll_pwait2: up to `capacity` (at most 256) ready, their tokens and events into the two
+ * arrays, waiting at most `timeout_ns` (to the nanosecond; forever when negative). Where the
+ * kernel has no epoll_pwait2 (before 5.11), epoll_wait with the timeout rounded up to a
+ * millisecond. -1 and errno (EINTR included) on failure.
  * Async-signal-safe: yes */
-int bgtask_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int capacity, int timeout_ms);
-/* A CLOCK_MONOTONIC timerfd, non-blocking and close-on-exec.
- * Async-signal-safe: yes */
-int bgtask_timerfd_create(void);
-/* Arms the timerfd to fire once at the absolute monotonic time `at_ns` (0 disarms; a time
- * already past fires at once). Reading it (8 bytes) clears it.
- * Async-signal-safe: yes */
-int bgtask_timerfd_arm(int fd, uint64_t at_ns);
+int bgtask_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int capacity, int64_t timeout_ns);
 /* An eventfd, non-blocking and close-on-exec.
  * Async-signal-safe: yes */
 int bgtask_eventfd_create(void);
 /* Adds one to the eventfd (a wake-up).
  * Async-signal-safe: yes */
 void bgtask_eventfd_signal(int fd);
-/* Reads the eventfd (or a timerfd) back to zero.
+/* Reads the eventfd back to zero.
  * Async-signal-safe: yes */
 void bgtask_eventfd_clear(int fd);
 /* send(2) of one packet with MSG_DONTWAIT | MSG_NOSIGNAL: the bytes sent, or -1 and errno
