@@ -9,6 +9,34 @@ import Testing
 /// private propagation: nothing reaches this machine's mounts, and the mount goes with the
 /// namespace's last process). The Hostile fixture fills it, of bytes or of inodes.
 @Suite(.serialized) struct DiskQuotaTests {
+    /// The staging meter is read before every quota look (a thousand launches: thousands a
+    /// second). Each read must cost the same: when the meter was a closure stored in a
+    /// `LockedValue`, every read wrapped it in two more reabstraction thunks, and after a few
+    /// thousand a read overflowed a supervision loop's stack. After 100,000 reads, one read on a
+    /// thread with a 128 KiB stack still returns.
+    @Test func theStagingMeterCostsTheSameAtEveryRead() {
+        let calls = LockedValue(0)
+        DiskAccounting.stagingUse.withLock {
+            $0 = DiskAccounting.StagingMeter { _ in
+                calls.withLock { $0 += 1 }
+                return DiskUse(bytes: 7, inodes: 1)
+            }
+        }
+        defer { DiskAccounting.stagingUse.withLock { $0 = nil } }
+        for _ in 0..<100_000 { _ = DiskAccounting.staging(of: "com.example.app") }
+        let done = DispatchSemaphore(value: 0)
+        let last = LockedValue<DiskUse?>(nil)
+        let thread = Thread {
+            last.withLock { $0 = DiskAccounting.staging(of: "com.example.app") }
+            done.signal()
+        }
+        thread.stackSize = 128 << 10
+        thread.start()
+        done.wait()
+        #expect(last.withLock { $0 } == DiskUse(bytes: 7, inodes: 1))
+        #expect(calls.withLock { $0 } == 100_001)
+    }
+
     static let hostile = "com.example.hostile"
     static let victim = "com.example.misbehaving"
     /// Requests of the victim app submitted while the disk is full (processing, not due for a

@@ -156,7 +156,7 @@ public final class TaskHost: @unchecked Sendable {
         scheduling.transfers = transfers
         // An app's disk quota counts what its transfers hold in the host's staging.
         DiskAccounting.stagingUse.withLock { [transfers] in
-            $0 = { app in
+            $0 = DiskAccounting.StagingMeter { app in
                 let held = transfers.stagingUsage(app: app)
                 return DiskUse(bytes: held.bytes, inodes: UInt64(held.inodes))
             }

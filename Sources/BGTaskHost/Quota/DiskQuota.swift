@@ -84,10 +84,21 @@ public enum DiskAccounting {
 
     /// The seam for what the host keeps for an app outside its containers (transfer staging):
     /// the transfers part sets it; nil counts nothing.
-    static let stagingUse = LockedValue<(@Sendable (String) -> DiskUse)?>(nil)
+    ///
+    /// A class around the closure, not the closure itself in the `LockedValue`: a function
+    /// value passed `inout` through the generic `withLock` is reabstracted on the way in and
+    /// back on the way out, so each read wrapped the stored closure in two more thunks. After a
+    /// few thousand quota looks a call went 30,000 frames deep and overflowed a supervision
+    /// loop's stack (1,000 launches with quotas on; `bgtask-bench --only scale`).
+    final class StagingMeter: Sendable {
+        let measure: @Sendable (String) -> DiskUse
+        init(_ measure: @escaping @Sendable (String) -> DiskUse) { self.measure = measure }
+    }
+
+    static let stagingUse = LockedValue<StagingMeter?>(nil)
 
     static func staging(of app: String) -> DiskUse {
-        (stagingUse.withLock { $0 })?(app) ?? DiskUse()
+        stagingUse.withLock { $0 }?.measure(app) ?? DiskUse()
     }
 
     /// What an app holds against its quota: a walk of its directories, and its staging.
