@@ -246,6 +246,12 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         // still comes before the process. It is then supervised by a supervision loop, and its
         // record comes back here.
         control.requireAdmission()
+        // Recorded with the other launches this turn of the queue starts (`recordBegun`), and
+        // queued for it before the supervisor can fail the launch and send its record back.
+        // Records carry real time (the virtual clock only steers scheduling decisions).
+        beginning.append((PendingRequestStore.LaunchBegin(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date()),
+                          control))
+        if beginning.count == 1 { queue.async { [weak self] in self?.recordBegun() } }
         let broker = makeBroker(launchID)
         supervisor.start(plan, broker: broker, control: control) { [weak self, plan] outcome in
             let record: RunRecord
@@ -256,11 +262,6 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             guard let self else { return }
             queue.async { self.ended(record) }
         }
-        // Recorded with the other launches this turn of the queue starts (`recordBegun`).
-        // Records carry real time (the virtual clock only steers scheduling decisions).
-        beginning.append((PendingRequestStore.LaunchBegin(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date()),
-                          control))
-        if beginning.count == 1 { queue.async { [weak self] in self?.recordBegun() } }
         core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
                                                "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
         return launchID
@@ -278,7 +279,12 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private var startedPIDs: [(id: String, pid: Int32)] = []
     private var endedRecords: [RunRecord] = []
 
-    private func recordBegun() {
+    /// Writes the launches begun so far (the scheduling pass calls it once it has started its
+    /// launches, so that they are recorded, their requests marked running, in the pass's own
+    /// turn: a submission that replaces one of those requests comes after; other starts are
+    /// written at the queue's next turn).
+    func recordBegun() {
+        guard !beginning.isEmpty else { return }
         let batch = beginning
         beginning = []
         let store = core.store

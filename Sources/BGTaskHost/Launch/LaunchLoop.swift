@@ -196,6 +196,36 @@ struct LaunchLoop {
         }
     }
 
+    // MARK: Disk walks, off the loop
+
+    /// A loop's launch has its disk walks (the quota's, the reserve's) made on a worker: see
+    /// `DiskQuotaWatch.deferWalks`.
+    mutating func deferDiskWalks() {
+        disk.deferWalks = true
+        quota.deferWalks = true
+    }
+
+    var wantsQuotaWalk: Bool { quota.walkWanted }
+    var wantsReserveWalk: Bool { disk.walkWanted != nil }
+    var quotaWalkInputs: (directories: [String], app: String) { (quota.directories, quota.app) }
+    var reserveContainers: [String] { disk.containers }
+
+    /// A quota walk made on a worker, kept: the launch is killed when it is over its quota.
+    mutating func quotaWalked(_ walk: DiskQuotaWatch.Walk, _ state: inout LaunchState) {
+        guard let exceeded = quota.walked(walk, at: bgtask_monotonic_ns()), state.killed == nil else { return }
+        state.diskQuotaExceeded = "\(exceeded) while it ran"
+        kill(.diskQuota, &state, "disk quota kill", ["bytes": "\(quota.use.bytes)", "inodes": "\(quota.use.inodes)"])
+    }
+
+    /// What the containers hold, measured on a worker under the reserve: the launch is killed
+    /// when it grew past what is allowed.
+    mutating func reserveWalked(held: UInt64, _ state: inout LaunchState) {
+        let free = disk.walkWanted?.free ?? 0
+        guard let exhaustion = disk.walked(held: held, free: free), state.killed == nil else { return }
+        state.diskExhaustion = exhaustion
+        kill(.disk, &state, "disk kill", ["reserve": "\(disk.reserve)"])
+    }
+
     /// A message sent only if the channel has room now (the memory sampler's probe: one lost
     /// is a probe not answered, and the sampler walks the launch's tree instead).
     static func trySend(_ message: ParentMessage, on channel: LaunchChannel) -> Bool {
@@ -234,10 +264,9 @@ struct LaunchLoop {
     /// on its own about seventeen times a second. A sample comes at most 5 ms later than its
     /// adaptive interval (20 ms to 100 ms in the steady state) asked.
     private func nextWake(after now: UInt64, _ state: LaunchState) -> Int64 {
-        guard state.killed == nil else {
-            let next = state.expiredAtNs == nil ? expireAt : (graceKillAt(state) ?? UInt64.max)
-            return next == UInt64.max ? -1 : Int64(clamping: next > now ? next - now : 0)
-        }
+        // Killed: nothing is due any more; the pidfd wakes the loop when the process is gone
+        // (a deadline left in the past would turn the loop again and again until then).
+        guard state.killed == nil else { return -1 }
         var hard = state.expiredAtNs == nil ? expireAt : (graceKillAt(state) ?? UInt64.max)
         var soft = UInt64.max
         if sampling { soft = min(soft, max(memory.nextSampleNs, now)) }

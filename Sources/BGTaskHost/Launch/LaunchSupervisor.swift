@@ -131,6 +131,10 @@ public struct LaunchSupervisor: Sendable {
     /// The threads that answer launches' calls (submit, pending, notifications, transfers):
     /// they wait on the store and the host's queue, which the loops must never do.
     static let brokers = WorkerPool(name: "bgtask.broker", size: 4)
+    /// The threads that walk launches' containers for their disk quota and the disk reserve (a
+    /// container of a million files takes about a second): never a loop, and not the workers
+    /// that start and end launches.
+    static let walkers = WorkerPool(name: "bgtask.walk", size: 2)
 
     /// On a worker: everything a launch needs before its process exists; then, once the host
     /// has recorded it (`LaunchControl.whenAdmitted`), its process is started or resumed.
@@ -327,6 +331,7 @@ public struct LaunchSupervisor: Sendable {
     private func supervise(_ launch: SupervisedLaunch) {
         if let loop = SupervisionLoops.next() {
             launch.home = loop
+            launch.loop.deferDiskWalks()
             loop.add(launch)
         } else {
             Thread { launch.superviseAlone() }.start()
@@ -468,7 +473,10 @@ public struct LaunchSupervisor: Sendable {
     func suspendIfOver(_ loop: inout LaunchLoop, _ state: inout LaunchState, pid: pid_t, channel: LaunchChannel, log: LaunchLog,
                                cgroup: CgroupV2.LaunchGroup?, plan: LaunchPlan, key: SuspendedApp.Key, launches: Int, cpuAtStartNs: UInt64,
                                startedAt: Date, refusedGroups: [String: String], apps: SuspendedApps, logger: Logger) -> RunRecord? {
-        guard state.idleNs != nil, state.killed == nil, state.forcedTermination == nil else { return nil }
+        // Not with answers of the host's still unsent or calls unanswered (an app that sent
+        // calls after it said it was over, or stopped reading): they would wait in a loop's
+        // outbox that no longer exists while the app sleeps; it ends instead.
+        guard state.idleNs != nil, state.killed == nil, state.forcedTermination == nil, !loop.wantsToWrite, loop.calls.isEmpty else { return nil }
         let endNs = bgtask_monotonic_ns()
         kill(-pid, SIGSTOP)
         kill(pid, SIGSTOP)

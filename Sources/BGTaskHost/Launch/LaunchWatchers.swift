@@ -37,7 +37,23 @@ struct DiskReserveWatch {
             return nil
         }
         nextCheckNs = now + Self.closeInterval
-        let held = Self.bytesHeld(containers)
+        if deferWalks {
+            // On a supervision loop: measured on a worker (`walked`), one walk at a time.
+            walkWanted = (free: free, at: now)
+            return nil
+        }
+        return walked(held: Self.bytesHeld(containers), free: free)
+    }
+
+    /// As `DiskQuotaWatch.deferWalks`: the containers are measured on a worker, never on the
+    /// loop (`walkWanted`: the filesystem's free bytes when the walk was asked for).
+    var deferWalks = false
+    var walkWanted: (free: UInt64, at: UInt64)?
+
+    /// What the containers hold now was measured (`bytesHeld`): why the launch must be killed,
+    /// or nil.
+    mutating func walked(held: UInt64, free: UInt64) -> String? {
+        walkWanted = nil
         guard let before = heldWhenUnder else {
             heldWhenUnder = held
             return nil

@@ -44,7 +44,13 @@ final class SupervisedLaunch: SupervisionLoop.Source, @unchecked Sendable {
     weak var home: SupervisionLoop?
     /// A call of the launch's is being answered on a broker thread.
     private var answering = false
-    /// The process is gone (or idle) and an answer is still out: the launch ends once it is in.
+    /// A disk walk of the launch's (its quota's, its reserve's) is being made on a walker.
+    private var quotaWalking = false
+    private var reserveWalking = false
+    /// Work for the launch is out (an answer, a walk): its result comes back to the loop, so
+    /// the launch does not end before it is in.
+    private var outstanding: Bool { answering || quotaWalking || reserveWalking }
+    /// The process is gone (or idle) and work is still out: the launch ends once it is in.
     private var winding = false
 
     init(supervisor: LaunchSupervisor, logger: Logger, pid: pid_t, channel: LaunchChannel, cgroup: CgroupV2.LaunchGroup?, loop: LaunchLoop,
@@ -74,7 +80,7 @@ final class SupervisedLaunch: SupervisionLoop.Source, @unchecked Sendable {
     func fire(ready: UInt32, now: UInt64) -> Bool {
         if winding {
             deadline = .max
-            return answering
+            return outstanding
         }
         func has(_ slot: Slot) -> Bool { ready & (1 << slot.rawValue) != 0 }
         let exited = pidfd >= 0 ? has(.exit) : bgtask_has_exited(pid) != 0
@@ -82,11 +88,12 @@ final class SupervisedLaunch: SupervisionLoop.Source, @unchecked Sendable {
         let next = loop.turn(&state, now: now, commands: has(.commands), logReady: has(.log), channelReady: has(.channel), exited: exited)
         if !answering, !loop.calls.isEmpty { answerNext() }
         guard var next else {
-            // Out of the loop once the answer being made is in (the rest: `conclude`).
-            winding = answering
+            // Out of the loop once the work out for it is in (the rest: `conclude`).
+            winding = outstanding
             deadline = .max
-            return answering
+            return outstanding
         }
+        walkWhenWanted()
         if pidfd < 0 { next = min(next, now + Self.exitPollNs) }
         deadline = next
         return true
@@ -104,6 +111,36 @@ final class SupervisedLaunch: SupervisionLoop.Source, @unchecked Sendable {
                 answering = false
                 loop.deliver(answer, &state)
                 home.refire(self)
+            }
+        }
+    }
+
+    /// The disk walks the launch's watches want, each on a walker (one of each at a time); the
+    /// result is kept on the loop, unless the launch has ended meanwhile.
+    private func walkWhenWanted() {
+        guard let home else { return }
+        if loop.wantsQuotaWalk, !quotaWalking {
+            quotaWalking = true
+            let (directories, app) = loop.quotaWalkInputs
+            LaunchSupervisor.walkers.run { [self] in
+                let walk = DiskQuotaWatch.walk(directories, app: app, now: bgtask_monotonic_ns())
+                home.execute { [self] in
+                    quotaWalking = false
+                    if !winding { loop.quotaWalked(walk, &state) }
+                    home.refire(self)
+                }
+            }
+        }
+        if loop.wantsReserveWalk, !reserveWalking {
+            reserveWalking = true
+            let containers = loop.reserveContainers
+            LaunchSupervisor.walkers.run { [self] in
+                let held = DiskReserveWatch.bytesHeld(containers)
+                home.execute { [self] in
+                    reserveWalking = false
+                    if !winding { loop.reserveWalked(held: held, &state) }
+                    home.refire(self)
+                }
             }
         }
     }

@@ -165,12 +165,43 @@ struct DiskQuotaWatch {
             if quota.inodes > 0 && grewInodes > inodesLeft / 2 { due = true }
         }
         guard due, now >= earliestWalkNs else { return nil }
+        if deferWalks {
+            walkWanted = true
+            return nil
+        }
+        return walked(Self.walk(directories, app: app, now: now), at: now)
+    }
+
+    /// On a supervision loop a walk is not made where it is due: `walkWanted` says one is, the
+    /// launch has it made on a worker (`walk`), and hands the result back (`walked`). A walk of a
+    /// container of a million files takes a second; on the loop it would stall every launch
+    /// the loop supervises.
+    var deferWalks = false
+    var walkWanted = false
+
+    /// What a walk found: the app's use, the filesystem's counters at its start, its cost.
+    struct Walk: Sendable {
+        var use: DiskUse
+        var filesystem: (bytes: UInt64, inodes: UInt64)?
+        var costNs: UInt64
+    }
+
+    /// The walk itself (any thread; it blocks for as long as the containers take).
+    static func walk(_ directories: [String], app: String, now: UInt64) -> Walk {
         let walkStart = bgtask_monotonic_ns()
-        filesystemAtWalk = Self.filesystemUsed(directories[0], now: now, fresh: true)
-        use = DiskAccounting.use(of: directories, app: app)
+        let filesystem = filesystemUsed(directories[0], now: now, fresh: true)
+        let use = DiskAccounting.use(of: directories, app: app)
+        return Walk(use: use, filesystem: filesystem, costNs: bgtask_monotonic_ns() - walkStart)
+    }
+
+    /// A walk's result kept: why the launch must be killed, or nil. The next walk comes after
+    /// `walkInterval`, and no sooner than 50 times the walk's cost after this one.
+    mutating func walked(_ walk: Walk, at now: UInt64) -> String? {
+        walkWanted = false
+        filesystemAtWalk = walk.filesystem
+        use = walk.use
         peak = DiskUse(bytes: max(peak.bytes, use.bytes), inodes: max(peak.inodes, use.inodes), complete: peak.complete && use.complete)
-        let cost = bgtask_monotonic_ns() - walkStart
-        earliestWalkNs = now + cost * 50
+        earliestWalkNs = now + walk.costNs * 50
         nextWalkNs = max(now + Self.walkInterval, earliestWalkNs)
         return quota.exceeded(by: use)
     }

@@ -83,6 +83,8 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
                                      maximumLaunches: maximum, backingOff: { backingOff.contains($0) })
             }
             for (bundle, requests) in decision.launches { launches.start(bundle, requests: requests, reason: .scheduled) }
+            // All of the pass's launches recorded in one transaction, within the pass.
+            launches.recordBegun()
             wakeAt = decision.wakeAt
             watchConditions = watchConditions || decision.watchConditions
         } catch {

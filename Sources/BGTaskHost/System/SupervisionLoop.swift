@@ -140,6 +140,10 @@ final class SupervisionLoop: @unchecked Sendable {
             for i in 0..<Int(n) {
                 let token = tokens[i]
                 if token == Self.wakeToken {
+                    // Cleared here, before the jobs are taken: a writer whose job an earlier
+                    // turn already took may still add to the counter, and a counter left set
+                    // would make every wait return at once.
+                    bgtask_eventfd_clear(wake)
                     continue
                 } else {
                     ready[UInt32(truncatingIfNeeded: token >> 8), default: 0] |= 1 << UInt32(token & 0xff)
@@ -164,8 +168,6 @@ final class SupervisionLoop: @unchecked Sendable {
             defer { handedIn.removeAll(keepingCapacity: true) }
             return handedIn
         }
-        guard !jobs.isEmpty else { return }
-        bgtask_eventfd_clear(wake)
         for job in jobs { job() }
     }
 
