@@ -383,8 +383,11 @@ public struct LaunchSupervisor: Sendable {
         guard allowed else {
             // Not recorded, not run: the process goes back to sleep as it was (or ends, when
             // the host is stopping). Either way its descriptors are no longer this launch's.
-            _ = log.detachReadEnd()
-            if !apps.suspend(process) { apps.endUnkept(process) }
+            // Its log pipe as the launch's log left it: closed when it found the process dead
+            // (every writer gone), and then not closed again by number later.
+            var process = process
+            process.logReadEnd = log.detachReadEnd()
+            if process.logReadEnd < 0 || !apps.suspend(process) { apps.endUnkept(process) }
             prepared.completion(.failure(BGTaskError(.launch, "the launch could not be recorded in the store; it was not started")))
             return
         }

@@ -18,7 +18,8 @@ struct SuspendedApp {
     let appPID: pid_t
     let channel: LaunchChannel
     /// The read end of the pipe that is the process's stdout and stderr.
-    let logReadEnd: Int32
+    /// -1 once closed (the log that adopted it found every writer gone: the process died).
+    var logReadEnd: Int32
     let cgroup: CgroupV2.LaunchGroup?
     /// The confinement the runner reported at its first launch (a resumed launch has the same).
     let sandbox: [String: SandboxLayer]?
@@ -311,7 +312,7 @@ final class SuspendedApps: @unchecked Sendable {
         var status: Int32 = 0
         _ = bgtask_wait4(process.pid, &status, 0, nil)
         process.channel.close()
-        close(process.logReadEnd)
+        if process.logReadEnd >= 0 { close(process.logReadEnd) }
         process.cgroup?.remove()
         LaunchSupervisor.activeRunners.withLock { _ = $0.remove(process.pid) }
         afterReap(process.pid)
