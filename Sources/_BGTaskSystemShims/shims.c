@@ -465,3 +465,5 @@ long bgtask_send_nonblocking(int fd, const void *bytes, unsigned long count) {
     do { sent = send(fd, bytes, count, MSG_DONTWAIT | MSG_NOSIGNAL); } while (sent < 0 && errno == EINTR);
     return sent;
 }
+
+void bgtask_name_thread(const char *name) { (void)prctl(PR_SET_NAME, name, 0, 0, 0); }

@@ -140,6 +140,8 @@ import Testing
         // While they sleep: the supervision's threads, by name (other suites share this process).
         usleep(1_500_000)
         let threads = Self.threadNames().filter { $0.hasPrefix("bgtask.loop") || $0.hasPrefix("bgtask.launch") || $0.hasPrefix("bgtask.broker") }
+        // The loops at least (named by the kernel: an empty list would be a count that cannot fail).
+        #expect(threads.filter { $0.hasPrefix("bgtask.loop") }.count == SupervisionLoops.all.count, "\(threads)")
         #expect(threads.count <= SupervisionLoops.all.count + 8, "\(threads.count) supervision threads for \(count) launches: \(threads)")
         #expect(eventually(30) { records.withLock { $0.count } == count }, "\(records.withLock { $0.count }) of \(count) records")
         for record in records.withLock({ $0 }) {

@@ -118,6 +118,9 @@ final class SupervisionLoop: @unchecked Sendable {
     // MARK: The loop
 
     private func run() {
+        // The kernel's name for the thread (`ps -L`, /proc/PID/task/TID/comm): Foundation's
+        // `Thread.name` does not set it on Linux.
+        bgtask_name_thread(name)
         let capacity = 256
         var tokens = [UInt64](repeating: 0, count: capacity)
         var events = [UInt32](repeating: 0, count: capacity)

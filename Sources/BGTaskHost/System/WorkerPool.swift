@@ -1,5 +1,7 @@
 import DequeModule
 import Foundation
+import Glibc
+import _BGTaskSystemShims
 
 /// A fixed number of threads for the blocking steps around a launch (its containers made and
 /// its disk use measured before it starts; its reap, clean-up and record after it ends), so
@@ -30,8 +32,13 @@ final class WorkerPool: @unchecked Sendable {
             return started
         }
         guard let number else { return }
-        let thread = Thread { [self] in serve() }
-        thread.name = "\(name).\(number)"
+        let threadName = "\(name).\(number)"
+        let thread = Thread { [self] in
+            // The kernel's name for the thread: Foundation's `Thread.name` does not set it on Linux.
+            bgtask_name_thread(threadName)
+            serve()
+        }
+        thread.name = threadName
         thread.stackSize = 1 << 20
         thread.start()
     }

@@ -286,6 +286,10 @@ void bgtask_eventfd_signal(int fd);
 /* Reads the eventfd back to zero.
  * Async-signal-safe: yes */
 void bgtask_eventfd_clear(int fd);
+/* Names the calling thread for the kernel (prctl PR_SET_NAME: `ps -L`, /proc/PID/task/TID/comm;
+ * at most 15 bytes kept). Foundation's `Thread.name` does not on Linux.
+ * Async-signal-safe: yes */
+void bgtask_name_thread(const char *name);
 /* send(2) of one packet with MSG_DONTWAIT | MSG_NOSIGNAL: the bytes sent, or -1 and errno
  * (EAGAIN when the peer's buffer is full).
  * Async-signal-safe: yes */
