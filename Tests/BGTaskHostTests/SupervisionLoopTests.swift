@@ -111,50 +111,6 @@ import Testing
         #expect(first.snapshot.fired.count == firedBefore, "a retired source was fired again")
     }
 
-    /// Forty launches at once, each sleeping in its handler past its budget, are supervised by
-    /// the loops and a few workers: no thread per launch. Every one is expired and ends with a
-    /// record.
-    @Test func manyLaunchesAtOnceTakeNoThreadEach() throws {
-        let scratch = try Scratch()
-        defer { scratch.remove() }
-        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
-        var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
-        supervisor.zygote = Zygote(runnerPath: supervisor.runnerPath, logger: Logger(label: "test"), confine: true)
-        defer { supervisor.zygote?.stop() }
-        let records = LockedValue([RunRecord]())
-        let count = 40
-        for _ in 0..<count {
-            var limits = LaunchLimits.defaults(for: [.processing])
-            limits.budget = .milliseconds(2500)
-            limits.grace = .milliseconds(500)
-            let id = LaunchPlan.newLaunchID()
-            let plan = LaunchPlan(
-                bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.never", kind: .processing)],
-                reason: "simulated", limits: limits, launchID: id,
-                dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
-                logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
-            supervisor.start(plan, broker: InMemoryRequestBroker()) { outcome in
-                if case .success(let record) = outcome { records.withLock { $0.append(record) } }
-            }
-        }
-        // While they sleep: the supervision's threads, by name (other suites share this process).
-        usleep(1_500_000)
-        let threads = Self.threadNames().filter { $0.hasPrefix("bgtask.loop") || $0.hasPrefix("bgtask.launch") || $0.hasPrefix("bgtask.broker") }
-        // The loops at least (named by the kernel: an empty list would be a count that cannot fail).
-        #expect(threads.filter { $0.hasPrefix("bgtask.loop") }.count == SupervisionLoops.all.count, "\(threads)")
-        #expect(threads.count <= SupervisionLoops.all.count + 8, "\(threads.count) supervision threads for \(count) launches: \(threads)")
-        #expect(eventually(30) { records.withLock { $0.count } == count }, "\(records.withLock { $0.count }) of \(count) records")
-        for record in records.withLock({ $0 }) {
-            #expect(record.termination == .exited, "\(record.termination): \(record.error ?? "")")
-            #expect(record.tasks.first?.expiredMs != nil, "not expired: \(record)")
-        }
-    }
-
-    static func threadNames() -> [String] {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) }
-    }
-
     /// An app that stops reading its channel and floods it with calls whose answers it never
     /// reads: the loop never blocks on it (its answers wait in the launch's outbox, its calls
     /// are read no faster than they are answered), its watchdog still ends it on time, and
@@ -184,4 +140,63 @@ import Testing
         #expect(record.wallMs < 4_500, "ended after \(record.wallMs) ms")
         #expect(try record.logText().contains("hostile: deaf, flooding pending calls"))
     }
+}
+
+/// In `SupervisorTests` (serialized): its forty launches' sockets live in this process for
+/// seconds, and `aLaunchLeaksNoDescriptorAndNoChildAndInheritsNothing` counts this process's
+/// sockets; in a suite of its own it ran beside that test and was counted as a leak.
+extension SupervisorTests {
+    func eventually(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+        let end = Date().addingTimeInterval(seconds)
+        while Date() < end {
+            if condition() { return true }
+            usleep(5_000)
+        }
+        return condition()
+    }
+
+    /// Forty launches at once, each sleeping in its handler past its budget, are supervised by
+    /// the loops and a few workers: no thread per launch. Every one is expired and ends with a
+    /// record.
+    @Test func manyLaunchesAtOnceTakeNoThreadEach() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        var supervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        supervisor.zygote = Zygote(runnerPath: supervisor.runnerPath, logger: Logger(label: "test"), confine: true)
+        defer { supervisor.zygote?.stop() }
+        let records = LockedValue([RunRecord]())
+        let count = 40
+        for _ in 0..<count {
+            var limits = LaunchLimits.defaults(for: [.processing])
+            limits.budget = .milliseconds(2500)
+            limits.grace = .milliseconds(500)
+            let id = LaunchPlan.newLaunchID()
+            let plan = LaunchPlan(
+                bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.never", kind: .processing)],
+                reason: "simulated", limits: limits, launchID: id,
+                dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+                logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+            supervisor.start(plan, broker: InMemoryRequestBroker()) { outcome in
+                if case .success(let record) = outcome { records.withLock { $0.append(record) } }
+            }
+        }
+        // While they sleep: the supervision's threads, by name (other suites share this process).
+        usleep(1_500_000)
+        let threads = Self.supervisionThreadNames().filter { $0.hasPrefix("bgtask.loop") || $0.hasPrefix("bgtask.launch") || $0.hasPrefix("bgtask.broker") }
+        // The loops at least (named by the kernel: an empty list would be a count that cannot fail).
+        #expect(threads.filter { $0.hasPrefix("bgtask.loop") }.count == SupervisionLoops.all.count, "\(threads)")
+        #expect(threads.count <= SupervisionLoops.all.count + 8, "\(threads.count) supervision threads for \(count) launches: \(threads)")
+        #expect(eventually(30) { records.withLock { $0.count } == count }, "\(records.withLock { $0.count }) of \(count) records")
+        for record in records.withLock({ $0 }) {
+            #expect(record.termination == .exited, "\(record.termination): \(record.error ?? "")")
+            #expect(record.tasks.first?.expiredMs != nil, "not expired: \(record)")
+        }
+    }
+
+    static func supervisionThreadNames() -> [String] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) }
+    }
+
 }
