@@ -22,15 +22,6 @@ import Testing
         Dictionary(uniqueKeysWithValues: (try host.send(ControlRequest(.apps)).apps ?? []).map { ($0.identifier, $0) })
     }
 
-    /// Waits (bounded: 5 s) until `condition` holds.
-    func eventually(_ condition: () -> Bool) -> Bool {
-        for _ in 0..<250 {
-            if condition() { return true }
-            usleep(20_000)
-        }
-        return condition()
-    }
-
     /// The state letter of `pid` in /proc (T: stopped), nil once it is gone.
     func processState(_ pid: pid_t) -> Character? {
         ProcessTree.status(of: pid).map { Character(UnicodeScalar($0.state)) }

@@ -47,15 +47,6 @@ import Testing
         var snapshot: (fired: [(at: UInt64, ready: UInt32)], retired: Int) { lock.withLock { (fired, retired) } }
     }
 
-    func eventually(_ seconds: Double = 5, _ condition: () -> Bool) -> Bool {
-        let end = Date().addingTimeInterval(seconds)
-        while Date() < end {
-            if condition() { return true }
-            usleep(5_000)
-        }
-        return condition()
-    }
-
     /// Hundreds of deadlines on one loop, added in random order: each fires once, never before
     /// it is due, and the loop then forgets the source (retired once).
     @Test func deadlinesFireWhenDueAndOnlyOnce() throws {
@@ -132,7 +123,7 @@ import Testing
         let otherResult = try host.cli(["simulate-launch", "com.example.misbehaving.ok", "--force", "--type", "refresh", "--json"])
         let other = try #require(try? RunRecord.decode(Data(otherResult.stdout.utf8)), "\(otherResult.stdout) \(otherResult.stderr)")
         #expect(other.task("com.example.misbehaving.ok")?.outcome == .succeeded, "\(other)")
-        #expect(eventually(20) { deaf.withLock { $0 != nil } })
+        #expect(eventually(within: 20) { deaf.withLock { $0 != nil } })
         let result = try #require(try deaf.withLock { $0 }?.get())
         let record = try #require(try? RunRecord.decode(Data(result.stdout.utf8)), "\(result.stdout) \(result.stderr)")
         #expect(record.termination == .watchdog || record.termination == .crashed, "\(record)")
@@ -146,15 +137,6 @@ import Testing
 /// seconds, and `aLaunchLeaksNoDescriptorAndNoChildAndInheritsNothing` counts this process's
 /// sockets; in a suite of its own it ran beside that test and was counted as a leak.
 extension SupervisorTests {
-    func eventually(_ seconds: Double, _ condition: () -> Bool) -> Bool {
-        let end = Date().addingTimeInterval(seconds)
-        while Date() < end {
-            if condition() { return true }
-            usleep(5_000)
-        }
-        return condition()
-    }
-
     /// Forty launches at once, each sleeping in its handler past its budget, are supervised by
     /// the loops and a few workers: no thread per launch. Every one is expired and ends with a
     /// record.
@@ -187,7 +169,7 @@ extension SupervisorTests {
         // The loops at least (named by the kernel: an empty list would be a count that cannot fail).
         #expect(threads.filter { $0.hasPrefix("bgtask.loop") }.count == SupervisionLoops.all.count, "\(threads)")
         #expect(threads.count <= SupervisionLoops.all.count + 8, "\(threads.count) supervision threads for \(count) launches: \(threads)")
-        #expect(eventually(30) { records.withLock { $0.count } == count }, "\(records.withLock { $0.count }) of \(count) records")
+        #expect(eventually(within: 30) { records.withLock { $0.count } == count }, "\(records.withLock { $0.count }) of \(count) records")
         for record in records.withLock({ $0 }) {
             #expect(record.termination == .exited, "\(record.termination): \(record.error ?? "")")
             #expect(record.tasks.first?.expiredMs != nil, "not expired: \(record)")

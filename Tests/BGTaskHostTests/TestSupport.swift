@@ -107,6 +107,16 @@ extension RunRecord {
 }
 
 /// True when a process with this pid exists (and is not a zombie we could reap).
+/// Waits, at most `seconds`, until `condition` holds (looked at every 20 ms); its last answer.
+func eventually(within seconds: Double = 5, _ condition: () -> Bool) -> Bool {
+    let end = Date().addingTimeInterval(seconds)
+    while Date() < end {
+        if condition() { return true }
+        usleep(20_000)
+    }
+    return condition()
+}
+
 func processExists(_ pid: Int32) -> Bool {
     guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
           let close = stat.lastIndex(of: ")") else { return false }

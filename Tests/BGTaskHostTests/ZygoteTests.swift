@@ -50,15 +50,6 @@ import _BGTaskSystemShims
         return info._sifields._sigchld.si_pid == child
     }
 
-    /// Waits (bounded) until `condition` holds.
-    func eventually(_ condition: () -> Bool) -> Bool {
-        for _ in 0..<250 {
-            if condition() { return true }
-            usleep(20_000)
-        }
-        return condition()
-    }
-
     @Test func eachLaunchTakesTheSpareForkedBeforeItAndNothingOutlivesTheZygote() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

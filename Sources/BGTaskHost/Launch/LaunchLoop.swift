@@ -226,8 +226,10 @@ struct LaunchLoop {
         kill(.disk, &state, "disk kill", ["reserve": "\(disk.reserve)"])
     }
 
-    /// A message sent only if the channel has room now (the memory sampler's probe: one lost
-    /// is a probe not answered, and the sampler walks the launch's tree instead).
+    /// A message sent only if the channel has room now, never waiting: the memory sampler's
+    /// probe (one lost is a probe not answered, and the sampler walks the launch's tree
+    /// instead), and a resume to a suspended process (whose channel holds nothing of the
+    /// host's; one that cannot take it is ended). False with errno set when it was not sent.
     static func trySend(_ message: ParentMessage, on channel: LaunchChannel) -> Bool {
         var writer = WireWriter()
         message.write(to: &writer)

@@ -412,10 +412,7 @@ public struct LaunchSupervisor: Sendable {
         kill(process.pid, SIGCONT)
         // Never blocking: a suspended process's channel holds nothing of the host's, and one
         // that cannot take the launch now is not waited for.
-        var writer = WireWriter()
-        ParentMessage.resume(start).write(to: &writer)
-        let sent = writer.bytes.withUnsafeBytes { bgtask_send_nonblocking(process.channel.fd, $0.baseAddress, UInt($0.count)) }
-        if sent < 0 {
+        if !LaunchLoop.trySend(ParentMessage.resume(start), on: process.channel) {
             state.end(.crashed, error: "could not send the launch to the app's suspended process: \(String(cString: strerror(errno)))")
             state.killed = .crashed
             Self.terminate(process.pid, cgroup: process.cgroup)

@@ -417,8 +417,9 @@ public final class PendingRequestStore: @unchecked Sendable {
         }
     }
 
-    /// The runners' pids of running launches, in one transaction (`setLaunchPID` for the
-    /// launches a turn of the host started); a launch no longer recorded is skipped.
+    /// Remembers the runners' pids of running launches (for cleanup after a host crash), those
+    /// one turn of the host started, in one transaction; a launch no longer recorded is
+    /// skipped. Not synced, as `beginLaunch`: a power loss ends the runners too.
     public func setLaunchPIDs(_ pids: [(id: String, pid: Int32)]) throws(BGTaskError) {
         guard !pids.isEmpty else { return }
         try writeUnsynced("set the pids of \(pids.count) launches") { db in
