@@ -242,41 +242,94 @@ public struct TransferInfo: Codable, Sendable, Equatable {
 ///   forgets the file and keeps the record as `delivered`.
 /// - `events-handled` (`session`): the completion handler of
 ///   `application(_:handleEventsForBackgroundURLSession:completionHandler:)` was called.
-public struct TransferCall: Codable, Sendable, Equatable {
-    public var op: String
-    public var request: TransferRequest?
-    public var id: String?
-    public var session: String?
+public enum TransferCall: Sendable, Equatable {
+    case create(TransferRequest)
+    case cancel(id: String)
+    case attach(session: String)
+    case delivered(id: String)
+    case eventsHandled(session: String)
 
-    public init(op: String, request: TransferRequest? = nil, id: String? = nil, session: String? = nil) {
-        self.op = op
-        self.request = request
-        self.id = id
-        self.session = session
+    /// The call's name on the wire.
+    public enum Op: String, Sendable, CaseIterable {
+        case create, cancel, attach, delivered
+        case eventsHandled = "events-handled"
     }
 
-    public static func create(_ request: TransferRequest) -> TransferCall { TransferCall(op: "create", request: request) }
-    public static func cancel(id: String) -> TransferCall { TransferCall(op: "cancel", id: id) }
-    public static func attach(session: String) -> TransferCall { TransferCall(op: "attach", session: session) }
-    public static func delivered(id: String) -> TransferCall { TransferCall(op: "delivered", id: id) }
-    public static func eventsHandled(session: String) -> TransferCall { TransferCall(op: "events-handled", session: session) }
-
-    public static let operations = ["create", "cancel", "attach", "delivered", "events-handled"]
+    public var op: Op {
+        switch self {
+        case .create: .create
+        case .cancel: .cancel
+        case .attach: .attach
+        case .delivered: .delivered
+        case .eventsHandled: .eventsHandled
+        }
+    }
 
     /// What is wrong with the call (naming the field), or nil.
     public var problem: String? {
-        switch op {
-        case "create":
-            guard let request else { return "create: no request" }
+        switch self {
+        case .create(let request):
             return request.problem.map { "create: \($0)" }
-        case "cancel", "delivered":
-            guard let id, !id.isEmpty, id.utf8.count <= 64 else { return "\(op): no transfer id" }
-        case "attach", "events-handled":
-            guard let session, !session.isEmpty, session.utf8.count <= TransferLimits.identifierBytes else { return "\(op): no session identifier" }
-        default:
-            return "op: '\(op.prefix(40))' is not one of \(Self.operations.joined(separator: ", "))"
+        case .cancel(let id), .delivered(let id):
+            guard !id.isEmpty, id.utf8.count <= 64 else { return "\(op.rawValue): no transfer id" }
+        case .attach(let session), .eventsHandled(let session):
+            guard !session.isEmpty, session.utf8.count <= TransferLimits.identifierBytes else { return "\(op.rawValue): no session identifier" }
         }
         return nil
+    }
+
+    /// The call a launch sent as JSON, or what is wrong with it (naming the field): a hostile
+    /// child can send anything.
+    public static func decode(_ json: Data) -> Result<TransferCall, TransferCallProblem> {
+        let call: TransferCall
+        do { call = try JSONDecoder().decode(TransferCall.self, from: json) } catch {
+            if case DecodingError.dataCorrupted(let context) = error, !context.codingPath.isEmpty {
+                return .failure(TransferCallProblem(message: context.debugDescription))
+            }
+            return .failure(TransferCallProblem(message: "the call is not a TransferCall's JSON"))
+        }
+        return call.problem.map { .failure(TransferCallProblem(message: $0)) } ?? .success(call)
+    }
+}
+
+/// Why a launch's transfer call was refused.
+public struct TransferCallProblem: Error, Sendable, Equatable {
+    public var message: String
+}
+
+extension TransferCall: Codable {
+    private enum Key: String, CodingKey { case op, request, id, session }
+
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: Key.self)
+        let name = try container.decode(String.self, forKey: .op)
+        guard let op = Op(rawValue: name) else {
+            throw DecodingError.dataCorruptedError(forKey: .op, in: container, debugDescription:
+                "op: '\(name.prefix(40))' is not one of \(Op.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        func required<T: Decodable>(_ key: Key, _ what: String) throws -> T {
+            guard let value = try container.decodeIfPresent(T.self, forKey: key) else {
+                throw DecodingError.dataCorruptedError(forKey: key, in: container, debugDescription: "\(op.rawValue): no \(what)")
+            }
+            return value
+        }
+        switch op {
+        case .create: self = .create(try required(.request, "request"))
+        case .cancel: self = .cancel(id: try required(.id, "transfer id"))
+        case .delivered: self = .delivered(id: try required(.id, "transfer id"))
+        case .attach: self = .attach(session: try required(.session, "session identifier"))
+        case .eventsHandled: self = .eventsHandled(session: try required(.session, "session identifier"))
+        }
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: Key.self)
+        try container.encode(op.rawValue, forKey: .op)
+        switch self {
+        case .create(let request): try container.encode(request, forKey: .request)
+        case .cancel(let id), .delivered(let id): try container.encode(id, forKey: .id)
+        case .attach(let session), .eventsHandled(let session): try container.encode(session, forKey: .session)
+        }
     }
 }
 

@@ -7,9 +7,13 @@ import _BGTaskSystemShims
 import Glibc
 #endif
 
-@_exported import struct BGTaskHost.ControlRequest
+@_exported import enum BGTaskHost.ControlCommand
 @_exported import struct BGTaskHost.ControlResponse
-@_exported import enum BGTaskHost.ControlVerb
+@_exported import struct BGTaskHost.ControlFailure
+@_exported import enum BGTaskHost.ControlErrorCode
+@_exported import struct BGTaskHost.DeviceChanges
+@_exported import enum BGTaskHost.DeviceCondition
+@_exported import enum BGTaskHost.DeviceSetting
 @_exported import struct BGTaskHost.RunRecord
 @_exported import struct BGTaskHost.StoredRequest
 @_exported import struct BGTaskModel.TaskRequest
@@ -24,7 +28,7 @@ import Glibc
 /// (`swift build --build-tests` puts both in `.build/debug`); the host finds its runner next to
 /// itself (or through `BGTASK_RUNNER`).
 ///
-/// Each verb the host knows has a method here; `send(_:)` sends any `ControlRequest`, so a verb
+/// Each verb the host knows has a method here; `send(_:)` sends any `ControlCommand`, so a verb
 /// the host gains (a push endpoint, say) is usable from a test the day it exists, before it has
 /// a method of its own.
 public final class TestHost: @unchecked Sendable {
@@ -94,7 +98,7 @@ public final class TestHost: @unchecked Sendable {
         }
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
-            if (try? ControlClient(stateDirectory: stateDirectory).send(ControlRequest(.status)))?.ok == true { return }
+            if (try? ControlClient(stateDirectory: stateDirectory).send(.status))?.ok == true { return }
             if lock.withLock({ bgtask_has_exited(pid) != 0 }) { break }
             usleep(20_000)
         }
@@ -128,30 +132,34 @@ public final class TestHost: @unchecked Sendable {
 
     /// Sends any control request and returns the answer as it is (`ok` false with an error
     /// code and message when the host refused it).
-    public func send(_ request: ControlRequest) throws -> ControlResponse {
-        try ControlClient(stateDirectory: stateDirectory).send(request)
+    public func send(_ command: ControlCommand) throws -> ControlResponse {
+        try ControlClient(stateDirectory: stateDirectory).send(command)
     }
 
-    /// Sends `request` and throws the host's error when it refused it.
+    /// Sends a request as it is on the wire, whatever it holds (for tests of the host's answer to
+    /// requests no client of this package sends).
+    package func send(wire request: ControlRequest) throws -> ControlResponse {
+        try ControlClient(stateDirectory: stateDirectory).send(wire: [request])[0]
+    }
+
+    /// Sends `command` and throws the host's refusal (a `ControlFailure`) when it refused it.
     @discardableResult
-    public func perform(_ request: ControlRequest) throws -> ControlResponse {
-        let response = try send(request)
-        guard response.ok else {
-            throw TestKitError("\(request.verb): \(response.error?.message ?? "refused") [\(response.error?.code ?? "?")]")
-        }
+    public func perform(_ command: ControlCommand) throws -> ControlResponse {
+        let response = try send(command)
+        if let failure = response.failure { throw failure }
         return response
     }
 
     /// Submits a request for `app`, as `bgtask submit` does; `earliestIn` is from the host's
     /// (virtual) now.
     public func submit(_ request: TaskRequest, app: String, earliestIn delay: Duration? = nil) throws {
-        try perform(ControlRequest(.submit, app: app, request: request, delay: delay.map(\.seconds)))
+        try perform(.submit(app: app, request: request, delay: delay.map(\.seconds)))
     }
 
     /// Moves the host's virtual clock forward; returns its new now.
     @discardableResult
     public func advanceClock(by duration: Duration) throws -> Date {
-        guard let now = try perform(ControlRequest(.clock, advance: duration.seconds)).clock?.now else {
+        guard let now = try perform(.clock(advance: duration.seconds)).clock?.now else {
             throw TestKitError("clock: the host's answer has no clock")
         }
         return now
@@ -162,13 +170,12 @@ public final class TestHost: @unchecked Sendable {
     /// `type` (needed when the app's background modes do not decide it).
     @discardableResult
     public func simulateLaunch(_ identifier: String, app: String? = nil, force: Bool = false, type: TaskKind? = nil, wait: Bool = true) throws -> RunRecord? {
-        let request = type.map { TaskRequest(kind: $0, identifier: identifier) }
-        return try perform(ControlRequest(.simulateLaunch, app: app, identifier: identifier, request: request, force: force ? true : nil, wait: wait)).record
+        try perform(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: wait)).record
     }
 
     /// Expires the running task `identifier` (`bgtask simulate-expire`).
     public func simulateExpire(_ identifier: String) throws {
-        try perform(ControlRequest(.simulateExpire, identifier: identifier))
+        try perform(.simulateExpire(identifier: identifier))
     }
 
     /// Ends `app`'s suspended process now, as jetsam would (`bgtask evict`): its next launch
@@ -177,17 +184,17 @@ public final class TestHost: @unchecked Sendable {
     /// app suspended, and the app's next launch resumes it; the records say `resumed`.)
     @discardableResult
     public func evict(_ app: String) throws -> Bool {
-        (try perform(ControlRequest(.evict, app: app)).removed ?? 0) > 0
+        (try perform(.evict(app: app)).removed ?? 0) > 0
     }
 
     /// The host's pending requests (of `app`, or every app's).
     public func pending(app: String? = nil) throws -> [StoredRequest] {
-        try perform(ControlRequest(.pending, app: app)).pending ?? []
+        try perform(.pending(app: app)).pending ?? []
     }
 
     /// Run records, newest first.
     public func records(app: String? = nil, limit: Int = 50) throws -> [RunRecord] {
-        try perform(ControlRequest(.history, app: app, limit: limit)).records ?? []
+        try perform(.history(app: app, limit: limit)).records ?? []
     }
 
     /// Waits (bounded) until the host has at least `count` run records; returns them, newest
@@ -204,10 +211,10 @@ public final class TestHost: @unchecked Sendable {
         }
     }
 
-    /// Sets device conditions (`bgtask device`: keys `power`, `network`, `low-power`, ... to
-    /// `on`, `off` or `auto`).
-    public func setDevice(_ overrides: [String: String]) throws {
-        try perform(ControlRequest(.device, device: overrides))
+    /// Sets device conditions (`bgtask device`: `.power`, `.network`, `.lowPower`, ... to
+    /// `.on`, `.off` or `.auto`).
+    public func setDevice(_ overrides: [DeviceCondition: DeviceSetting]) throws {
+        try perform(.device(DeviceChanges(overrides)))
     }
 }
 

@@ -1,3 +1,4 @@
+import BGTaskModel
 import BackgroundTasks
 import Foundation
 
@@ -74,9 +75,12 @@ extension UIApplication {
     public nonisolated static func entry(name: String, delegate makeDelegate: @escaping @MainActor () -> any UIApplicationDelegate) -> UnsafeRawPointer {
         BGTaskPlugin.entry(name: name, didFinishLaunching: { launch in
             let application = UIApplication.shared
+            // Before the app can make its sessions: their ends wait for handleEvents.
+            let transfers = launch.reason == LaunchReason.backgroundTransfer.rawValue ? BackgroundTransferLaunch.sessions(launch.eventJSON) : []
+            BackgroundSessions.shared.holdEvents(transfers)
             let delegate = makeDelegate()
             application.delegate = delegate
-            let push = launch.reason == "remote-notification" ? RemoteNotification.userInfo(launch.eventJSON) : nil
+            let push = launch.reason == LaunchReason.remoteNotification.rawValue ? RemoteNotification.userInfo(launch.eventJSON) : nil
             let options = push.map { [UIApplication.LaunchOptionsKey.remoteNotification: $0 as Any] }
             // Their Bool is for URL launches on iOS; a background launch goes on either way.
             _ = delegate.application(application, willFinishLaunchingWithOptions: options)
@@ -84,20 +88,21 @@ extension UIApplication {
             ApplicationState.follow(delegate, of: application)
             if launch.role == .foreground { ApplicationState.becameActive(delegate, of: application) }
             if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
-            if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
+            BackgroundTransferLaunch.deliver(transfers, to: delegate, of: application)
         }, didResume: { launch in
             let application = UIApplication.shared
-            BackgroundSessions.shared.resumed()
+            let transfers = launch.reason == LaunchReason.backgroundTransfer.rawValue ? BackgroundTransferLaunch.sessions(launch.eventJSON) : []
+            BackgroundSessions.shared.resumed(holding: transfers)
             guard let delegate = application.delegate else { return }
             if launch.role == .foreground {
                 delegate.applicationWillEnterForeground(application)
                 NotificationCenter.default.post(name: UIApplication.willEnterForegroundNotification, object: application)
                 ApplicationState.becameActive(delegate, of: application)
             }
-            if launch.reason == "remote-notification", let push = RemoteNotification.userInfo(launch.eventJSON) {
+            if launch.reason == LaunchReason.remoteNotification.rawValue, let push = RemoteNotification.userInfo(launch.eventJSON) {
                 RemoteNotification.deliver(push, to: delegate, of: application)
             }
-            if launch.reason == "background-transfer" { BackgroundTransferLaunch.deliver(launch.eventJSON, to: delegate, of: application) }
+            BackgroundTransferLaunch.deliver(transfers, to: delegate, of: application)
         })
     }
 }

@@ -138,8 +138,8 @@ final class EndToEndHost {
 
     func stop() { host.stop() }
 
-    static func submission(_ app: String, _ identifier: String, kind: TaskKind = .refresh) -> ControlRequest {
-        ControlRequest(.submit, app: app, request: TaskRequest(kind: kind, identifier: identifier))
+    static func submission(_ app: String, _ identifier: String, kind: TaskKind = .refresh) -> ControlCommand {
+        .submit(app: app, request: TaskRequest(kind: kind, identifier: identifier))
     }
 
     /// The records the host stored (read beside it, as `bgtask history` would, without the
@@ -394,8 +394,7 @@ extension SectionRunner {
         var simulate = Samples(), simulateHandler = Samples()
         for i in 0..<n.e2eSimulate {
             let app = rotation[i % rotation.count]
-            let request = ControlRequest(.simulateLaunch, app: app, identifier: "bench.stamp",
-                                         request: TaskRequest(kind: .refresh, identifier: "bench.stamp"), force: true, wait: true)
+            let request = ControlCommand.simulateLaunch(identifier: "bench.stamp", app: app, force: true, kind: .refresh, wait: true)
             let t0 = monotonicNs()
             let response = try e2e.client.send(request)
             let t1 = monotonicNs()
@@ -409,9 +408,7 @@ extension SectionRunner {
         // A background push over the control socket (`bgtask push`) → the app's launch entry.
         progress("e2e: \(n.e2ePush) background pushes (control socket) → launch entry")
         let pushes = try timePushes(n.e2ePush, to: rotation, fifos: e2e.fifos, prepare: { _ in () }) { app, _ in
-            var request = ControlRequest(.push, app: app)
-            request.push = PushBody(payload: #"{"aps":{"content-available":1}}"#, pushType: "background", priority: 5)
-            let response = try e2e.client.send(request)
+            let response = try e2e.client.send(.push(app: app, PushBody(payload: #"{"aps":{"content-available":1}}"#, pushType: "background", priority: 5)))
             guard response.ok else { return (false, response.error?.message ?? "refused") }
             return (true, response.push.map { "\($0.state) \($0.detail ?? "")" } ?? "?")
         }
@@ -423,7 +420,7 @@ extension SectionRunner {
         let provider = try APNsBenchClient(port: apnsPort)
         let unpushed = Array(e2e.apps.dropFirst(rotation.count))
         let apnsPushes = try timePushes(n.e2ePush, to: unpushed.isEmpty ? rotation : unpushed, fifos: e2e.fifos, prepare: { app in
-            guard let token = try e2e.client.send(ControlRequest(.deviceToken, app: app)).deviceToken else {
+            guard let token = try e2e.client.send(.deviceToken(app: app)).deviceToken else {
                 throw BenchError("the host gave no device token for \(app)")
             }
             return token

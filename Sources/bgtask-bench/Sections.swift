@@ -299,8 +299,8 @@ struct SectionRunner {
         let emptyRSS = ProcStat.rss(empty.pid).map { Double($0) } ?? .nan
         let emptyStore = try PendingRequestStore(directory: empty.state)
         let emptyNextDue = try timeCalls(n.lookups) { _ = try emptyStore.nextDueDate(after: Date()) }
-        let emptyStatus = try timeCalls(n.lookups / 4) { _ = try empty.client.send(ControlRequest(.status)) }
-        let emptyClock = try timeCalls(n.lookups / 4) { _ = try empty.client.send(ControlRequest(.clock)) }
+        let emptyStatus = try timeCalls(n.lookups / 4) { _ = try empty.client.send(.status) }
+        let emptyClock = try timeCalls(n.lookups / 4) { _ = try empty.client.send(.clock()) }
         empty.stop()
 
         progress("pending: writing \(count(workload.count)) requests and \(count(workload.apps)) bundles (setup, not measured)")
@@ -332,8 +332,8 @@ struct SectionRunner {
         let thousandth = Date(timeIntervalSince1970: load.thousandthDue)
         let dueAppsFound = try store.dueApps(at: thousandth).count
         let due1000 = try timeCalls(n.lookups / 4) { _ = try store.dueApps(at: thousandth) }
-        let status = try timeCalls(n.lookups / 4) { _ = try host.client.send(ControlRequest(.status)) }
-        let clock = try timeCalls(n.lookups / 4) { _ = try host.client.send(ControlRequest(.clock)) }
+        let status = try timeCalls(n.lookups / 4) { _ = try host.client.send(.status) }
+        let clock = try timeCalls(n.lookups / 4) { _ = try host.client.send(.clock()) }
 
         let databasePath = state.appendingPathComponent("bgtask.sqlite").path
         let nextDuePlan = try queryPlan(databasePath, nextDueDateSQL, [now.timeIntervalSince1970])
@@ -354,9 +354,7 @@ struct SectionRunner {
             var listed = 0, pages = 0
             var after: String?
             repeat {
-                var request = ControlRequest(.apps, limit: 500)
-                request.after = after
-                let response = try host.client.send(request)
+                let response = try host.client.send(.apps(limit: 500, after: after))
                 guard response.ok else { throw BenchError(response.error?.message ?? "?") }
                 listed += response.apps?.count ?? 0
                 pages += 1

@@ -107,11 +107,6 @@ func storeSubmitRate(in directory: URL, threads: Int, duration: Double) throws -
 /// product's `ControlClient` opens one connection per request, as the CLI does).
 final class PersistentControlConnection {
     private let fd: Int32
-    private let encoder: JSONEncoder = {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        return encoder
-    }()
     private let decoder: JSONDecoder = {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
@@ -135,8 +130,8 @@ final class PersistentControlConnection {
 
     deinit { close(fd) }
 
-    func send(_ request: ControlRequest) throws -> ControlResponse {
-        try ControlFrame.write(try encoder.encode(request), to: fd)
+    func send(_ command: ControlCommand) throws -> ControlResponse {
+        try ControlFrame.write(try ControlCodec.encode(command), to: fd)
         guard let payload = try ControlFrame.read(from: fd) else { throw BenchError("the host closed the connection") }
         return try decoder.decode(ControlResponse.self, from: payload)
     }
@@ -198,7 +193,7 @@ struct SubmitWorkload {
             if case .pipelined(let size) = mode { window = size }
             var ok = 0, refused = 0
             var first: String?
-            var batch: [ControlRequest] = []
+            var batch: [ControlCommand] = []
             func flush() {
                 guard !batch.isEmpty else { return }
                 let responses: [ControlResponse?]
@@ -226,8 +221,8 @@ struct SubmitWorkload {
                 for index in stride(from: thread, to: apps, by: threads) {
                     for (identifier, kind) in Self.identifiers(index) {
                         if monotonicNs() >= deadline { break outer }
-                        batch.append(ControlRequest(
-                            .submit, app: Self.app(index),
+                        batch.append(.submit(
+                            app: Self.app(index),
                             request: TaskRequest(kind: kind, identifier: identifier, earliestBeginDate: earliest + Double(ok + batch.count))))
                         if batch.count >= window { flush() }
                     }

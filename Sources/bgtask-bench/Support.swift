@@ -270,7 +270,7 @@ final class HostProcess {
                         stdout: fd, stderr: fd, environment: environment)
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {
-            if (try? client.send(ControlRequest(.status)))?.ok == true {
+            if (try? client.send(.status))?.ok == true {
                 startSeconds = seconds(since: started)
                 return
             }

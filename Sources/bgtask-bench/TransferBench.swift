@@ -69,7 +69,7 @@ extension SectionRunner {
             var finished: TransferReport?
             while finished == nil && Date() < deadline {
                 rssPeak = max(rssPeak, ProcStat.rss(host.pid).map { Double($0) } ?? 0)
-                let listed = (try? host.client.send(ControlRequest(.transfers, app: "com.example.downloader")).transfers) ?? []
+                let listed = (try? host.client.send(.transfers(app: "com.example.downloader")).transfers) ?? []
                 if let done = listed.first(where: { !seen.contains($0.id) && $0.finishedAt != nil }) {
                     finished = done
                 } else {

@@ -44,8 +44,8 @@ extension BGTaskCommand {
         @Option(name: .customLong("history-per-app"), help: "Ended launches kept in each app's history (`bgtask history`); older ones and their records are deleted as launches end.")
         var historyPerApp = 1000
 
-        @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).", completion: .list(["zygote", "spawn"]))
-        var launcher: String = "zygote"
+        @Option(name: .long, help: "zygote (fork each launch from a pre-warmed launcher: the fast path) or spawn (posix_spawn the runner each time).")
+        var launcher: Launcher = .zygote
 
         @Option(name: .customLong("app-lifecycle"), help: "ios (an app's process is suspended when a launch's work is over and resumed by its next launch, as on iOS) or fresh (a new process per launch). Default: ios.")
         var appLifecycle: AppLifecycle = .ios
@@ -124,7 +124,6 @@ extension BGTaskCommand {
             if apnsTeamID != nil && apnsAuthKeys.isEmpty { throw ValidationError("--apns-team-id needs --apns-auth-key") }
             if apnsTLSCertificate != nil && apnsPort == nil { throw ValidationError("--apns-tls-certificate needs --apns-port") }
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
-            guard ["zygote", "spawn"].contains(launcher) else { throw ValidationError("--launcher is zygote or spawn, not '\(launcher)'") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
             guard historyPerApp >= 1 else { throw ValidationError("--history-per-app must be at least 1") }
             guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
@@ -171,7 +170,7 @@ extension BGTaskCommand {
             configuration.clock = clock
             configuration.maximumConcurrentLaunches = maxLaunches
             configuration.maximumContinuedTasks = maxContinued
-            configuration.useZygote = launcher == "zygote"
+            configuration.useZygote = launcher == .zygote
             configuration.historyPerApp = historyPerApp
             configuration.logPrivateValues = logPrivate
             configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }

@@ -10,18 +10,18 @@ struct HostOptions: ParsableArguments {
     @Flag(name: .long, help: "Print the answer as JSON.")
     var json = false
 
-    /// Sends `request`; prints the error and exits 1 when the host refuses.
-    func send(_ request: ControlRequest) throws -> ControlResponse {
+    /// Sends `command`; prints the error and exits 1 when the host refuses.
+    func send(_ command: ControlCommand) throws -> ControlResponse {
         let response: ControlResponse
         do {
-            response = try ControlClient(stateDirectory: state.stateDirectory).send(request)
+            response = try ControlClient(stateDirectory: state.stateDirectory).send(command)
         } catch {
             printError(error.description)
             throw ExitCode(Status.noHost)
         }
         if let error = response.error, !response.ok {
             if json { try printJSON(["error": ["code": error.code, "message": error.message]]) }
-            printError("\(request.verb): \(error.message) [\(error.code)]")
+            printError("\(command.verb.rawValue): \(error.message) [\(error.code)]")
             throw ExitCode(1)
         }
         return response
@@ -92,7 +92,7 @@ extension BGTaskCommand {
             var invalid: [InvalidBundle] = []
             var after: String?
             while true {
-                let response = try host.send(ControlRequest(.apps, limit: pageSize, after: after))
+                let response = try host.send(.apps(limit: pageSize, after: after))
                 apps += response.apps ?? []
                 if after == nil { invalid = response.invalid ?? [] }
                 if after == nil, let omitted = response.omitted {
@@ -135,17 +135,9 @@ extension BGTaskCommand {
         var requiresPower = false
         @Flag(name: .customLong("requires-network"), help: "requiresNetworkConnectivity: run only while the network is up (processing).")
         var requiresNetwork = false
-        @Option(name: .long, help: ArgumentHelp("health-research: protectionTypeOfRequiredData, one of none, complete, complete-unless-open, until-first-auth (the default).", valueName: "class"))
-        var protection: String = "until-first-auth"
+        @Option(name: .long, help: ArgumentHelp("health-research: protectionTypeOfRequiredData (default: until-first-auth).", valueName: "class"))
+        var protection: ProtectionClass = .untilFirstAuth
         @OptionGroup var host: HostOptions
-
-        static let protectionClasses = ["none": Int32(0), "complete": 1, "complete-unless-open": 2, "until-first-auth": 3]
-
-        func validate() throws {
-            guard Self.protectionClasses[protection] != nil else {
-                throw ValidationError("--protection takes \(Self.protectionClasses.keys.sorted().joined(separator: ", ")), not '\(protection)'")
-            }
-        }
 
         func run() throws {
             var earliestDate: Double?
@@ -157,9 +149,9 @@ extension BGTaskCommand {
             }
             let request = TaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
                                           requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower,
-                                          protectionType: type == .healthResearch ? Self.protectionClasses[protection] ?? 3 : 0)
-            _ = try host.send(ControlRequest(.submit, app: app, request: request, delay: delay))
-            let stored = try host.send(ControlRequest(.pending, app: app)).pending?.first { $0.request.identifier == identifier }
+                                          protectionType: type == .healthResearch ? protection.code : 0)
+            _ = try host.send(.submit(app: app, request: request, delay: delay))
+            let stored = try host.send(.pending(app: app)).pending?.first { $0.request.identifier == identifier }
             if host.json { return try host.printJSON(["submitted": identifier]) }
             print("submitted \(type.rawValue) \(identifier) for \(app)\(stored?.earliest.map { ", not before \(dateText($0))" } ?? "")")
         }
@@ -171,7 +163,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let pending = try host.send(ControlRequest(.pending, app: app)).pending ?? []
+            let pending = try host.send(.pending(app: app)).pending ?? []
             if host.json { return try host.printJSON(pending) }
             if pending.isEmpty { print("no pending requests") }
             for stored in pending {
@@ -190,7 +182,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(ControlRequest(.cancel, app: app, identifier: identifier)).removed ?? 0
+            let removed = try host.send(.cancel(app: app, identifier: identifier)).removed ?? 0
             if host.json { return try host.printJSON(["removed": removed]) }
             print(removed > 0 ? "cancelled \(identifier)" : "\(identifier) had no pending request")
         }
@@ -202,7 +194,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(ControlRequest(.cancelAll, app: app)).removed ?? 0
+            let removed = try host.send(.cancelAll(app: app)).removed ?? 0
             if host.json { return try host.printJSON(["removed": removed]) }
             print("cancelled \(removed) request(s) of \(app)")
         }
@@ -221,9 +213,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let request = type.map { TaskRequest(kind: $0, identifier: identifier) }
-            let response = try host.send(ControlRequest(.simulateLaunch, app: app, identifier: identifier, request: request,
-                                                        force: force, wait: !noWait))
+            let response = try host.send(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: !noWait))
             guard let record = response.record else {
                 if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
                 print("launched \(response.launchID ?? "?")")
@@ -246,7 +236,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.simulateExpire, identifier: identifier))
+            let response = try host.send(.simulateExpire(identifier: identifier))
             if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
             print("expiration delivered to \(identifier) in launch \(response.launchID ?? "?")")
         }
@@ -259,7 +249,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.evict, app: app))
+            let response = try host.send(.evict(app: app))
             if host.json { return try host.printJSON(["evicted": (response.removed ?? 0) > 0]) }
             print((response.removed ?? 0) > 0 ? "\(app): its suspended process was ended" : "\(app) had no suspended process")
         }
@@ -272,7 +262,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.history, app: app, limit: limit))
+            let response = try host.send(.history(app: app, limit: limit))
             let records = response.records ?? []
             if let omitted = response.omitted {
                 printError("history: \(omitted) record(s) left out to fit the answer's size limit (ask for fewer with --limit, or one app)")
@@ -294,7 +284,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.why, app: app, identifier: identifier))
+            let response = try host.send(.why(identifier: identifier, app: app))
             if let push = response.pushes?.first {
                 if host.json { return try host.printJSON(push) }
                 return print(push.text)
@@ -313,51 +303,38 @@ extension BGTaskCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show or override the device conditions scheduling depends on.",
             discussion: "Each of --power, --network, --idle, --low-power, --refresh, --locked, --gpu takes on, off or auto (back to the machine's value or the default). --app ID --refresh on|off sets an app's own Background App Refresh switch.")
-        @Option(name: .long, help: ArgumentHelp("External power, for requests with requiresExternalPower. auto: the machine's (AC or USB supply online, or no battery).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var power: String?
-        @Option(name: .long, help: ArgumentHelp("A usable network, for requests with requiresNetworkConnectivity. auto: the machine's (a default route on an interface that is up).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var network: String?
-        @Option(name: .long, help: ArgumentHelp("The device is idle: processing tasks run only then. auto: on (Linux has no such signal).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var idle: String?
-        @Option(name: .customLong("low-power"), help: ArgumentHelp("Low Power Mode: refresh is unavailable while it is on. auto: off.", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var lowPower: String?
-        @Option(name: .long, help: ArgumentHelp("The Background App Refresh switch: off stops refresh launches. With --app, that app's own switch (on or off). auto: on.", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var refresh: String?
-        @Option(name: .long, help: ArgumentHelp("The device is locked, for health-research data protection (--protection of submit). auto: off (unlocked).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var locked: String?
-        @Option(name: .long, help: ArgumentHelp("A GPU, for continued-processing requests that require one. auto: the machine's (/dev/dri/renderD* or /dev/nvidia*).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var gpu: String?
-        @Option(name: .long, help: ArgumentHelp("With --app: the app's local notifications, authorized (on) or denied (off), as the user decides in Settings; auto: the host's default (--allow-notifications, else denied once the app asks).", valueName: "on|off|auto"), completion: .list(Self.switchValues))
-        var notifications: String?
+        @Option(name: .long, help: ArgumentHelp("External power, for requests with requiresExternalPower. auto: the machine's (AC or USB supply online, or no battery).", valueName: "on|off|auto"))
+        var power: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("A usable network, for requests with requiresNetworkConnectivity. auto: the machine's (a default route on an interface that is up).", valueName: "on|off|auto"))
+        var network: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("The device is idle: processing tasks run only then. auto: on (Linux has no such signal).", valueName: "on|off|auto"))
+        var idle: DeviceSetting?
+        @Option(name: .customLong("low-power"), help: ArgumentHelp("Low Power Mode: refresh is unavailable while it is on. auto: off.", valueName: "on|off|auto"))
+        var lowPower: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("The Background App Refresh switch: off stops refresh launches. With --app, that app's own switch (on or off). auto: on.", valueName: "on|off|auto"))
+        var refresh: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("The device is locked, for health-research data protection (--protection of submit). auto: off (unlocked).", valueName: "on|off|auto"))
+        var locked: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("A GPU, for continued-processing requests that require one. auto: the machine's (/dev/dri/renderD* or /dev/nvidia*).", valueName: "on|off|auto"))
+        var gpu: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("With --app: the app's local notifications, authorized (on) or denied (off), as the user decides in Settings; auto: the host's default (--allow-notifications, else denied once the app asks).", valueName: "on|off|auto"))
+        var notifications: DeviceSetting?
         @Option(name: .long, help: "With --refresh or --notifications: the app whose switch to set.") var app: String?
         @OptionGroup var host: HostOptions
 
         func validate() throws {
-            for (name, value) in [("power", power), ("network", network), ("idle", idle), ("low-power", lowPower),
-                                  ("refresh", refresh), ("locked", locked), ("gpu", gpu)] {
-                if let value, !["on", "off", "auto"].contains(value) {
-                    throw ValidationError("--\(name) takes on, off or auto, not '\(value)'")
-                }
-            }
-            if let notifications, !["on", "off", "auto"].contains(notifications) {
-                throw ValidationError("--notifications takes on, off or auto, not '\(notifications)'")
-            }
             if notifications != nil && app == nil { throw ValidationError("--notifications goes with --app (bgtask host --allow-notifications allows every app)") }
-            if app != nil && notifications == nil && (refresh == nil || refresh == "auto") { throw ValidationError("--app goes with --refresh on|off or --notifications on|off|auto") }
-            if app != nil && refresh == "auto" { throw ValidationError("--app --refresh takes on or off") }
+            if app != nil && notifications == nil && (refresh == nil || refresh == .auto) { throw ValidationError("--app goes with --refresh on|off or --notifications on|off|auto") }
+            if app != nil && refresh == .auto { throw ValidationError("--app --refresh takes on or off") }
         }
 
-        static let switchValues = ["on", "off", "auto"]
-
         func run() throws {
-            var changes: [String: String] = [:]
-            for (name, value) in [("power", power), ("network", network), ("idle", idle), ("low-power", lowPower),
-                                  ("refresh", refresh), ("locked", locked), ("gpu", gpu)] {
-                if let value { changes[name] = value }
-            }
-            if let app { changes["app"] = app }
-            if let notifications { changes["notifications"] = notifications }
-            guard let conditions = try host.send(ControlRequest(.device, device: changes.isEmpty ? nil : changes)).device else { return }
+            var changes = DeviceChanges()
+            let conditions: [(DeviceCondition, DeviceSetting?)] = [(.power, power), (.network, network), (.idle, idle), (.lowPower, lowPower),
+                                                                   (.locked, locked), (.gpu, gpu)] + (app == nil ? [(.refresh, refresh)] : [])
+            for case let (condition, setting?) in conditions { changes.conditions[condition] = setting }
+            if let app { changes.app = DeviceChanges.AppSwitches(app: app, refresh: refresh?.override, notifications: notifications) }
+            guard let conditions = try host.send(.device(changes)).device else { return }
             if host.json { return try host.printJSON(conditions) }
             func line(_ name: String, _ value: Bool, _ key: String) {
                 print("\(name.padding(toLength: 20, withPad: " ", startingAt: 0)) \(value ? "yes" : "no")  (\(conditions.sources[key] ?? "?"))")
@@ -370,7 +347,7 @@ extension BGTaskCommand {
             line("locked", conditions.locked, "locked")
             line("gpu", conditions.supportedResources & 1 != 0, "supportedResources")
             if let app, notifications != nil,
-               let report = try host.send(ControlRequest(.pendingNotifications, app: app)).notificationApps?.first {
+               let report = try host.send(.pendingNotifications(app: app)).notificationApps?.first {
                 print("\("notifications".padding(toLength: 20, withPad: " ", startingAt: 0)) \(report.authorization)  (\(app))")
             }
         }
@@ -393,7 +370,7 @@ extension BGTaskCommand {
 
         func run() throws {
             let seconds = amount?.duration.timeInterval
-            guard let clock = try host.send(ControlRequest(.clock, advance: seconds)).clock else { return }
+            guard let clock = try host.send(.clock(advance: seconds)).clock else { return }
             if host.json { return try host.printJSON(clock) }
             print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
         }
@@ -430,7 +407,7 @@ extension BGTaskCommand {
         }
 
         func run() throws {
-            let response = try host.send(ControlRequest(.extensionRun, identifier: identifier, wait: true, event: event))
+            let response = try host.send(.extensionRun(identifier: identifier, event: event, wait: true))
             guard let record = response.record else { return }
             if host.json {
                 FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8))
@@ -459,7 +436,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.open, app: app, wait: wait, event: event))
+            let response = try host.send(.open(app: app, event: event, wait: wait))
             if let record = response.record {
                 if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
                 if !record.succeeded { throw ExitCode.failure }
@@ -486,7 +463,7 @@ extension BGTaskCommand {
             var drawnLines = 0
             var seenAny = false
             while true {
-                let tasks = try host.send(ControlRequest(.progress)).continued ?? []
+                let tasks = try host.send(.progress).continued ?? []
                 seenAny = seenAny || !tasks.isEmpty
                 if interactive {
                     if drawnLines > 0 { print("\u{1B}[\(drawnLines)A", terminator: "") }
@@ -550,7 +527,7 @@ extension BGTaskCommand {
         }
 
         func run() throws {
-            let response = try host.send(ControlRequest(pending ? .pendingNotifications : .notifications, app: app, limit: limit))
+            let response = try host.send(pending ? .pendingNotifications(app: app) : .notifications(app: app, limit: limit))
             let shown = response.notifications ?? []
             if host.json && !follow {
                 struct Body: Encodable { var apps: [NotificationAppReport]; var notifications: [StoredNotification] }
@@ -568,7 +545,7 @@ extension BGTaskCommand {
             var cursor = shown.map(\.id).max() ?? 0
             while true {
                 usleep(200_000)
-                let more = try host.send(ControlRequest(.notifications, app: app, limit: 1000, after: String(cursor))).notifications ?? []
+                let more = try host.send(.notifications(app: app, after: cursor, limit: 1000)).notifications ?? []
                 for notification in more { try emit(notification) }
                 cursor = more.map(\.id).max() ?? cursor
             }
@@ -608,7 +585,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.cancelTask, identifier: identifier))
+            let response = try host.send(.cancelTask(identifier: identifier))
             if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
             print("cancelled \(identifier) (launch \(response.launchID ?? "?"))")
         }

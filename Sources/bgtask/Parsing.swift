@@ -1,4 +1,5 @@
 import ArgumentParser
+import BGTaskHost
 import BGTaskModel
 import Foundation
 
@@ -66,5 +67,41 @@ struct TaskArgument: ExpressibleByArgument {
             identifier = argument
         }
         guard !identifier.isEmpty else { return nil }
+    }
+}
+
+// MARK: Fixed value sets: each an enum, so that parsing, --help, completion and the error for
+// a wrong value come from ArgumentParser, and nothing compares strings by hand.
+
+extension DeviceSetting: ExpressibleByArgument {}
+
+/// on or off.
+enum Switch: String, CaseIterable, ExpressibleByArgument {
+    case on, off
+}
+
+/// How the host starts a launch's process (`bgtask host --launcher`).
+enum Launcher: String, CaseIterable, ExpressibleByArgument {
+    /// Forked from a pre-warmed launcher: the fast path.
+    case zygote
+    /// posix_spawn of the runner each time.
+    case spawn
+}
+
+/// A health-research request's protectionTypeOfRequiredData (`bgtask submit --protection`), by
+/// the names of Foundation's FileProtectionType.
+enum ProtectionClass: String, CaseIterable, ExpressibleByArgument {
+    case none, complete
+    case completeUnlessOpen = "complete-unless-open"
+    case untilFirstAuth = "until-first-auth"
+
+    /// Its code in a task request.
+    var code: Int32 {
+        switch self {
+        case .none: 0
+        case .complete: 1
+        case .completeUnlessOpen: 2
+        case .untilFirstAuth: 3
+        }
     }
 }

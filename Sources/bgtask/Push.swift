@@ -15,7 +15,7 @@ extension BGTaskCommand {
                 """)
         @Argument(help: ArgumentHelp("[APP] PAYLOAD: the app's bundle identifier (optional with \"Simulator Target Bundle\"), then the payload file or -.", valueName: "app-and-payload"))
         var arguments: [String]
-        @Option(name: .customLong("type"), help: ArgumentHelp("apns-push-type: background or alert. Default: from the payload.", valueName: "type"), completion: .list(["background", "alert"]))
+        @Option(name: .customLong("type"), help: ArgumentHelp("apns-push-type: background or alert (another is passed on, and refused as APNs refuses it). Default: from the payload.", valueName: "type"), completion: .list(["background", "alert"]))
         var pushType: String?
         @Option(name: .long, help: ArgumentHelp("apns-priority: 10, 5 or 1. Default: 5 for a background push, 10 otherwise.", valueName: "n"))
         var priority: Int?
@@ -49,10 +49,9 @@ extension BGTaskCommand {
             guard let app else {
                 throw ValidationError("name the app: bgtask push APP \(path) (or put \"Simulator Target Bundle\" in the payload)")
             }
-            var request = ControlRequest(.push, app: app)
-            request.push = PushBody(payload: String(decoding: payload, as: UTF8.self), pushType: pushType, priority: priority,
-                                    expiration: expiration, collapseID: collapseID, id: id)
-            guard let report = try host.send(request).push else { return }
+            let body = PushBody(payload: String(decoding: payload, as: UTF8.self), pushType: pushType, priority: priority,
+                                expiration: expiration, collapseID: collapseID, id: id)
+            guard let report = try host.send(.push(app: app, body)).push else { return }
             if host.json { return try host.printJSON(report) }
             print(report.text)
         }
@@ -65,7 +64,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let reports = try host.send(ControlRequest(.pushes, app: app, limit: limit)).pushes ?? []
+            let reports = try host.send(.pushes(app: app, limit: limit)).pushes ?? []
             if host.json { return try host.printJSON(reports) }
             if reports.isEmpty { print("no pushes\(app.map { " for \($0)" } ?? "")") }
             for report in reports { print(report.text) }
@@ -80,7 +79,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            guard let token = try host.send(ControlRequest(.deviceToken, app: app)).deviceToken else { return }
+            guard let token = try host.send(.deviceToken(app: app)).deviceToken else { return }
             if host.json { return try host.printJSON(["app": app, "device_token": token]) }
             print(token)
         }

@@ -40,15 +40,14 @@ extension BGTaskCommand {
 
         @Flag(name: .customLong("log-private"), help: "Keep private values in the launch's unified-logging entries (Logger, os_log) instead of <private>, as a device with private data enabled does.")
         var logPrivate = false
-        @Option(name: .long, help: ArgumentHelp("Local notifications for this launch: on (authorized) or off (denied). Default: not determined until the app asks, then denied, as on a fresh device.", valueName: "on|off"), completion: .list(["on", "off"]))
-        var notifications: String?
+        @Option(name: .long, help: ArgumentHelp("Local notifications for this launch: on (authorized) or off (denied). Default: not determined until the app asks, then denied, as on a fresh device.", valueName: "on|off"))
+        var notifications: Switch?
 
         @OptionGroup var limitOptions: LimitOptions
         @OptionGroup var options: StateOptions
 
         func validate() throws {
             guard !task.isEmpty else { throw ValidationError("name at least one task: --task IDENTIFIER") }
-            if let notifications, !["on", "off"].contains(notifications) { throw ValidationError("--notifications takes on or off, not '\(notifications)'") }
         }
 
         func run() throws {
@@ -131,7 +130,7 @@ extension BGTaskCommand {
                 supervisor.identities = AppIdentities(stateDirectory: state)
             }
             let record: RunRecord
-            do { record = try supervisor.run(plan, broker: InMemoryRequestBroker(notificationsAllowed: notifications.map { $0 == "on" })) } catch {
+            do { record = try supervisor.run(plan, broker: InMemoryRequestBroker(notificationsAllowed: notifications.map { $0 == .on })) } catch {
                 printError(error.description)
                 throw Status.cannotLaunch
             }
@@ -182,7 +181,7 @@ struct TaskHistory {
     static func read(app: String, state: URL) -> TaskHistory {
         let client = ControlClient(stateDirectory: state)
         do {
-            let answers = try client.send([ControlRequest(.pending, app: app), ControlRequest(.history, app: app, limit: recordLimit)])
+            let answers = try client.send([.pending(app: app), .history(app: app, limit: recordLimit)])
             var history = TaskHistory(source: "the host at \(state.path)")
             if let refused = answers.first(where: { !$0.ok }) {
                 history.unavailable = "the host at \(state.path) did not say (\(refused.error?.message ?? "refused"))"

@@ -16,7 +16,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(ControlRequest(.transfers, app: app, limit: limit))
+            let response = try host.send(.transfers(app: app, limit: limit))
             let reports = response.transfers ?? []
             if host.json { return try host.printJSON(reports) }
             if reports.isEmpty { print("no transfers\(app.map { " for \($0)" } ?? "")") }

@@ -140,7 +140,7 @@ struct TestTLS {
     static func deliveredRecord(_ host: HostProcess, pushID: String) throws -> RunRecord {
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
-            if let record = (try host.send(ControlRequest(.history, limit: 100)).records ?? []).first(where: { $0.push?.id == pushID }) {
+            if let record = (try host.send(.history(limit: 100)).records ?? []).first(where: { $0.push?.id == pushID }) {
                 return record
             }
             usleep(50_000)
@@ -197,7 +197,7 @@ struct TestTLS {
         let record = try Self.deliveredRecord(provided.host, pushID: id.uppercased())
         #expect(record.reason == "remote-notification" && record.push?.result == "new-data", "\(record)")
         #expect(try record.logText().contains("pushapp: push episode 100"))
-        let pushes = try provided.host.send(ControlRequest(.pushes, app: Self.app)).pushes ?? []
+        let pushes = try provided.host.send(.pushes(app: Self.app)).pushes ?? []
         #expect(pushes.filter { $0.id == id.uppercased() }.count == 1, "\(pushes.map(\.id))")
         // Every refusal is in the host's log with its reason.
         let log = (try? String(contentsOfFile: provided.host.logPath, encoding: .utf8)) ?? ""
@@ -313,7 +313,7 @@ extension APNsInteropTests {
             usleep(100_000)
         }
         #expect(peak <= baseline + cap + 16, "the host held \(peak) descriptors (baseline \(baseline), cap \(cap))")
-        #expect(try provided.host.send(ControlRequest(verb: "status")).ok == true)
+        #expect(try provided.host.send(.status).ok == true)
         let id = UUID().uuidString
         var pushed = false
         let pushDeadline = Date().addingTimeInterval(15)

@@ -19,7 +19,7 @@ import Testing
     }
 
     func apps(_ host: HostProcess) throws -> [String: AppSummary] {
-        Dictionary(uniqueKeysWithValues: (try host.send(ControlRequest(.apps)).apps ?? []).map { ($0.identifier, $0) })
+        Dictionary(uniqueKeysWithValues: (try host.send(.apps()).apps ?? []).map { ($0.identifier, $0) })
     }
 
     /// The state letter of `pid` in /proc (T: stopped), nil once it is gone.
@@ -122,12 +122,12 @@ import Testing
         // the lingering launch settled, ends first. (Held slot: it could not even start.)
         var records: [RunRecord] = []
         for _ in 0..<250 where records.isEmpty {
-            records = try host.send(ControlRequest(.history, limit: 10)).records ?? []
+            records = try host.send(.history(limit: 10)).records ?? []
             if records.isEmpty { usleep(10_000) }
         }
         #expect(records.first?.app == "com.example.counter", "first to end: \(records.map { "\($0.app) \($0.wallMs) ms" })")
         for _ in 0..<250 where records.count < 2 {
-            records = try host.send(ControlRequest(.history, limit: 10)).records ?? []
+            records = try host.send(.history(limit: 10)).records ?? []
             usleep(20_000)
         }
         let linger = try #require(records.first { $0.app == Self.misbehaving }, "\(records)")

@@ -165,7 +165,7 @@ import Testing
         // UserDefaults of the zygote's children land in the container (CoreFoundation reads its
         // preferences directory from values it took before the fork), and persist.
         #expect(FileManager.default.fileExists(atPath: "\(container)/Library/Preferences/\(Self.id).plist"))
-        let history = try host.send(ControlRequest(verb: "history", limit: 100)).records ?? []
+        let history = try host.send(.history(limit: 100)).records ?? []
         let counts = try history.filter { $0.task("\(Self.id).files") != nil }.flatMap { try lines($0, "files: UserDefaults") }
         #expect(counts.sorted() == ["files: UserDefaults launchCount 1", "files: UserDefaults launchCount 2"])
     }

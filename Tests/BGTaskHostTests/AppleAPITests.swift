@@ -62,7 +62,7 @@ import Testing
             let request = Self.request(kind)
             #expect(try Self.keys(JSONEncoder().encode(request)) == every)
             #expect(try JSONDecoder().decode(TaskRequest.self, from: JSONEncoder().encode(request)) == request)
-            let control = ControlRequest(verb: "submit", app: "com.example.a", request: TaskRequest(kind: kind, identifier: "a.b.c"))
+            let control = ControlCommand.submit(app: "com.example.a", request: TaskRequest(kind: kind, identifier: "a.b.c")).wire
             #expect(ControlRequestParser.parse(try JSONEncoder.control.encode(control)) == control, "\(kind)")
         }
     }

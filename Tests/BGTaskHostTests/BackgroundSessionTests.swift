@@ -68,14 +68,14 @@ import Testing
     static func record(_ host: HostProcess, timeout: TimeInterval = 60, where predicate: (RunRecord) -> Bool) throws -> RunRecord {
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {
-            if let found = (try host.send(ControlRequest(.history, limit: 50)).records ?? []).first(where: predicate) { return found }
+            if let found = (try host.send(.history(limit: 50)).records ?? []).first(where: predicate) { return found }
             usleep(50_000)
         }
-        throw HostTestError("no such record within \(Int(timeout)) s: \((try? host.send(ControlRequest(.history, limit: 50)).records) ?? []); transfers \((try? transfers(host)) ?? []); host log \((try? String(contentsOfFile: host.logPath, encoding: .utf8))?.suffix(3000) ?? "")")
+        throw HostTestError("no such record within \(Int(timeout)) s: \((try? host.send(.history(limit: 50)).records) ?? []); transfers \((try? transfers(host)) ?? []); host log \((try? String(contentsOfFile: host.logPath, encoding: .utf8))?.suffix(3000) ?? "")")
     }
 
     static func transfers(_ host: HostProcess) throws -> [TransferReport] {
-        try host.send(ControlRequest(.transfers, app: app)).transfers ?? []
+        try host.send(.transfers(app: app)).transfers ?? []
     }
 
     /// While the app runs: progress, then the file (moved by the delegate before it returned),
@@ -243,17 +243,17 @@ import Testing
         var reports: [TransferReport] = []
         while Date() < deadline {
             most = max(most, Self.descriptors(host.pid))
-            reports = try host.send(ControlRequest(.transfers, app: Self.app, limit: 1000)).transfers ?? []
+            reports = try host.send(.transfers(app: Self.app, limit: 1000)).transfers ?? []
             if sawQueued == nil { sawQueued = reports.first { $0.heldBy?.hasPrefix("queued: \(Self.app) has 6 transfers running") == true } }
             if otherApp == nil, reports.count > 50, reports.contains(where: { $0.state == .waiting }) {
                 // In the middle of the flood: another app launches, the control socket answers.
                 let launched = try host.cli(["simulate-launch", "com.example.feed.refresh", "--force", "--type", "refresh"])
                 #expect(launched.status == 0, "\(launched.stderr)")
-                #expect(try host.send(ControlRequest(verb: "status")).ok == true)
+                #expect(try host.send(.status).ok == true)
                 // (The flood's own relaunches fill the history: searched whole.)
                 let waitFor = Date().addingTimeInterval(60)
                 while otherApp == nil, Date() < waitFor {
-                    otherApp = (try host.send(ControlRequest(.history, limit: 1000)).records ?? []).first { $0.app == "com.example.feed" }
+                    otherApp = (try host.send(.history(limit: 1000)).records ?? []).first { $0.app == "com.example.feed" }
                     if otherApp == nil { usleep(50_000) }
                 }
                 let why = try host.cli(["why", reports.first { $0.state == .waiting }!.id])
@@ -268,12 +268,12 @@ import Testing
         #expect(most <= baseline + 60, "the host's descriptors stayed bounded: \(baseline) at rest, \(most) at the most")
         let other = try #require(otherApp, "another app launched during the flood")
         #expect(other.termination == .suspended && other.task("com.example.feed.refresh")?.outcome == .succeeded, "\(other)")
-        let flooding = try #require((try host.send(ControlRequest(.history, limit: 1000)).records ?? []).first { $0.task("\(Self.app).start") != nil })
+        let flooding = try #require((try host.send(.history(limit: 1000)).records ?? []).first { $0.task("\(Self.app).start") != nil })
         #expect(try flooding.logText().contains("downloader: started file\(count - 1) task"), "the flooding launch's log is whole")
         // Afterwards (the relaunch that delivers them has ended, pooled connections closed):
         // the descriptors are back at their level.
         let delivered = Date().addingTimeInterval(120)
-        while Date() < delivered, try host.send(ControlRequest(.transfers, app: Self.app, limit: 1000)).transfers?.allSatisfy({ $0.state == .delivered }) != true {
+        while Date() < delivered, try host.send(.transfers(app: Self.app, limit: 1000)).transfers?.allSatisfy({ $0.state == .delivered }) != true {
             usleep(100_000)
         }
         // The store's reader connections (GRDB's pool, bounded, opened as reads overlapped)
@@ -283,7 +283,7 @@ import Testing
         }
         // Each suspended app holds its channel, its log pipe and two pidfds (the host's child's
         // and the app's): bounded by --max-suspended-apps, and not the flood's.
-        let suspended = try (host.send(ControlRequest(.apps)).apps ?? []).filter { $0.process == "suspended" }.count
+        let suspended = try (host.send(.apps()).apps ?? []).filter { $0.process == "suspended" }.count
         let level = counted(before).count + 4 * suspended
         var now = counted(Self.descriptorTargets(host.pid))
         let settled = Date().addingTimeInterval(40)

@@ -27,7 +27,7 @@ import Testing
         #expect(badDuration.stderr.contains("--budget"), "\(badDuration.stderr)")
         let badDevice = try runCLI(["device", "--power", "maybe", "--state", "/nonexistent"])
         #expect(badDevice.status == 64)
-        #expect(badDevice.stderr.contains("on, off or auto"))
+        #expect(badDevice.stderr.contains("--power") && badDevice.stderr.contains("'on', 'off' or 'auto'"), "\(badDevice.stderr)")
         let noHost = try runCLI(["apps", "--state", FileManager.default.temporaryDirectory.appendingPathComponent("no-host-\(UUID())").path])
         #expect(noHost.status == 69)
         #expect(noHost.stderr.contains("no bgtask host is listening"))
@@ -53,7 +53,7 @@ import Testing
         #expect(try host.cli(["device", "--app", "com.example.counter", "--refresh", "off"]).status == 0)
 
         // A client from before paging gets every app at once, and no `next`.
-        let everything = try host.send(ControlRequest(verb: "apps"))
+        let everything = try host.send(.apps())
         #expect(everything.apps?.map(\.identifier) == expected)
         #expect(everything.apps?.map(\.pending) == [0, 1, 0])
         #expect(everything.apps?.map(\.refreshEnabled) == [false, true, true])
@@ -65,7 +65,7 @@ import Testing
             var after: String?
             var pages = 0
             repeat {
-                let page = try host.send(ControlRequest(verb: "apps", limit: size, after: after))
+                let page = try host.send(.apps(limit: size, after: after))
                 #expect(page.ok && (page.apps?.count ?? 0) <= size, "page size \(size): \(page.apps?.count ?? -1) apps")
                 #expect(after == nil ? page.invalid?.count == 1 : page.invalid == nil, "invalid bundles come with the first page only")
                 if let next = page.next { #expect(next == page.apps?.last?.identifier) }
@@ -77,9 +77,9 @@ import Testing
             #expect(seen == everything.apps, "page size \(size)")
             #expect(pages == (expected.count + size - 1) / size, "page size \(size)")
         }
-        let pastTheEnd = try host.send(ControlRequest(verb: "apps", limit: 2, after: "com.example.zzz"))
+        let pastTheEnd = try host.send(.apps(limit: 2, after: "com.example.zzz"))
         #expect(pastTheEnd.apps == [] && pastTheEnd.next == nil && pastTheEnd.invalid == nil)
-        #expect(try host.send(ControlRequest(verb: "apps", limit: 0)).error?.code == "bad-request")
+        #expect(try host.send(.apps(limit: 0)).failure?.code == .badRequest)
 
         // The CLI: the same output (text and --json) whatever the page size.
         let json = try host.cli(["apps", "--json"])
@@ -111,7 +111,7 @@ import Testing
             #expect(result.status == 0, "\(result.stderr)")
             launched.append(try RunRecord.decode(Data(result.stdout.utf8)).launchID)
         }
-        let history = try host.send(ControlRequest(verb: "history", limit: 100)).records ?? []
+        let history = try host.send(.history(limit: 100)).records ?? []
         #expect(history.map(\.launchID) == Array(launched.suffix(2).reversed()))
         // The pruned launches' logs went with them; the kept ones' stay.
         let logs = Set(try FileManager.default.contentsOfDirectory(atPath: scratch.state.appendingPathComponent("logs").path))

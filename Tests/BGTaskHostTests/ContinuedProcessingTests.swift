@@ -56,7 +56,7 @@ import Testing
         // has submitted anything).
         var stalling = false
         for _ in 0..<500 where !stalling {
-            stalling = (try host.send(ControlRequest(verb: "progress")).continued ?? []).contains { $0.identifier == "com.example.misbehaving.continued.stall" }
+            stalling = (try host.send(.progress).continued ?? []).contains { $0.identifier == "com.example.misbehaving.continued.stall" }
             if !stalling { usleep(10_000) }
         }
         #expect(stalling, "the stall task started")

@@ -27,7 +27,7 @@ import Testing
         defer { scratch.remove() }
         let host = try startedHostWithFeedExtension(scratch)
         defer { host.stop() }
-        #expect(try host.send(ControlRequest(verb: "apps")).apps?.first?.extensions == ["com.example.feed.share"])
+        #expect(try host.send(.apps()).apps?.first?.extensions == ["com.example.feed.share"])
 
         let result = try host.cli(["extension", "run", "com.example.feed.share", "--event", #"{"url": "https://example.com/story"}"#, "--json"])
         #expect(result.status == 0, "\(result.stderr)")
@@ -62,7 +62,7 @@ import Testing
         let record = try RunRecord.decode(Data(refused.stdout.utf8))
         #expect(record.termination == .launchFailed)
         #expect(record.error?.contains("Low Power Mode") == true, "\(record.error ?? "")")
-        #expect(try host.send(ControlRequest(verb: "pending")).pending?.isEmpty == true)
+        #expect(try host.send(.pending()).pending?.isEmpty == true)
 
         let bad = try host.cli(["extension", "run", "com.example.feed.share", "--event", #"{"nope": 1}"#, "--json"])
         #expect(try RunRecord.decode(Data(bad.stdout.utf8)).error?.contains("expected an event like") == true)

@@ -65,9 +65,9 @@ import Testing
         _ = try host.cli(["device", "--locked", "on"])
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.ok", "--type", "health-research", "--protection", "complete", "--earliest", "+1h"]).status == 0)
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.fail", "--type", "health-research", "--protection", "until-first-auth", "--earliest", "+1h"]).status == 0)
-        let complete = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.misbehaving.ok")).why)
+        let complete = try #require(try host.send(.why(identifier: "com.example.misbehaving.ok")).why)
         #expect(complete.blockers.map(\.code).contains("data-protected"))
-        let firstAuth = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.misbehaving.fail")).why)
+        let firstAuth = try #require(try host.send(.why(identifier: "com.example.misbehaving.fail")).why)
         #expect(!firstAuth.blockers.map(\.code).contains("data-protected"), "\(firstAuth.text)")
     }
 }

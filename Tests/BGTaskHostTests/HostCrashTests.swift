@@ -54,7 +54,7 @@ import Testing
                         let request = TaskRequest(kind: .processing, identifier: identifier, earliestBeginDate: later + Double(round))
                         let response: ControlResponse
                         do {
-                            response = try host.send(ControlRequest(verb: "submit", app: app, request: request))
+                            response = try host.send(.submit(app: app, request: request))
                         } catch {
                             // The host died under this submission: its fate is unknown.
                             refusals.insert("\(error)")
@@ -75,7 +75,7 @@ import Testing
 
         try host.start()
         defer { host.stop() }
-        let pending = try host.send(ControlRequest(verb: "pending")).pending ?? []
+        let pending = try host.send(.pending()).pending ?? []
         let keys = pending.map { "\($0.app) \($0.request.identifier)" }
         #expect(Set(keys).count == keys.count, "a request is duplicated: \(keys)")
         // Each identifier's latest acknowledged round is the one that must be pending (or a
@@ -104,7 +104,7 @@ import Testing
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.never"]).status == 0)
         var launchID: String?
         for _ in 0..<250 where launchID == nil {
-            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
+            launchID = (try host.send(.apps()).apps ?? []).first?.running
             if launchID == nil { usleep(20_000) }
         }
         let id = try #require(launchID)
@@ -126,13 +126,13 @@ import Testing
 
         try host.start()
         defer { host.stop() }
-        let history = try host.send(ControlRequest(verb: "history")).records ?? []
+        let history = try host.send(.history()).records ?? []
         let lost = try #require(history.first { $0.launchID == id })
         #expect(lost.termination == .hostLost)
         #expect(lost.task("com.example.misbehaving.never")?.outcome == .unfinished)
-        let pending = try host.send(ControlRequest(verb: "pending")).pending ?? []
+        let pending = try host.send(.pending()).pending ?? []
         #expect(pending.map(\.request.identifier) == ["com.example.misbehaving.never"])
-        let why = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.misbehaving.never")).why)
+        let why = try #require(try host.send(.why(identifier: "com.example.misbehaving.never")).why)
         #expect(why.blockers.map(\.code).contains("refresh-disabled"))
     }
 

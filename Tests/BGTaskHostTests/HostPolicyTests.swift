@@ -12,7 +12,7 @@ import Testing
     private func waitForNeverHandler(_ host: HostProcess, _ scratch: Scratch, sourceLocation: SourceLocation = #_sourceLocation) throws {
         var launchID: String?
         for _ in 0..<250 where launchID == nil {
-            launchID = (try host.send(ControlRequest(verb: "apps")).apps ?? []).first?.running
+            launchID = (try host.send(.apps()).apps ?? []).first?.running
             if launchID == nil { usleep(20_000) }
         }
         let id = try #require(launchID, sourceLocation: sourceLocation)
@@ -74,19 +74,19 @@ import Testing
         #expect(records[0].termination == .watchdog)
 
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.ok"]).status == 0)
-        let report = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.misbehaving.ok")).why)
+        let report = try #require(try host.send(.why(identifier: "com.example.misbehaving.ok")).why)
         #expect(Set(report.blockers.filter(\.blocking).map(\.code)) == ["penalty", "rate-limit"], "\(report.text)")
-        let app = try #require(try host.send(ControlRequest(verb: "apps")).apps?.first)
+        let app = try #require(try host.send(.apps()).apps?.first)
         #expect(app.penaltyLevel == 1)
 
         // 30 minutes later the penalty has passed, and so has the 15-minute refresh interval.
         _ = try host.cli(["clock", "advance", "29m"])
         usleep(200_000)
-        #expect(try host.send(ControlRequest(verb: "history")).records?.count == 1)
+        #expect(try host.send(.history()).records?.count == 1)
         _ = try host.cli(["clock", "advance", "1m"])
         let after = try host.waitForHistory(count: 2)
         #expect(after[0].task("com.example.misbehaving.ok")?.outcome == .succeeded)
-        #expect(try host.send(ControlRequest(verb: "apps")).apps?.first?.penaltyLevel == 0, "a clean launch clears the penalty")
+        #expect(try host.send(.apps()).apps?.first?.penaltyLevel == 0, "a clean launch clears the penalty")
     }
 
     @Test func oneHostPerStateDirectoryAndOversizedEventsFailCleanly() throws {
@@ -97,14 +97,14 @@ import Testing
         let second = try runCLI(["host", "--plugins", host.plugins.path, "--state", scratch.state.path], timeout: .seconds(30))
         #expect(second.status == 1)
         #expect(second.stderr.contains("another bgtask host"), "\(second.stderr)")
-        #expect(try host.send(ControlRequest(verb: "status")).ok, "the first host is untouched")
+        #expect(try host.send(.status).ok, "the first host is untouched")
 
         // An event too large for a launch's start is refused before a launch is made for it.
         let event = "{\"action\": \"" + String(repeating: "x", count: 300_000) + "\"}"
-        let response = try host.send(ControlRequest(verb: "open", app: "com.example.feed", wait: true, event: event))
-        #expect(response.error?.code == "too-large", "\(String(describing: response.error))")
+        let response = try host.send(.open(app: "com.example.feed", event: event, wait: true))
+        #expect(response.failure?.code == .tooLarge, "\(String(describing: response.error))")
         #expect(response.error?.message.contains("300014 bytes, over the limit of 65536") == true)
-        #expect(try host.send(ControlRequest(verb: "history", limit: 10)).records?.isEmpty == true)
+        #expect(try host.send(.history(limit: 10)).records?.isEmpty == true)
     }
 
     @Test func aCorruptDatabaseIsAClearErrorAtStart() throws {
@@ -138,6 +138,6 @@ import Testing
         let refused = try runCommand(asNobody)
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("may not control it") && refused.stderr.contains("[permission-denied]"), "\(refused.stderr)")
-        #expect(try host.send(ControlRequest(verb: "status")).ok)
+        #expect(try host.send(.status).ok)
     }
 }

@@ -57,7 +57,7 @@ final class HostProcess: @unchecked Sendable {
         // Ready when the control socket answers.
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
-            if (try? ControlClient(stateDirectory: scratch.state).send(ControlRequest(verb: "status")))?.ok == true { return }
+            if (try? ControlClient(stateDirectory: scratch.state).send(.status))?.ok == true { return }
             if bgtask_has_exited(pid) != 0 { break }
             usleep(20_000)
         }
@@ -93,15 +93,20 @@ final class HostProcess: @unchecked Sendable {
         try runCLI(arguments + ["--state", scratch.state.path])
     }
 
-    func send(_ request: ControlRequest) throws -> ControlResponse {
-        try ControlClient(stateDirectory: scratch.state).send(request)
+    func send(_ command: ControlCommand) throws -> ControlResponse {
+        try ControlClient(stateDirectory: scratch.state).send(command)
+    }
+
+    /// Sends a request as it is on the wire, whatever it holds.
+    func send(wire request: ControlRequest) throws -> ControlResponse {
+        try ControlClient(stateDirectory: scratch.state).send(wire: [request])[0]
     }
 
     /// Waits (bounded) until the host's history holds `count` records.
     func waitForHistory(count: Int, timeout: TimeInterval = 30) throws -> [RunRecord] {
         let deadline = Date().addingTimeInterval(timeout)
         while true {
-            let records = try send(ControlRequest(verb: "history", limit: 1000)).records ?? []
+            let records = try send(.history(limit: 1000)).records ?? []
             if records.count >= count { return records }
             if Date() > deadline { throw HostTestError("history has \(records.count) record(s), expected \(count)") }
             usleep(20_000)
@@ -156,7 +161,7 @@ struct HostTestError: Error, CustomStringConvertible {
         let host = try HostProcess.started(scratch, installing: [.feed])
         defer { host.stop() }
 
-        let apps = try host.send(ControlRequest(verb: "apps")).apps ?? []
+        let apps = try host.send(.apps()).apps ?? []
         #expect(apps.map(\.identifier) == ["com.example.feed"])
 
         // The first refresh, submitted from the CLI 15 minutes ahead.
@@ -164,25 +169,25 @@ struct HostTestError: Error, CustomStringConvertible {
         #expect(submitted.status == 0, "\(submitted.stderr)")
         let why = try host.cli(["why", "com.example.feed.refresh", "--json"])
         let report = try JSONDecoder.control.decode(WhyReport.self, from: Data(why.stdout.utf8))
-        #expect(report.state == "pending")
+        #expect(report.state == .pending)
         #expect(report.blockers.map(\.code) == ["not-due"])
         let words = try host.cli(["why", "com.example.feed.refresh"])
         #expect(words.stdout.contains("not yet due"), "\(words.stdout)")
 
         _ = try host.cli(["clock", "advance", "14m"])
         usleep(200_000)
-        #expect(try host.send(ControlRequest(verb: "history")).records?.isEmpty == true, "ran before it was due")
+        #expect(try host.send(.history()).records?.isEmpty == true, "ran before it was due")
         _ = try host.cli(["clock", "advance", "1m"])
         let first = try host.waitForHistory(count: 1)
         #expect(first[0].reason == "scheduled")
         #expect(first[0].task("com.example.feed.refresh")?.outcome == .succeeded)
 
         // Inside that launch the app submitted its next refresh, 15 minutes ahead of *its* now.
-        let pending = try host.send(ControlRequest(verb: "pending", app: "com.example.feed")).pending ?? []
+        let pending = try host.send(.pending(app: "com.example.feed")).pending ?? []
         #expect(pending.map(\.request.identifier) == ["com.example.feed.refresh"])
         _ = try host.cli(["clock", "advance", "14m"])
         usleep(300_000)
-        #expect(try host.send(ControlRequest(verb: "history")).records?.count == 1, "the app's refresh ran before its earliestBeginDate")
+        #expect(try host.send(.history()).records?.count == 1, "the app's refresh ran before its earliestBeginDate")
         _ = try host.cli(["clock", "advance", "1m"])
         let second = try host.waitForHistory(count: 2)
         #expect(second[0].task("com.example.feed.refresh")?.outcome == .succeeded)
@@ -206,10 +211,10 @@ struct HostTestError: Error, CustomStringConvertible {
         #expect(refused.status == 1)
         #expect(refused.stderr.contains("Low Power Mode") && refused.stderr.contains("[unavailable]"), "\(refused.stderr)")
 
-        let report = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.feed.cleanup")).why)
+        let report = try #require(try host.send(.why(identifier: "com.example.feed.cleanup")).why)
         #expect(Set(report.blockers.map(\.code)) == ["no-external-power", "no-network"])
         _ = try host.cli(["device", "--idle", "off"])
-        let idle = try #require(try host.send(ControlRequest(verb: "why", identifier: "com.example.feed.cleanup")).why)
+        let idle = try #require(try host.send(.why(identifier: "com.example.feed.cleanup")).why)
         #expect(idle.blockers.map(\.code).contains("device-not-idle"))
 
         _ = try host.cli(["device", "--power", "on", "--network", "on", "--idle", "on", "--low-power", "off"])
@@ -228,7 +233,7 @@ struct HostTestError: Error, CustomStringConvertible {
         // Resubmitting replaces; 1 refresh at most; not permitted; unknown app.
         #expect(try host.cli(["submit", app, "com.example.misbehaving.ok", "--earliest", "+1h"]).status == 0)
         #expect(try host.cli(["submit", app, "com.example.misbehaving.ok", "--earliest", "+2h"]).status == 0)
-        let pending = try host.send(ControlRequest(verb: "pending", app: app)).pending ?? []
+        let pending = try host.send(.pending(app: app)).pending ?? []
         #expect(pending.count == 1)
         let tooMany = try host.cli(["submit", app, "com.example.misbehaving.fail", "--earliest", "+1h"])
         #expect(tooMany.stderr.contains("[tooManyPendingTaskRequests]"), "\(tooMany.stderr)")
@@ -245,7 +250,7 @@ struct HostTestError: Error, CustomStringConvertible {
         let record = try RunRecord.decode(Data(simulated.stdout.utf8))
         #expect(record.reason == "simulated")
         #expect(record.task("com.example.misbehaving.ok")?.outcome == .succeeded)
-        #expect(try host.send(ControlRequest(verb: "pending", app: app)).pending?.isEmpty == true, "a simulated launch consumes the request")
+        #expect(try host.send(.pending(app: app)).pending?.isEmpty == true, "a simulated launch consumes the request")
         let forced = try host.cli(["simulate-launch", "com.example.misbehaving.fail", "--force", "--type", "processing", "--json"])
         #expect(try RunRecord.decode(Data(forced.stdout.utf8)).task("com.example.misbehaving.fail")?.outcome == .failed)
 
@@ -266,7 +271,7 @@ struct HostTestError: Error, CustomStringConvertible {
         #expect(try host.cli(["submit", app, "com.example.misbehaving.ok", "--earliest", "+1h"]).status == 0)
         #expect(try host.cli(["submit", app, "com.example.misbehaving.fail", "--type", "processing", "--earliest", "+1h"]).status == 0)
         #expect(try host.cli(["cancel", app, "com.example.misbehaving.ok"]).stdout.contains("cancelled"))
-        #expect(try host.send(ControlRequest(verb: "pending", app: app)).pending?.map(\.request.identifier) == ["com.example.misbehaving.fail"])
+        #expect(try host.send(.pending(app: app)).pending?.map(\.request.identifier) == ["com.example.misbehaving.fail"])
         #expect(try host.cli(["cancel-all", app]).stdout.contains("cancelled 1"))
     }
 
@@ -311,7 +316,7 @@ struct HostTestError: Error, CustomStringConvertible {
         #expect(try exchange(Array(frame("{\"verb\":\"apps\"}").prefix(12))).contains("ended inside a frame payload"))
         #expect(try exchange(frame("not json")).contains("bad-request"))
         #expect(try exchange(frame("{\"verb\":\"format-disk\"}")).contains("unknown verb 'format-disk'"))
-        #expect(try host.send(ControlRequest(verb: "status")).ok, "the host still serves")
+        #expect(try host.send(.status).ok, "the host still serves")
     }
 
     @Test func pipelinedRequestsAreAnsweredInOrderAndSubmissionsShareACommit() throws {
@@ -321,27 +326,27 @@ struct HostTestError: Error, CustomStringConvertible {
         defer { host.stop() }
         let feed = "com.example.feed"
         func submit(_ identifier: String, _ kind: TaskKind, app: String = feed) -> ControlRequest {
-            ControlRequest(verb: "submit", app: app, request: TaskRequest(kind: kind, identifier: identifier), delay: 3600)
+            ControlCommand.submit(app: app, request: TaskRequest(kind: kind, identifier: identifier), delay: 3600).wire
         }
         // One connection, every frame written before any answer is read.
-        let responses = try ControlClient(stateDirectory: scratch.state).send([
+        let responses = try ControlClient(stateDirectory: scratch.state).send(wire: [
             submit("\(feed).refresh", .refresh),
             submit("\(feed).cleanup", .processing),
             submit("\(feed).not-permitted", .processing),
             ControlRequest(verb: "format-disk"),
             submit("\(feed).refresh", .refresh, app: "com.example.nobody"),
-            ControlRequest(verb: "pending", app: feed),
+            ControlCommand.pending(app: feed).wire,
             submit("\(feed).cleanup", .processing),
         ])
         #expect(responses.count == 7)
         #expect(responses[0].ok && responses[1].ok)
-        #expect(responses[2].error?.code == "notPermitted", "\(responses[2])")
-        #expect(responses[3].error?.code == "unknown-verb")
-        #expect(responses[4].error?.code == "not-found")
+        #expect(responses[2].failure?.code == .notPermitted, "\(responses[2])")
+        #expect(responses[3].failure?.code == .unknownVerb)
+        #expect(responses[4].failure?.code == .notFound)
         // The pending answer comes after the submissions before it, and before the one after it.
         #expect(responses[5].pending?.map(\.request.identifier) == ["\(feed).refresh", "\(feed).cleanup"])
         #expect(responses[6].ok)
-        #expect(try host.send(ControlRequest(verb: "pending", app: feed)).pending?.map(\.request.identifier) == ["\(feed).refresh", "\(feed).cleanup"])
+        #expect(try host.send(.pending(app: feed)).pending?.map(\.request.identifier) == ["\(feed).refresh", "\(feed).cleanup"])
     }
 
     @Test func invalidBundlesAreReportedAndDroppedBundlesLoadWhileRunning() throws {
@@ -357,7 +362,7 @@ struct HostTestError: Error, CustomStringConvertible {
         try host.install("Feed", info: "Plugins/Feed/Info.plist", as: "Feed.app")
         var loaded = false
         for _ in 0..<150 where !loaded {
-            loaded = (try host.send(ControlRequest(verb: "apps")).apps ?? []).contains { $0.identifier == "com.example.feed" }
+            loaded = (try host.send(.apps()).apps ?? []).contains { $0.identifier == "com.example.feed" }
             if !loaded { usleep(20_000) }
         }
         #expect(loaded, "a bundle moved into the plugin directory is loaded")
@@ -366,7 +371,7 @@ struct HostTestError: Error, CustomStringConvertible {
         try FileManager.default.removeItem(at: host.plugins.appendingPathComponent("Feed.app"))
         var dropped = false
         for _ in 0..<150 where !dropped {
-            dropped = try host.send(ControlRequest(verb: "pending")).pending?.isEmpty == true
+            dropped = try host.send(.pending()).pending?.isEmpty == true
             if !dropped { usleep(20_000) }
         }
         #expect(dropped, "a removed bundle's pending requests are dropped")

@@ -130,7 +130,7 @@ import Testing
         let bound: UInt64 = 24 << 20
         #expect(peak.withLock { $0 } < before + bound, "peak \(peak.withLock { $0 }) over \(before) + 24 MiB")
         #expect(after < before + bound, "after \(after) over \(before) + 24 MiB")
-        #expect(try host.send(ControlRequest(verb: "status")).ok == true)
+        #expect(try host.send(.status).ok == true)
     }
 
     // MARK: Exhaustion: records
@@ -155,7 +155,7 @@ import Testing
         let entry = plist.split(separator: "\n").filter { $0.contains("<string>\(Self.id).") && !$0.contains(".*<") }.count
         #expect(record.listEntriesOmitted?["registered"] == 100_000 + entry - InputLimits.recordListEntries, "\(record.listEntriesOmitted ?? [:])")
         #expect(try record.jsonData().count < RunRecord.maximumBytes)
-        let history = try host.send(ControlRequest(verb: "history", limit: 100)).records ?? []
+        let history = try host.send(.history(limit: 100)).records ?? []
         #expect(history.contains { $0.launchID == record.launchID })
     }
 

@@ -141,13 +141,13 @@ import Testing
         // was between host answers: the record says how soon after the task completed.
         #expect(lines.contains("digest: notification added"),
                 "task completed at \(record.tasks.first?.completedMs ?? -1) ms, launch ended at \(record.wallMs) ms: \(lines)")
-        let pending = try host.send(ControlRequest(.pendingNotifications, app: Self.app)).notifications ?? []
+        let pending = try host.send(.pendingNotifications(app: Self.app)).notifications ?? []
         #expect(pending.map(\.request.identifier) == [Self.digestNotification], "\(pending)")
         if let content = pending.first?.request.content {
             #expect(content.title == "Today's digest" && content.body == "4 new items are waiting for you.", "\(content)")
         }
         #expect(record.notificationsAdded == [Self.digestNotification], "\(record)")
-        let requests = try host.send(ControlRequest(verb: "pending", app: Self.app)).pending ?? []
+        let requests = try host.send(.pending(app: Self.app)).pending ?? []
         #expect(requests.map(\.request.identifier) == [Self.digest], "the refresh resubmitted itself: \(requests)")
         #expect(refreshed.termination == "suspended", "\(refreshed.json)")
     }

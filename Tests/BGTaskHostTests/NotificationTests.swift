@@ -26,14 +26,14 @@ import Testing
     /// Runs one of the app's tasks in a launch the host starts, and returns its record and the
     /// app's lines.
     private func launch(_ host: HostProcess, _ task: String) throws -> (RunRecord, [String]) {
-        let response = try host.send(ControlRequest(.simulateLaunch, app: Self.app, identifier: "com.example.podcasts.\(task)", force: true, wait: true))
+        let response = try host.send(.simulateLaunch(identifier: "com.example.podcasts.\(task)", app: Self.app, force: true, wait: true))
         let record = try #require(response.record, "no record: \(response.error?.message ?? "")")
         let lines = ((try? record.logText()) ?? "").split(separator: "\n").map(String.init).filter { $0.hasPrefix("podcasts: ") }
         return (record, lines.map { String($0.dropFirst("podcasts: ".count)) })
     }
 
     private func notifications(_ host: HostProcess, pending: Bool = false) throws -> [StoredNotification] {
-        try host.send(ControlRequest(pending ? .pendingNotifications : .notifications, app: Self.app)).notifications ?? []
+        try host.send(pending ? .pendingNotifications(app: Self.app) : .notifications(app: Self.app)).notifications ?? []
     }
 
     @Test func authorizationIsDeniedByDefaultAndGrantedWithTheSwitch() throws {
@@ -43,7 +43,7 @@ import Testing
         defer { host.stop() }
 
         // Before the app asks: not determined.
-        var report = try #require(try host.send(ControlRequest(.notifications, app: Self.app)).notificationApps?.first)
+        var report = try #require(try host.send(.notifications(app: Self.app)).notificationApps?.first)
         #expect(report.authorization == "not-determined" && report.allowed == nil && report.askedAt == nil)
 
         let (denied, deniedLines) = try launch(host, "refresh")
@@ -54,7 +54,7 @@ import Testing
         #expect(deniedLines.contains("pending after refresh: []"))
         #expect(denied.notificationsAdded == nil)
         // The host recorded that it asked: denied now, as after a user's "Don't Allow".
-        report = try #require(try host.send(ControlRequest(.notifications, app: Self.app)).notificationApps?.first)
+        report = try #require(try host.send(.notifications(app: Self.app)).notificationApps?.first)
         #expect(report.authorization == "denied" && report.askedAt != nil && report.askedOptions == 7, "\(report)")
 
         let on = try host.cli(["device", "--app", Self.app, "--notifications", "on"])
@@ -95,7 +95,7 @@ import Testing
         #expect(try host.cli(["device", "--app", Self.app, "--notifications", "on"]).status == 0)
         let (record, _) = try launch(host, "refresh")
         #expect(record.succeeded)
-        let clock = try #require(try host.send(ControlRequest(.clock)).clock?.now)
+        let clock = try #require(try host.send(.clock()).clock?.now)
 
         // Pending, soonest first, with their delivery dates on the host's clock.
         let pending = try notifications(host, pending: true)
@@ -121,7 +121,7 @@ import Testing
         #expect(try host.cli(["clock", "advance", "2h"]).status == 0)
         #expect(try notifications(host).map(\.request.identifier) == ["new-episodes", "listen-later"])
         let again = try #require(try notifications(host, pending: true).first)
-        let now = try #require(try host.send(ControlRequest(.clock)).clock?.now)
+        let now = try #require(try host.send(.clock()).clock?.now)
         #expect(again.request.identifier == "listen-later" && (again.fireDate ?? .distantPast) > now)
 
         // The CLI's words and JSON.
@@ -218,21 +218,22 @@ import Testing
         #expect(record.notificationsAdded?.count == 70)
 
         // Garbage over the control socket: each refused with a word that names it.
-        let refusals: [(ControlRequest, String, String)] = [
-            (ControlRequest(.notifications, after: "x'; DROP TABLE notification"), "bad-request", "after must be a notification id"),
-            (ControlRequest(.notifications, after: "-1"), "bad-request", "after must be a notification id"),
-            (ControlRequest(.notifications, limit: 0), "bad-request", "limit must be at least 1"),
-            (ControlRequest(.pendingNotifications, app: String(repeating: "a", count: 300)), "bad-request", "over the limit of 255"),
-            (ControlRequest(.device, device: ["app": Self.app, "notifications": "maybe"]), "bad-request", "expected on, off or auto"),
-            (ControlRequest(.device, device: ["notifications": "on"]), "bad-request", "goes with --app"),
-            (ControlRequest(.device, device: ["app": "com.example.absent", "notifications": "on"]), "not-found", "com.example.absent"),
+        // (Requests as they are on the wire: no client of this package can send most of them.)
+        let refusals: [(ControlRequest, ControlErrorCode, String)] = [
+            (ControlRequest(verb: ControlVerb.notifications.rawValue, after: "x'; DROP TABLE notification"), .badRequest, "after must be a notification id"),
+            (ControlRequest(verb: ControlVerb.notifications.rawValue, after: "-1"), .badRequest, "after must be a notification id"),
+            (ControlCommand.notifications(limit: 0).wire, .badRequest, "limit must be at least 1"),
+            (ControlCommand.pendingNotifications(app: String(repeating: "a", count: 300)).wire, .badRequest, "over the limit of 255"),
+            (ControlRequest(verb: ControlVerb.device.rawValue, device: ["app": Self.app, "notifications": "maybe"]), .badRequest, "notifications are on, off or auto"),
+            (ControlRequest(verb: ControlVerb.device.rawValue, device: ["notifications": "on"]), .badRequest, "a change of them names the app"),
+            (ControlCommand.device(DeviceChanges(app: .init(app: "com.example.absent", notifications: .on))).wire, .notFound, "com.example.absent"),
         ]
         for (request, code, says) in refusals {
-            let response = try host.send(request)
-            #expect(!response.ok && response.error?.code == code && response.error?.message.contains(says) == true, "\(request): \(String(describing: response.error))")
+            let response = try host.send(wire: request)
+            #expect(response.failure?.code == code && response.error?.message.contains(says) == true, "\(request): \(String(describing: response.error))")
         }
         // A huge cursor is no error, only nothing after it; the host still answers.
-        #expect(try host.send(ControlRequest(.notifications, after: "9223372036854775807")).notifications == [])
+        #expect(try host.send(.notifications(after: 9223372036854775807)).notifications == [])
         #expect(try host.cli(["notifications", "--pending", "--follow"]).status == 64)
         #expect(try notifications(host, pending: true).count == 64)
     }

@@ -31,7 +31,7 @@ import Testing
     private func record(_ host: HostProcess, launch id: String) throws -> RunRecord {
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
-            if let record = (try host.send(ControlRequest(.history, limit: 100)).records ?? []).first(where: { $0.launchID == id }) { return record }
+            if let record = (try host.send(.history(limit: 100)).records ?? []).first(where: { $0.launchID == id }) { return record }
             usleep(20_000)
         }
         throw HostTestError("no record of launch \(id)")
@@ -143,7 +143,7 @@ import Testing
         let first = try pushReport(host, [Self.app, background, "--id", id])
         let retried = try pushReport(host, [Self.app, background, "--id", id.lowercased()])
         #expect(first.id == id && retried.id == id && retried.launchID == first.launchID, "\(first) \(retried)")
-        #expect(try host.send(ControlRequest(.pushes, app: Self.app)).pushes?.filter { $0.id == id }.count == 1)
+        #expect(try host.send(.pushes(app: Self.app)).pushes?.filter { $0.id == id }.count == 1)
     }
 
     @Test func aHandlerThatNeverCompletesIsKilledAndTheRecordSaysSo() throws {
@@ -260,11 +260,11 @@ import Testing
         #expect(accepted.status == 200, "\(accepted)")
         #expect(accepted.headers["apns-id"] == id)
         #expect(accepted.headers["bgtask-push-state"] == "delivered", "\(accepted.headers)")
-        let report = try #require(try host.send(ControlRequest(.pushes, app: Self.app)).pushes?.first { $0.id == id })
+        let report = try #require(try host.send(.pushes(app: Self.app)).pushes?.first { $0.id == id })
         let deadline = Date().addingTimeInterval(30)
         var record: RunRecord?
         while record == nil && Date() < deadline {
-            record = (try host.send(ControlRequest(.history, limit: 20)).records ?? []).first { $0.launchID == report.launchID }
+            record = (try host.send(.history(limit: 20)).records ?? []).first { $0.launchID == report.launchID }
             if record == nil { usleep(20_000) }
         }
         #expect(record?.push?.id == id && record?.push?.result == "new-data", "\(String(describing: record))")

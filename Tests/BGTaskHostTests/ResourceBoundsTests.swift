@@ -62,17 +62,17 @@ import _BGTaskSystemShims
         defer { scratch.remove() }
         let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual"], installing: [.misbehaving])
         defer { host.stop() }
-        let verb = try host.send(ControlRequest(verb: String(repeating: "v", count: 900_000)))
+        let verb = try host.send(wire: ControlRequest(verb: String(repeating: "v", count: 900_000)))
         #expect(verb.ok == false)
-        #expect(verb.error?.code == "unknown-verb", "\(String(describing: verb.error))")
+        #expect(verb.failure?.code == .unknownVerb, "\(String(describing: verb.error))")
         #expect(verb.error?.message.contains("(900000 bytes)") == true)
         #expect((verb.error?.message.count ?? .max) < 1000)
         let event = "{\"pad\": \"" + String(repeating: "e", count: 70_000) + "\"}"
-        let opened = try host.send(ControlRequest(verb: "open", app: Self.misbehaving, event: event))
-        #expect(opened.error?.code == "too-large", "\(String(describing: opened.error))")
+        let opened = try host.send(.open(app: Self.misbehaving, event: event))
+        #expect(opened.failure?.code == .tooLarge, "\(String(describing: opened.error))")
         #expect(opened.error?.message.contains("over the limit of 65536") == true)
         // No launch was made for it.
-        #expect(try host.send(ControlRequest(verb: "history", limit: 10)).records?.isEmpty == true)
+        #expect(try host.send(.history(limit: 10)).records?.isEmpty == true)
     }
 
     @Test func controlConnectionsAreCappedAndTheOneOverTheCapIsToldWhy() throws {
@@ -109,7 +109,7 @@ import _BGTaskSystemShims
         // beside this suite, counts this process's sockets that outlive two seconds.)
         let over = try connectControl(scratch.state)
         let refusal = try #require(try readAnswer(over), "the connection over the cap got no answer")
-        #expect(refusal.ok == false && refusal.error?.code == "too-many-connections", "\(String(describing: refusal.error))")
+        #expect(refusal.ok == false && refusal.failure?.code == .tooManyConnections, "\(String(describing: refusal.error))")
         #expect(refusal.error?.message.contains("at most 4 control connections") == true, "\(String(describing: refusal.error))")
         #expect(try readAnswer(over) == nil, "the connection over the cap is closed after its answer")
         close(over)
@@ -117,11 +117,11 @@ import _BGTaskSystemShims
         // 200 more, all refused: no thread each (1,000 idle connections once made 1,005 threads).
         for index in 0..<200 {
             let fd = try connectControl(scratch.state)
-            let code = try readAnswer(fd, timeout: 3)?.error?.code
+            let failure = try readAnswer(fd, timeout: 3)?.failure
             close(fd)
             // One failure says it all; 200 would wait out 200 timeouts.
-            guard code == "too-many-connections" else {
-                Issue.record("connection \(index) over the cap: \(code ?? "no answer")")
+            guard failure?.code == .tooManyConnections else {
+                Issue.record("connection \(index) over the cap: \(failure.map { "\($0)" } ?? "no answer")")
                 break
             }
         }
@@ -134,7 +134,7 @@ import _BGTaskSystemShims
         let deadline = Date().addingTimeInterval(5)
         var answered = false
         while !answered && Date() < deadline {
-            answered = (try? host.send(ControlRequest(verb: "status")))?.ok == true
+            answered = (try? host.send(.status))?.ok == true
             if !answered { usleep(20_000) }
         }
         #expect(answered, "the host did not serve again after the held connections closed")
@@ -158,7 +158,7 @@ import _BGTaskSystemShims
         }
         let answer = try #require(try readAnswer(trickle), "no answer to a request that missed its deadline")
         let elapsed = Date().timeIntervalSince(started)
-        #expect(answer.ok == false && answer.error?.code == "request-timeout", "\(String(describing: answer.error))")
+        #expect(answer.ok == false && answer.failure?.code == .requestTimeout, "\(String(describing: answer.error))")
         #expect(answer.error?.message.contains("1 s after its first byte") == true, "\(String(describing: answer.error))")
         #expect(elapsed > 0.9 && elapsed < 2.5, "cut off after \(elapsed) s, the deadline being 1 s")
         #expect(try readAnswer(trickle) == nil, "the connection is closed after the timeout's answer")
@@ -173,7 +173,7 @@ import _BGTaskSystemShims
         let idleFor = Date().timeIntervalSince(idleStart)
         close(idle)
         #expect(idleFor > 0.9 && idleFor < 3, "closed after \(idleFor) s idle, the timeout being 1 s")
-        #expect(try host.send(ControlRequest(verb: "status")).ok)
+        #expect(try host.send(.status).ok)
     }
 
     // MARK: Answer sizes
@@ -188,9 +188,7 @@ import _BGTaskSystemShims
         let submitted = try host.cli(["submit", "com.example.feed", "com.example.feed.refresh", "--earliest", "+1h"])
         #expect(submitted.status == 0, "\(submitted.stderr)")
 
-        let response = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).refuse-many",
-                                                    request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).refuse-many"),
-                                                    force: true, wait: true))
+        let response = try host.send(.simulateLaunch(identifier: "\(Self.misbehaving).refuse-many", app: Self.misbehaving, force: true, kind: .refresh, wait: true))
         let record = try #require(response.record, "\(String(describing: response.error))")
         #expect(record.termination == .suspended && record.succeeded, "\(record)")
         #expect(record.refusedRegistrations.count == InputLimits.recordListEntries)
@@ -200,13 +198,13 @@ import _BGTaskSystemShims
         #expect(record.logTruncated == true && (record.logBytesDropped ?? 0) > 1_000_000, "\(record)")
 
         // Every answer still fits: all apps' history, this app's, apps; Feed's request is there.
-        let all = try host.send(ControlRequest(verb: "history"))
+        let all = try host.send(.history())
         #expect(all.ok && all.records?.count == 1, "\(String(describing: all.error))")
         let mine = try host.cli(["history", Self.misbehaving, "--json"])
         #expect(mine.status == 0, "\(mine.stderr)")
         #expect(mine.stdout.contains("\"refused_registrations_omitted\":99900"))
         #expect(try host.cli(["apps"]).status == 0)
-        let pending = try host.send(ControlRequest(verb: "pending", app: "com.example.feed")).pending ?? []
+        let pending = try host.send(.pending(app: "com.example.feed")).pending ?? []
         #expect(pending.map(\.request.identifier) == ["com.example.feed.refresh"])
     }
 
@@ -262,7 +260,7 @@ import _BGTaskSystemShims
         #expect(error("Long").contains("key BGTaskSchedulerPermittedIdentifiers[0]: is 317 bytes, over the limit of 255 bytes"), "\(error("Long"))")
         let apps = try host.cli(["apps", "--json"])
         #expect(apps.status == 0, "\(apps.stderr)")
-        #expect(try host.send(ControlRequest(verb: "apps")).apps?.map(\.identifier) == ["com.example.feed"])
+        #expect(try host.send(.apps()).apps?.map(\.identifier) == ["com.example.feed"])
     }
 
     // MARK: Clock and dates
@@ -271,29 +269,27 @@ import _BGTaskSystemShims
         let scratch = try Scratch()
         defer { scratch.remove() }
         let host = try HostProcess.started(scratch, installing: [.feed])
-        let before = try #require(try host.send(ControlRequest(verb: "clock")).clock?.now)
+        let before = try #require(try host.send(.clock()).clock?.now)
 
-        for (advance, code) in [(1e308, "out-of-range"), (101 * 365.25 * 86_400, "out-of-range"), (-1, "bad-request")] {
-            let refused = try host.send(ControlRequest(verb: "clock", advance: advance))
-            #expect(!refused.ok && refused.error?.code == code, "advance \(advance): \(String(describing: refused.error))")
-            if code == "out-of-range" {
+        for (advance, code) in [(1e308, ControlErrorCode.outOfRange), (101 * 365.25 * 86_400, .outOfRange), (-1, .badRequest)] {
+            let refused = try host.send(.clock(advance: advance))
+            #expect(refused.failure?.code == code, "advance \(advance): \(String(describing: refused.error))")
+            if code == .outOfRange {
                 #expect(refused.error?.message.contains("100 years") == true, "\(String(describing: refused.error))")
             }
         }
         let cli = try host.cli(["clock", "advance", "1e308"])
         #expect(cli.status != 0, "bgtask clock advance 1e308 was accepted: \(cli.stdout)")
-        #expect(try host.send(ControlRequest(verb: "clock")).clock?.now == before, "a refused advance moved the clock")
+        #expect(try host.send(.clock()).clock?.now == before, "a refused advance moved the clock")
 
         // A date a launch or a client may ask for: finite, and within 100 years of the clock.
-        let absurd = try host.send(ControlRequest(verb: "submit", app: "com.example.feed",
-                                                  request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh", earliestBeginDate: 1e308)))
-        #expect(absurd.error?.code == "notPermitted" && absurd.error?.message.contains("100 years") == true, "\(String(describing: absurd.error))")
-        let far = try host.send(ControlRequest(verb: "submit", app: "com.example.feed",
-                                               request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh"), delay: 1e308))
-        #expect(far.error?.code == "out-of-range", "\(String(describing: far.error))")
+        let absurd = try host.send(.submit(app: "com.example.feed", request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh", earliestBeginDate: 1e308)))
+        #expect(absurd.failure?.code == .notPermitted && absurd.error?.message.contains("100 years") == true, "\(String(describing: absurd.error))")
+        let far = try host.send(.submit(app: "com.example.feed", request: TaskRequest(kind: .refresh, identifier: "com.example.feed.refresh"), delay: 1e308))
+        #expect(far.failure?.code == .outOfRange, "\(String(describing: far.error))")
         let usable = try host.cli(["submit", "com.example.feed", "com.example.feed.refresh", "--earliest", "+15m"])
         #expect(usable.status == 0, "\(usable.stderr)")
-        let pending = try #require(try host.send(ControlRequest(verb: "pending", app: "com.example.feed")).pending?.first)
+        let pending = try #require(try host.send(.pending(app: "com.example.feed")).pending?.first)
         #expect(pending.earliest == before.addingTimeInterval(15 * 60))
         host.stop()
 
@@ -301,7 +297,7 @@ import _BGTaskSystemShims
         for saved in ["1e308", "inf"] {
             try PendingRequestStore(directory: scratch.state).setSetting(HostClock.settingKey, saved)
             try host.start()
-            let now = try #require(try host.send(ControlRequest(verb: "clock")).clock?.now)
+            let now = try #require(try host.send(.clock()).clock?.now)
             #expect(abs(now.timeIntervalSinceNow) < 60, "the saved clock \(saved) was kept: \(now)")
             let log = try String(contentsOfFile: host.logPath, encoding: .utf8)
             #expect(log.contains("virtual clock reset: the saved virtual clock (\(saved))"), "\(log)")
@@ -381,8 +377,7 @@ import _BGTaskSystemShims
         }
         let apps = try runCLI(["apps", "--state", scratch.state.path], timeout: .seconds(20))
         #expect(apps.status == 0 && apps.stdout.contains("com.example.inner") && apps.stdout.contains(Self.misbehaving), "\(apps.stdout) \(apps.stderr)")
-        let launch = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).ok",
-                                                  request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
+        let launch = try host.send(.simulateLaunch(identifier: "\(Self.misbehaving).ok", app: Self.misbehaving, force: true, kind: .refresh, wait: true))
         #expect(launch.record?.succeeded == true, "\(String(describing: launch.error))")
         // And SIGTERM still stops it.
         let status = host.stop()
@@ -446,19 +441,16 @@ import _BGTaskSystemShims
         let before = (try? FileManager.default.attributesOfItem(atPath: database)[.size] as? Int) ?? 0
         let huge = "app0." + String(repeating: "x", count: 900_000)
         for index in 0..<5 {
-            var request = ControlRequest(verb: "device")
-            request.device = ["app": "\(index)\(huge)", "refresh": "off"]
-            let answer = try host.send(request)
-            #expect(answer.error?.code == "not-found", "\(String(describing: answer.error))")
+            let changes = DeviceChanges(app: .init(app: "\(index)\(huge)", refresh: false))
+            let answer = try host.send(.device(changes))
+            #expect(answer.failure?.code == .notFound, "\(String(describing: answer.error))")
         }
         let after = (try? FileManager.default.attributesOfItem(atPath: database)[.size] as? Int) ?? 0
         #expect(after - before < 512 << 10, "the database grew \(after - before) bytes")
         #expect(try host.cli(["device", "--app", "com.example.feed", "--refresh", "off"]).status == 0)
 
         // With --max-launches 1, eight opened launches at most; each stays open for a minute.
-        var open = ControlRequest(verb: "open")
-        open.app = "com.example.feed"
-        open.wait = false
+        let open = ControlCommand.open(app: "com.example.feed", wait: false)
         var started: [String] = []
         for _ in 0..<8 {
             let answer = try host.send(open)
@@ -467,7 +459,7 @@ import _BGTaskSystemShims
         }
         #expect(Set(started).count == 8)
         let refused = try host.send(open)
-        #expect(refused.error?.code == "too-many-launches", "\(String(describing: refused.error))")
+        #expect(refused.failure?.code == .tooManyLaunches, "\(String(describing: refused.error))")
     }
 
     @Test func theStateIsOwnerOnlyAndSIGPIPEIsIgnored() throws {
@@ -475,8 +467,7 @@ import _BGTaskSystemShims
         defer { scratch.remove() }
         let host = try HostProcess.started(scratch, installing: [.misbehaving])
         defer { host.stop() }
-        let launch = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).ok",
-                                                  request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).ok"), force: true, wait: true))
+        let launch = try host.send(.simulateLaunch(identifier: "\(Self.misbehaving).ok", app: Self.misbehaving, force: true, kind: .refresh, wait: true))
         let log = try #require(launch.record?.log, "the launch printed a line")
 
         func mode(_ path: String) -> mode_t? {
@@ -507,9 +498,7 @@ import _BGTaskSystemShims
                                            installing: [.misbehaving])
         defer { host.stop() }
         for round in 1...2 {
-            let response = try host.send(ControlRequest(verb: "simulate-launch", app: Self.misbehaving, identifier: "\(Self.misbehaving).fork-many",
-                                                        request: TaskRequest(kind: .refresh, identifier: "\(Self.misbehaving).fork-many"),
-                                                        force: true, wait: true))
+            let response = try host.send(.simulateLaunch(identifier: "\(Self.misbehaving).fork-many", app: Self.misbehaving, force: true, kind: .refresh, wait: true))
             let record = try #require(response.record, "\(String(describing: response.error))")
             // Jetsam when the children's resident memory is counted over the limit; a sampler
             // that counts shared pages once may let the watchdog get there first.
@@ -525,7 +514,7 @@ import _BGTaskSystemShims
             }
             #expect(left.isEmpty, "round \(round) (\(record.termination.rawValue)): \(left.count) zombies under the host")
         }
-        #expect(try host.send(ControlRequest(verb: "status")).ok)
+        #expect(try host.send(.status).ok)
     }
 }
 

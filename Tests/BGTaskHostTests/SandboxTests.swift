@@ -197,7 +197,7 @@ import _BGTaskSystemShims
         try expectConfined(record, results, extra: ["use the control socket": socket, "watch the database (inotify)": "denied (EACCES)"],
                        skipping: ["connect to an abstract socket outside the launch"])
         // The host is alive and answers its own user.
-        #expect(try host.send(ControlRequest(verb: "status")).ok == true)
+        #expect(try host.send(.status).ok == true)
     }
 
     /// A launch's process that shares the host's uid (here: unconfined) is recognised by the
@@ -220,7 +220,7 @@ import _BGTaskSystemShims
         #expect(record.sandbox?["seccomp"]?.applied == false)
         #expect(probed["give up being a subreaper"] == "ALLOWED", "\(probed)")
         #expect(try String(contentsOfFile: host.logPath, encoding: .utf8).contains("refused a launch's process"))
-        #expect(try host.send(ControlRequest(verb: "status")).ok == true)
+        #expect(try host.send(.status).ok == true)
     }
 
     /// A forged `finished` on the launch channel does not disarm anything: the process is

@@ -36,8 +36,7 @@ import Testing
     }
 
     @Test func theControlProtocolCarriesEveryFieldThroughBothReaders() throws {
-        let request = ControlRequest(.submit, app: "com.example.study", request: Self.sample)
-        let data = try JSONEncoder.control.encode(request)
+        let data = try ControlCodec.encode(.submit(app: "com.example.study", request: Self.sample))
         // The control server's fast reader, and the JSON decoder it falls back to.
         #expect(ControlRequestParser.parse(data)?.request == Self.sample)
         #expect(try JSONDecoder.control.decode(ControlRequest.self, from: data).request == Self.sample)

@@ -366,7 +366,17 @@ import Testing
         defer { h.finish() }
         let answer = h.call(.create(TransferRequest(session: "s", taskIdentifier: 1, kind: .download, url: "ftp://example.com/x")))
         #expect(answer.status == TransferCallAnswer.invalidArgument && answer.message?.contains("url") == true)
-        #expect(h.call(TransferCall(op: "frobnicate")).message?.contains("op") == true)
+        // As a launch's channel carries them: JSON, whatever a hostile child writes.
+        for (json, says) in [(#"{"op":"frobnicate"}"#, "op: 'frobnicate' is not one of create, cancel"),
+                             (#"{"op":"cancel"}"#, "cancel: no transfer id"), (#"{"op":"attach","session":""}"#, "attach: no session identifier"),
+                             (#"{"op":"create","request":{}}"#, "not a TransferCall's JSON"), ("[]", "not a TransferCall's JSON")] {
+            guard case .failure(let problem) = TransferCall.decode(Data(json.utf8)) else {
+                Issue.record("\(json) was accepted")
+                continue
+            }
+            #expect(problem.message.contains(says), "\(json): \(problem.message)")
+        }
+        #expect(TransferCall.decode(Data(#"{"op":"events-handled","session":"s"}"#.utf8)) == .success(.eventsHandled(session: "s")))
         #expect(h.call(.delivered(id: "no-such-transfer")).status == TransferCallAnswer.invalidArgument)
     }
 
@@ -410,7 +420,7 @@ import Testing
         let finished = Date().addingTimeInterval(30)
         var report: TransferReport?
         while Date() < finished {
-            report = try host.send(ControlRequest(.transfers)).transfers?.first
+            report = try host.send(.transfers()).transfers?.first
             if report?.state.isFinished == true { break }
             usleep(50_000)
         }

@@ -1,4 +1,5 @@
 import BackgroundTasksTestKit
+import BGTaskHost
 import Foundation
 import Testing
 
@@ -40,10 +41,10 @@ import Testing
         // A launch by hand, its record returned; then a verb by name through send(_:).
         let forced = try #require(try host.simulateLaunch("com.example.feed.cleanup", app: "com.example.feed", force: true, type: .processing))
         #expect(forced.tasks.map(\.identifier) == ["com.example.feed.cleanup"])
-        let status = try host.send(ControlRequest(verb: "status"))
+        let status = try host.send(.status)
         #expect(status.ok)
-        let unknown = try host.send(ControlRequest(verb: "no-such-verb"))
-        #expect(!unknown.ok && unknown.error?.code == "unknown-verb")
+        let unknown = try host.send(wire: ControlRequest(verb: "no-such-verb"))
+        #expect(!unknown.ok && unknown.failure?.code == .unknownVerb)
 
         #expect(host.isRunning)
         #expect(host.stop() == 0)

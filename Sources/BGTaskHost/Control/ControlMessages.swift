@@ -1,35 +1,31 @@
 import BGTaskModel
 import Foundation
 
-/// A request on the control socket. Flat, with optional fields, so that adding a field or a
-/// verb never breaks an older peer; the host rejects an unknown verb by name.
-public struct ControlRequest: Codable, Sendable, Equatable {
-    public var verb: String
-    public var app: String?
-    public var identifier: String?
-    public var request: TaskRequest?
-    public var force: Bool?
-    public var wait: Bool?
-    /// `device`: overrides to set ("power" → "on"/"off"/"auto"), and the app a per-app switch is for.
-    public var device: [String: String]?
+/// A request as it travels on the control socket: flat, with optional fields, so that adding a
+/// field or a verb never breaks an older peer (the host rejects an unknown verb by name). Only
+/// the codec reads and writes it: everything else speaks `ControlCommand`.
+package struct ControlRequest: Codable, Sendable, Equatable {
+    package var verb: String
+    package var app: String?
+    package var identifier: String?
+    package var request: TaskRequest?
+    package var force: Bool?
+    package var wait: Bool?
+    /// `device`: condition → "on"/"off"/"auto", and `app` with that app's switches.
+    package var device: [String: String]?
     /// `clock`: seconds to advance.
-    public var advance: Double?
-    /// `history`: records at most (default 50). `apps`: apps per page; with it (or `after`) the
-    /// answer is one page and `ControlResponse.next` says where the next one starts.
-    public var limit: Int?
-    public var event: String?
-    /// `submit`: earliestBeginDate as seconds from the host's now (its clock may be virtual).
-    public var delay: Double?
-    /// `apps`: only apps whose identifier sorts after this one (the previous page's
-    /// `ControlResponse.next`). Without `limit` or `after` the answer holds every app, as
-    /// before paging existed.
-    public var after: String?
-    /// `push`: the payload and its headers.
-    public var push: PushBody?
+    package var advance: Double?
+    package var limit: Int?
+    package var event: String?
+    /// `submit`: earliestBeginDate as seconds from the host's now.
+    package var delay: Double?
+    /// `apps`: the identifier a page starts after; `notifications`: the id of the last one seen.
+    package var after: String?
+    package var push: PushBody?
 
-    public init(verb: String, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
-                force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
-                limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
+    package init(verb: String, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
+                 force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
+                 limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil, push: PushBody? = nil) {
         self.verb = verb
         self.app = app
         self.identifier = identifier
@@ -42,6 +38,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
         self.event = event
         self.delay = delay
         self.after = after
+        self.push = push
     }
 
     enum CodingKeys: String, CodingKey {
@@ -51,7 +48,7 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     /// Decodes the keys that are present only: a request names 2-4 of its 12 keys, and asking
     /// the JSON decoder for each absent one (as the synthesized decoder does) was most of the
     /// cost of decoding a submission. Unknown keys are ignored; `null` is absent.
-    public init(from decoder: Decoder) throws {
+    package init(from decoder: Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         verb = ""
         var sawVerb = false
@@ -80,19 +77,11 @@ public struct ControlRequest: Codable, Sendable, Equatable {
     }
 
     /// Every verb's name, as the host's unknown-verb answer lists them.
-    public static var verbs: [String] { ControlVerb.allCases.map(\.rawValue) }
-
-    /// A request of a verb the host knows.
-    public init(_ verb: ControlVerb, app: String? = nil, identifier: String? = nil, request: TaskRequest? = nil,
-                force: Bool? = nil, wait: Bool? = nil, device: [String: String]? = nil, advance: Double? = nil,
-                limit: Int? = nil, event: String? = nil, delay: Double? = nil, after: String? = nil) {
-        self.init(verb: verb.rawValue, app: app, identifier: identifier, request: request, force: force, wait: wait,
-                  device: device, advance: advance, limit: limit, event: event, delay: delay, after: after)
-    }
+    package static var verbs: [String] { ControlVerb.allCases.map(\.rawValue) }
 
     /// The verb, when it is one this host knows (a request keeps the client's word: an unknown
     /// verb is refused by name).
-    public var knownVerb: ControlVerb? { ControlVerb(rawValue: verb) }
+    package var knownVerb: ControlVerb? { ControlVerb(rawValue: verb) }
 }
 
 /// The control socket's verbs, their names on the wire defined once (stable: clients and
@@ -206,9 +195,15 @@ public struct InvalidBundle: Codable, Sendable, Equatable {
 
 /// `why ID`: the request and everything holding it back.
 public struct WhyReport: Codable, Sendable, Equatable {
+    /// Where the request stands (its name on the wire is stable: scripts match on it).
+    public enum State: String, Codable, Sendable, CaseIterable {
+        case pending, running
+        case notSubmitted = "not-submitted"
+    }
+
     public var app: String
     public var identifier: String
-    public var state: String // "pending", "running", "not-submitted"
+    public var state: State
     public var runningLaunch: String?
     public var request: TaskRequest?
     public var blockers: [Blocker]
@@ -218,9 +213,9 @@ public struct WhyReport: Codable, Sendable, Equatable {
     public var text: String {
         var lines: [String] = []
         switch state {
-        case "running": lines.append("\(identifier) (\(app)) is running now in launch \(runningLaunch ?? "?").")
-        case "not-submitted": lines.append("\(identifier) has no pending request\(app.isEmpty ? "" : " for \(app)"): nothing to run (submit it, or use simulate-launch --force).")
-        default:
+        case .running: lines.append("\(identifier) (\(app)) is running now in launch \(runningLaunch ?? "?").")
+        case .notSubmitted: lines.append("\(identifier) has no pending request\(app.isEmpty ? "" : " for \(app)"): nothing to run (submit it, or use simulate-launch --force).")
+        case .pending:
             let holding = blockers.filter(\.blocking)
             lines.append(holding.isEmpty ? "\(identifier) (\(app)) is eligible: it runs in the next launch of \(app)."
                                          : "\(identifier) (\(app)) is waiting:")
@@ -342,6 +337,19 @@ public struct ControlResponse: Codable, Sendable {
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
             && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
             && notifications == nil && notificationApps == nil && transfers == nil
+    }
+
+    public static func failure(_ failure: ControlFailure) -> ControlResponse {
+        .failure(failure.code, failure.message)
+    }
+
+    /// The refusal an answer carries, when it is one (a code this client does not know is
+    /// `internalError`, with the host's code in the message).
+    public var failure: ControlFailure? {
+        guard !ok else { return nil }
+        guard let error else { return ControlFailure(.internalError, "the host refused without saying why") }
+        guard let code = ControlErrorCode(rawValue: error.code) else { return ControlFailure(.internalError, "\(error.message) [\(error.code)]") }
+        return ControlFailure(code, error.message)
     }
 
     public static func failure(_ code: ControlErrorCode, _ message: String) -> ControlResponse {

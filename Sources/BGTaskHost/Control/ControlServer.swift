@@ -29,9 +29,9 @@ public final class ControlServer: @unchecked Sendable {
         public init() {}
     }
 
-    public typealias Handler = @Sendable (ControlRequest, _ peer: PeerCredentials) -> ControlResponse
-    /// Answers several pipelined requests, in order (one response each, in the same order).
-    public typealias BatchHandler = @Sendable ([ControlRequest], _ peer: PeerCredentials) -> [ControlResponse]
+    public typealias Handler = @Sendable (ControlCommand, _ peer: PeerCredentials) -> ControlResponse
+    /// Answers several pipelined commands, in order (one response each, in the same order).
+    public typealias BatchHandler = @Sendable ([ControlCommand], _ peer: PeerCredentials) -> [ControlResponse]
 
     public let path: String
     private let listenFD: Int32
@@ -177,7 +177,6 @@ public final class ControlServer: @unchecked Sendable {
         // An idle peer is closed after `idleTimeout`; a request must be whole within
         // `requestTimeout` of its first byte (SO_RCVTIMEO would restart at every byte).
         var reader = ControlFrameReader(fd: fd, idleTimeout: limits.idleTimeout, requestTimeout: limits.requestTimeout)
-        let decoder = JSONDecoder.control
         while true {
             let first: Data?
             do {
@@ -204,26 +203,23 @@ public final class ControlServer: @unchecked Sendable {
                     break
                 }
             }
-            var requests: [ControlRequest] = []
+            var commands: [ControlCommand] = []
             var answers: [ControlResponse?] = []
             var close = false
             for payload in payloads {
-                let request: ControlRequest
-                do {
-                    request = try ControlRequestParser.parse(payload) ?? decoder.decode(ControlRequest.self, from: payload)
-                } catch {
-                    answers.append(.failure(.badRequest, "the frame's payload is not a control request: \(Self.describe(error))"))
-                    close = true
-                    break
-                }
-                if request.knownVerb != nil {
-                    requests.append(request)
+                switch ControlCodec.decode(payload) {
+                case .command(let command):
+                    commands.append(command)
                     answers.append(nil)
-                } else {
-                    answers.append(.failure(.unknownVerb, "unknown verb '\(Self.quoted(request.verb))' (known: \(ControlRequest.verbs.joined(separator: ", ")))"))
+                case .refused(let failure):
+                    answers.append(.failure(failure))
+                case .malformed(let failure):
+                    answers.append(.failure(failure))
+                    close = true
                 }
+                if close { break }
             }
-            var handled = batchHandler(requests, credentials)[...]
+            var handled = batchHandler(commands, credentials)[...]
             var responses = answers.map { answer in
                 answer ?? handled.popFirst() ?? .failure(.internalError, "the host gave no answer")
             }
@@ -262,7 +258,7 @@ public final class ControlServer: @unchecked Sendable {
             }
             guard var data = try? encoder.encode(response) else { return false }
             if data.count > ControlFrame.maximumPayload {
-                let tooLarge = ControlResponse.failure(.tooLarge, "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (history takes --limit)")
+                let tooLarge = ControlResponse.failure(.tooLarge, "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (a smaller history limit, or one app)")
                 guard let small = try? encoder.encode(tooLarge) else { return false }
                 data = small
             }
@@ -292,14 +288,32 @@ public struct ControlClient: Sendable {
         path = stateDirectory.appendingPathComponent("control.sock").path
     }
 
-    public func send(_ request: ControlRequest) throws(BGTaskError) -> ControlResponse {
-        try send([request])[0]
+    public func send(_ command: ControlCommand) throws(BGTaskError) -> ControlResponse {
+        try send([command])[0]
     }
 
     /// Sends `requests` on one connection, pipelined: `window` frames are written at once and
     /// their answers read after, so the host can handle them together (consecutive submissions
     /// share one commit). One response each, in order.
-    public func send(_ requests: [ControlRequest], window: Int = 256) throws(BGTaskError) -> [ControlResponse] {
+    public func send(_ commands: [ControlCommand], window: Int = 256) throws(BGTaskError) -> [ControlResponse] {
+        let payloads: [Data]
+        do { payloads = try commands.map(ControlCodec.encode) } catch {
+            throw BGTaskError(.invalidRequest, file: path, "control socket: cannot encode the request: \(error)")
+        }
+        return try send(payloads: payloads, window: window)
+    }
+
+    /// Sends requests as they are on the wire, whatever they hold: for tests of what the host
+    /// does with requests no client of this package sends.
+    package func send(wire requests: [ControlRequest]) throws(BGTaskError) -> [ControlResponse] {
+        let payloads: [Data]
+        do { payloads = try requests.map { try JSONEncoder.control.encode($0) } } catch {
+            throw BGTaskError(.invalidRequest, file: path, "control socket: cannot encode the request: \(error)")
+        }
+        return try send(payloads: payloads, window: 256)
+    }
+
+    private func send(payloads all: [Data], window: Int) throws(BGTaskError) -> [ControlResponse] {
         var address = try unixAddress(path)
         let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         defer { close(fd) }
@@ -315,20 +329,20 @@ public struct ControlClient: Sendable {
                               "no bgtask host is listening (start one with `bgtask host --state \(URL(fileURLWithPath: path).deletingLastPathComponent().path)`)")
         }
         do {
-            let encoder = JSONEncoder.control, decoder = JSONDecoder.control
+            let decoder = JSONDecoder.control
             var reader = ControlFrameReader(fd: fd)
             var responses: [ControlResponse] = []
-            responses.reserveCapacity(requests.count)
-            var start = requests.startIndex
-            while start < requests.endIndex {
-                let chunk = requests[start..<min(requests.endIndex, start + max(1, window))]
+            responses.reserveCapacity(all.count)
+            var start = all.startIndex
+            while start < all.endIndex {
+                let chunk = all[start..<min(all.endIndex, start + max(1, window))]
                 do {
-                    try ControlFrame.write(payloads: try chunk.map { try encoder.encode($0) }, to: fd)
-                } catch let error as ControlFrame.FrameError where error.code == .closed {
+                    try ControlFrame.write(payloads: Array(chunk), to: fd)
+                } catch {
                     // The host may have answered before reading (a refused peer): read that answer.
-                    guard let payload = try? reader.next() else { throw error }
+                    guard error.code == .closed, let payload = try? reader.next() else { throw error }
                     let refusal = try decoder.decode(ControlResponse.self, from: payload)
-                    return responses + requests[start...].map { _ in refusal }
+                    return responses + all[start...].map { _ in refusal }
                 }
                 for _ in chunk {
                     guard let payload = try reader.next() else {

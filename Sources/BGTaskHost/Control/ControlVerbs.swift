@@ -2,7 +2,7 @@ import BGTaskModel
 import Dispatch
 import Foundation
 
-/// The control protocol's verbs: each turns a `ControlRequest` into calls on the host's parts
+/// The control protocol's verbs: each turns a `ControlCommand` into calls on the host's parts
 /// and their answer into a `ControlResponse`. It owns no state; what it reads of the parts
 /// confined to the host queue it reads there (`queue.sync`), and it reads the store off it.
 /// Runs on control connections' threads.
@@ -33,74 +33,65 @@ final class ControlVerbs: @unchecked Sendable {
     private var store: PendingRequestStore { core.store }
     private var queue: DispatchQueue { core.queue }
 
-    func handle(_ request: ControlRequest, peer: PeerCredentials) -> ControlResponse {
-        guard let verb = request.knownVerb else {
-            return .failure(.unknownVerb, "unknown verb '\(ControlServer.quoted(request.verb))'")
-        }
-        switch verb {
+    func handle(_ command: ControlCommand, peer: PeerCredentials) -> ControlResponse {
+        switch command {
         case .status: return ControlResponse()
-        case .apps: return apps(request)
-        case .submit: return submit([request])[0]
-        case .pending:
-            return respond { var r = ControlResponse(); r.pending = try store.pending(app: request.app); return r }
-        case .cancel, .cancelAll:
-            guard let app = request.app else { return .failure(.badRequest, "\(verb.rawValue) needs an app") }
-            if verb == .cancel && request.identifier == nil { return .failure(.badRequest, "cancel needs a task identifier") }
+        case let .apps(limit, after): return apps(limit: limit, after: after)
+        case .submit: return submit([command])[0]
+        case .pending(let app):
+            return respond { var r = ControlResponse(); r.pending = try store.pending(app: app); return r }
+        case let .cancel(app, identifier):
+            return respond { var r = ControlResponse(); r.removed = try store.cancel(app: app, identifier: identifier); return r }
+        case .cancelAll(let app):
+            return respond { var r = ControlResponse(); r.removed = try store.cancel(app: app, identifier: nil); return r }
+        case let .history(app, limit):
             return respond {
                 var r = ControlResponse()
-                r.removed = try store.cancel(app: app, identifier: verb == .cancel ? request.identifier : nil)
-                return r
-            }
-        case .history:
-            return respond {
-                var r = ControlResponse()
-                let (records, omitted) = Self.fitting(try store.history(app: request.app, limit: request.limit ?? 50))
+                let (records, omitted) = Self.fitting(try store.history(app: app, limit: limit ?? 50))
                 r.records = records
                 if omitted > 0 { (r.truncated, r.omitted) = (true, omitted) }
                 return r
             }
-        case .why: return why(request)
-        case .evict:
-            guard let app = request.app else { return .failure(.badRequest, "evict needs an app") }
+        case let .why(identifier, app): return why(identifier, app: app)
+        case .evict(let app):
             guard let apps = launches.suspendedApps else {
-                return .failure(.badRequest, "evict: this host keeps no app's process (--app-lifecycle fresh)")
+                return .failure(.badRequest, "evict: this host keeps no app's process (its app lifecycle is fresh)")
             }
             var response = ControlResponse()
             response.removed = apps.evict(app, reason: "evicted by the operator (bgtask evict)") ? 1 : 0
             return response
-        case .device: return device(request)
-        case .clock: return clock(request)
-        case .simulateLaunch: return simulateLaunch(request)
-        case .simulateExpire: return simulateExpire(request)
-        case .extensionRun: return runExtension(request)
-        case .open: return open(request)
-        case .cancelTask: return cancelTask(request)
+        case .device(let changes): return device(changes)
+        case .clock(let advance): return clock(advance: advance)
+        case let .simulateLaunch(identifier, app, force, kind, wait):
+            return simulateLaunch(identifier, app: app, force: force, kind: kind, wait: wait)
+        case .simulateExpire(let identifier): return simulateExpire(identifier)
+        case let .extensionRun(identifier, event, wait): return runExtension(identifier, event: event, wait: wait)
+        case let .open(app, event, wait): return open(app, event: event, wait: wait)
+        case .cancelTask(let identifier): return cancelTask(identifier)
         case .progress:
             return queue.sync {
                 var response = ControlResponse()
                 response.continued = launches.continuedStatuses()
                 return response
             }
-        case .push: return push(request)
-        case .pushes:
+        case let .push(app, body): return push(app, body)
+        case let .pushes(app, limit):
             return queue.sync {
                 var response = ControlResponse()
-                let list = (try? store.pushes(app: request.app, limit: request.limit ?? 50)) ?? []
+                let list = (try? store.pushes(app: app, limit: limit ?? 50)) ?? []
                 response.pushes = list.map(pushes.report)
                 return response
             }
-        case .deviceToken:
-            guard let app = request.app else { return .failure(.badRequest, "device-token needs an app") }
+        case .deviceToken(let app):
             guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
-        case .notifications, .pendingNotifications: return notifications(request, pending: verb == .pendingNotifications)
-        case .transfers:
+        case let .notifications(app, after, limit): return notifications(app: app, after: after, limit: limit, pending: false)
+        case .pendingNotifications(let app): return notifications(app: app, after: nil, limit: nil, pending: true)
+        case let .transfers(app, limit):
             guard let transfers else { return .failure(.unavailable, "this host carries no background transfers") }
-            let limit = request.limit ?? 100
-            guard limit >= 1 else { return .failure(.badRequest, "transfers: limit must be at least 1, not \(limit)") }
             return respond {
                 var response = ControlResponse()
-                var reports = try store.transfers(app: request.app, limit: min(limit, 1000)).map(transfers.report)
+                var reports = try store.transfers(app: app, limit: min(limit ?? 100, 1000)).map(transfers.report)
                 // Listed without what a launch is told (bodies stay out of the control socket).
                 var (fitting, omitted) = (reports, 0)
                 while fitting.count > 1, ((try? JSONEncoder.control.encode(fitting).count) ?? 0) > ControlFrame.maximumPayload / 2 {
@@ -120,24 +111,13 @@ final class ControlVerbs: @unchecked Sendable {
     /// Delivered notifications (with `after`, those delivered since that id, oldest first, at
     /// most `limit`; without, the newest `limit`, default 100 a page) or pending ones, of one
     /// app or all, with the authorization of the apps concerned.
-    private func notifications(_ request: ControlRequest, pending: Bool) -> ControlResponse {
-        let limit = request.limit ?? NotificationLimits.deliveredPerApp
-        guard limit >= 1 else { return .failure(.badRequest, "notifications: limit must be at least 1, not \(limit)") }
-        var after: Int64?
-        if let text = request.after {
-            guard let cursor = Int64(text), cursor >= 0 else {
-                return .failure(.badRequest, "notifications: after must be a notification id (a non-negative integer), not '\(ControlServer.quoted(String(text.prefix(64))))'")
-            }
-            after = cursor
-        }
-        if let app = request.app, app.utf8.count > InputLimits.identifierBytes {
-            return .failure(.badRequest, "notifications: the app identifier is \(app.utf8.count) bytes, over the limit of \(InputLimits.identifierBytes)")
-        }
+    private func notifications(app: String?, after: Int64?, limit: Int?, pending: Bool) -> ControlResponse {
+        let limit = limit ?? NotificationLimits.deliveredPerApp
         return respond {
             var response = ControlResponse()
-            response.notifications = pending ? try store.pendingNotifications(app: request.app)
-                                             : try store.deliveredNotifications(app: request.app, after: after, limit: min(limit, 1000))
-            let apps = request.app.map { [$0] } ?? queue.sync { catalog.apps.keys.sorted() }
+            response.notifications = pending ? try store.pendingNotifications(app: app)
+                                             : try store.deliveredNotifications(app: app, after: after, limit: min(limit, 1000))
+            let apps = app.map { [$0] } ?? queue.sync { catalog.apps.keys.sorted() }
             let states = try store.notificationAppStates()
             response.notificationApps = apps.map { app in
                 let state = states[app] ?? NotificationAppState(app: app)
@@ -152,8 +132,7 @@ final class ControlVerbs: @unchecked Sendable {
 
     /// `push`: a payload for an app, as `xcrun simctl push` sends one; the answer says what
     /// became of it (delivered in a launch, waiting and why, dropped and why) or APNs's refusal.
-    private func push(_ request: ControlRequest) -> ControlResponse {
-        guard let app = request.app, let body = request.push else { return .failure(.badRequest, "push needs an app and a payload") }
+    private func push(_ app: String, _ body: PushBody) -> ControlResponse {
         let submission = PushSubmission(
             app: app, payload: Data(body.payload.utf8), pushType: body.pushType, priority: body.priority,
             expiration: body.expiration, collapseID: body.collapseID, id: body.id)
@@ -170,19 +149,19 @@ final class ControlVerbs: @unchecked Sendable {
         }
     }
 
-    /// Pipelined requests: runs of consecutive submissions share one commit; every other request
-    /// is handled on its own, in order.
-    func handle(_ requests: [ControlRequest], peer: PeerCredentials) -> [ControlResponse] {
+    /// Pipelined commands: runs of consecutive submissions share one commit; every other
+    /// command is handled on its own, in order.
+    func handle(_ commands: [ControlCommand], peer: PeerCredentials) -> [ControlResponse] {
         var responses: [ControlResponse] = []
-        var index = requests.startIndex
-        while index < requests.endIndex {
+        var index = commands.startIndex
+        while index < commands.endIndex {
             var end = index
-            while end < requests.endIndex, requests[end].knownVerb == .submit { end += 1 }
+            while end < commands.endIndex, case .submit = commands[end] { end += 1 }
             if end > index {
-                responses += submit(Array(requests[index..<end]))
+                responses += submit(Array(commands[index..<end]))
                 index = end
             } else {
-                responses.append(handle(requests[index], peer: peer))
+                responses.append(handle(commands[index], peer: peer))
                 index += 1
             }
         }
@@ -200,17 +179,18 @@ final class ControlVerbs: @unchecked Sendable {
     // MARK: Submissions
 
     /// `submit` requests, pipelined ones together: one answer each, in order.
-    private func submit(_ requests: [ControlRequest]) -> [ControlResponse] {
-        let apps = queue.sync { requests.map { $0.app.flatMap { catalog.apps[$0] } } }
-        var responses: [ControlResponse?] = Array(repeating: nil, count: requests.count)
+    private func submit(_ commands: [ControlCommand]) -> [ControlResponse] {
+        let submitted = commands.map { command -> (app: String, request: TaskRequest, delay: Double?) in
+            guard case let .submit(app, request, delay) = command else { preconditionFailure("submit(_:) is given submissions only") }
+            return (app, request, delay)
+        }
+        let apps = queue.sync { submitted.map { catalog.apps[$0.app] } }
+        var responses: [ControlResponse?] = Array(repeating: nil, count: commands.count)
         var items: [(request: TaskRequest, app: PluginBundle)] = []
         var positions: [Int] = []
-        for (position, request) in requests.enumerated() {
-            guard let app = request.app, var task = request.request else {
-                responses[position] = .failure(.badRequest, "submit needs an app and a request")
-                continue
-            }
-            if let delay = request.delay {
+        for (position, (app, request, delay)) in submitted.enumerated() {
+            var task = request
+            if let delay {
                 guard delay.isFinite, abs(delay) <= HostClock.maximumOffset else {
                     responses[position] = .failure(.outOfRange, "submit: delay \(delay) s is outside the bound of \(HostClock.maximumOffsetText) from the host's clock")
                     continue
@@ -286,9 +266,8 @@ final class ControlVerbs: @unchecked Sendable {
     /// `after`) one page of at most `limit` apps after `after`, with `next` set when more
     /// follow. Two indexed store queries whatever the number of requests; invalid bundles come
     /// with the first page.
-    private func apps(_ request: ControlRequest) -> ControlResponse {
-        if let limit = request.limit, limit < 1 { return .failure(.badRequest, "apps: limit must be at least 1, not \(limit)") }
-        let paged = request.limit != nil || request.after != nil
+    private func apps(limit: Int?, after: String?) -> ControlResponse {
+        let paged = limit != nil || after != nil
         var omittedInvalid = 0
         // The catalog and the running launches are the queue's; the store is read off it.
         let processes = Dictionary(launches.processStates.map { ($0.app, $0) }) { first, _ in first }
@@ -297,13 +276,13 @@ final class ControlVerbs: @unchecked Sendable {
             var runningByApp: [String: String] = [:]
             for launch in launches.running.values where runningByApp[launch.app] == nil { runningByApp[launch.app] = launch.id }
             var bundles = Array(catalog.apps.values)
-            if let after = request.after { bundles.removeAll { $0.identifier <= after } }
+            if let after { bundles.removeAll { $0.identifier <= after } }
             bundles.sort { $0.identifier < $1.identifier }
             // Invalid bundles (with the first page) take half a page at most; the rest are
             // counted (`omitted`).
             var invalid: [InvalidBundle]?
             var bytes = 0
-            if request.after == nil {
+            if after == nil {
                 invalid = []
                 for (path, error) in catalog.invalid.sorted(by: { $0.key < $1.key }) {
                     let entry = InvalidBundle(path: path, error: error.description)
@@ -317,7 +296,7 @@ final class ControlVerbs: @unchecked Sendable {
             // Unpaged too: an answer that would pass the page's bytes becomes a page, with
             // `next`, rather than an error for everyone.
             var count = 0
-            while count < min(bundles.count, request.limit ?? .max) {
+            while count < min(bundles.count, limit ?? .max) {
                 bytes += Self.estimatedBytes(bundles[count], running: runningByApp[bundles[count].identifier])
                 if count > 0 && bytes > Self.appsPageBytes { break }
                 count += 1
@@ -355,8 +334,7 @@ final class ControlVerbs: @unchecked Sendable {
         return response
     }
 
-    private func why(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure(.badRequest, "why needs a task identifier") }
+    private func why(_ identifier: String, app: String?) -> ControlResponse {
         return queue.sync {
             let now = core.clock.now
             var response = ControlResponse()
@@ -370,20 +348,20 @@ final class ControlVerbs: @unchecked Sendable {
                 response.transfers = [report]
                 return response
             }
-            if let launch = launches.launch(running: identifier, app: request.app) {
-                response.why = WhyReport(app: launch.app, identifier: identifier, state: "running", runningLaunch: launch.id,
+            if let launch = launches.launch(running: identifier, app: app) {
+                response.why = WhyReport(app: launch.app, identifier: identifier, state: .running, runningLaunch: launch.id,
                                          request: launch.requests[identifier], blockers: [], now: now)
                 return response
             }
             let stored: StoredRequest?
-            if let app = request.app {
+            if let app {
                 stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier }
             } else {
                 stored = try? store.pendingRequest(identifier: identifier)
             }
             guard let stored else {
-                response.why = WhyReport(app: request.app ?? catalog.app(permitting: identifier)?.identifier ?? "", identifier: identifier,
-                                         state: "not-submitted", runningLaunch: nil, request: nil, blockers: [], now: now)
+                response.why = WhyReport(app: app ?? catalog.app(permitting: identifier)?.identifier ?? "", identifier: identifier,
+                                         state: .notSubmitted, runningLaunch: nil, request: nil, blockers: [], now: now)
                 return response
             }
             let state = (try? store.appState(stored.app)) ?? AppState(app: stored.app)
@@ -397,7 +375,7 @@ final class ControlVerbs: @unchecked Sendable {
             if core.clock.mode == .virtual, let index = blockers.firstIndex(where: { $0.knownCode == .notDue }), let until = blockers[index].until {
                 blockers[index].message += " (virtual clock: bgtask clock advance \(Eligibility.format(until.timeIntervalSince(now))))"
             }
-            response.why = WhyReport(app: stored.app, identifier: identifier, state: "pending", runningLaunch: nil,
+            response.why = WhyReport(app: stored.app, identifier: identifier, state: .pending, runningLaunch: nil,
                                      request: stored.request, blockers: blockers, now: now)
             return response
         }
@@ -405,68 +383,47 @@ final class ControlVerbs: @unchecked Sendable {
 
     // MARK: Device and clock
 
-    private func device(_ request: ControlRequest) -> ControlResponse {
+    private func device(_ changes: DeviceChanges) -> ControlResponse {
         device.invalidate()
         defer { device.invalidate() }
-        if var changes = request.device {
-            if let app = changes.removeValue(forKey: "app") {
-                let refresh = changes.removeValue(forKey: "refresh")
-                let notifications = changes.removeValue(forKey: "notifications")
-                guard refresh != nil || notifications != nil else {
-                    return .failure(.badRequest, "--app goes with --refresh on|off or --notifications on|off|auto")
+        if let switches = changes.app {
+            // A switch of an installed app, as iOS's Settings shows: a row per name would let a
+            // client grow the database without bound.
+            guard queue.sync(execute: { catalog.apps[switches.app] != nil }) else { return notInCatalog(switches.app) }
+            do {
+                if let refresh = switches.refresh { try device.setAppRefresh(switches.app, on: refresh) }
+                if let notifications = switches.notifications {
+                    try store.setNotificationsAllowed(app: switches.app, notifications.override)
                 }
-                if let refresh, !["on", "off"].contains(refresh) {
-                    return .failure(.badRequest, "device --app --refresh: expected on or off, got '\(ControlServer.quoted(String(refresh.prefix(64))))'")
-                }
-                if let notifications, !["on", "off", "auto"].contains(notifications) {
-                    return .failure(.badRequest, "device --app --notifications: expected on, off or auto, got '\(ControlServer.quoted(String(notifications.prefix(64))))'")
-                }
-                // A switch of an installed app, as iOS's Settings shows: a row per name would
-                // let a client grow the database without bound.
-                guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
-                do {
-                    if let refresh { try device.setAppRefresh(app, on: refresh == "on") }
-                    if let notifications {
-                        try store.setNotificationsAllowed(app: app, notifications == "auto" ? nil : notifications == "on")
-                    }
-                } catch {
-                    return .failure(.internalError, "\(error)")
-                }
-            } else if changes["notifications"] != nil {
-                return .failure(.badRequest, "--notifications is a per-app switch: it goes with --app (bgtask host --allow-notifications allows every app)")
+            } catch {
+                return .failure(.internalError, "\(error)")
             }
-            for (key, value) in changes {
-                guard DeviceOverrides.keys.contains(key) else {
-                    return .failure(.badRequest, "unknown device condition '\(key)' (known: \(DeviceOverrides.keys.joined(separator: ", ")))")
-                }
-                guard ["on", "off", "auto"].contains(value) else {
-                    return .failure(.badRequest, "device \(key): expected on, off or auto, got '\(value)'")
-                }
-                do { try device.setOverride(key, value == "auto" ? nil : value) } catch {
-                    return .failure(.internalError, "\(error)")
-                }
+        }
+        for (condition, setting) in changes.conditions.sorted(by: { $0.key < $1.key }) {
+            do { try device.setOverride(condition, setting.override) } catch {
+                return .failure(.internalError, "\(error)")
             }
         }
         return queue.sync {
             device.note(device.conditions())
-            if request.device != nil { scheduling.evaluate() }
+            if !changes.isEmpty { scheduling.evaluate() }
             var response = ControlResponse()
             response.device = device.conditions()
             return response
         }
     }
 
-    private func clock(_ request: ControlRequest) -> ControlResponse {
-        let response = clockOnQueue(request)
+    private func clock(advance: Double?) -> ControlResponse {
+        let response = clockOnQueue(advance: advance)
         // Notifications that became due are delivered before the answer (off the host's queue).
-        if request.advance != nil && response.ok { notifications.evaluateNow() }
+        if advance != nil && response.ok { notifications.evaluateNow() }
         return response
     }
 
-    private func clockOnQueue(_ request: ControlRequest) -> ControlResponse {
+    private func clockOnQueue(advance: Double?) -> ControlResponse {
         queue.sync { () -> ControlResponse in
             let clock = core.clock
-            if let seconds = request.advance {
+            if let seconds = advance {
                 do { _ = try clock.advance(by: seconds) } catch {
                     let error = error as? BGTaskError
                     return .failure(error?.code == .outOfRange ? .outOfRange : .badRequest, error?.description ?? "clock advance failed")
@@ -536,53 +493,50 @@ final class ControlVerbs: @unchecked Sendable {
         }
     }
 
-    private func open(_ request: ControlRequest) -> ControlResponse {
-        guard let app = request.app else { return .failure(.badRequest, "open needs an app") }
-        if let refusal = Self.eventRefusal(request.event) { return refusal }
-        return startByHand(wait: request.wait == true) {
+    private func open(_ app: String, event: String?, wait: Bool) -> ControlResponse {
+        if let refusal = Self.eventRefusal(event) { return refusal }
+        return startByHand(wait: wait) {
             guard let bundle = catalog.apps[app] else { return .failure(notInCatalog(app)) }
             if let refusal = clientLaunchRefusal() { return .failure(refusal) }
-            return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: request.event))
+            return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: event))
         }
     }
 
     /// Starts an extension in its own supervised process with `event`, waits for its record.
-    private func runExtension(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure(.badRequest, "extension-run needs an extension identifier") }
-        if let refusal = Self.eventRefusal(request.event) { return refusal }
-        return startByHand(wait: request.wait != false) {
+    private func runExtension(_ identifier: String, event: String?, wait: Bool) -> ControlResponse {
+        if let refusal = Self.eventRefusal(event) { return refusal }
+        return startByHand(wait: wait) {
             guard let app = catalog.app(containingBundle: identifier),
                   let appex = app.extensions.first(where: { $0.identifier == identifier }) else {
                 return .failure(.failure(.notFound, "no app in \(core.configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)"))
             }
             if let refusal = clientLaunchRefusal() { return .failure(refusal) }
-            return .success(launches.start(appex, requests: [], reason: .appExtension, role: .extension, eventJSON: request.event))
+            return .success(launches.start(appex, requests: [], reason: .appExtension, role: .extension, eventJSON: event))
         }
     }
 
-    private func simulateLaunch(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure(.badRequest, "simulate-launch needs a task identifier") }
-        return startByHand(wait: request.wait != false) {
+    private func simulateLaunch(_ identifier: String, app: String?, force: Bool, kind: TaskKind?, wait: Bool) -> ControlResponse {
+        startByHand(wait: wait) {
             var stored = (try? store.pendingRequest(identifier: identifier)) ?? nil
-            if let app = request.app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
+            if let app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
             let bundle: PluginBundle
             var forced: [TaskAssignment] = []
             if let stored {
                 guard let found = catalog.apps[stored.app] else { return .failure(.failure(.notFound, "the app \(stored.app) is not in the plugin directory")) }
                 bundle = found
             } else {
-                guard request.force == true else {
-                    return .failure(.failure(.notFound, "no pending request for \(identifier): as on iOS, simulating a launch needs one (submit it, or pass --force)"))
+                guard force else {
+                    return .failure(.failure(.notFound, "no pending request for \(identifier): as on iOS, simulating a launch needs one (submit it, or force the launch)"))
                 }
-                guard let found = request.app.flatMap({ catalog.apps[$0] }) ?? catalog.app(permitting: identifier) else {
+                guard let found = app.flatMap({ catalog.apps[$0] }) ?? catalog.app(permitting: identifier) else {
                     return .failure(.failure(.notFound, "no app in the plugin directory permits \(identifier)"))
                 }
                 bundle = found
-                let kind: TaskKind
-                if let given = request.request?.kind { kind = given } else {
-                    do { kind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure(.badRequest, (error as? BGTaskError)?.description ?? "\(error)")) }
+                let forcedKind: TaskKind
+                if let kind { forcedKind = kind } else {
+                    do { forcedKind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure(.badRequest, (error as? BGTaskError)?.description ?? "\(error)")) }
                 }
-                forced = [TaskAssignment(task: 1, identifier: identifier, kind: kind)]
+                forced = [TaskAssignment(task: 1, identifier: identifier, kind: forcedKind)]
             }
             if let busy = launches.launch(of: bundle.identifier) {
                 return .failure(.failure(.unavailable, "\(bundle.identifier) is running launch \(busy.id); try again when it ends"))
@@ -591,8 +545,7 @@ final class ControlVerbs: @unchecked Sendable {
         }
     }
 
-    private func simulateExpire(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure(.badRequest, "simulate-expire needs a task identifier") }
+    private func simulateExpire(_ identifier: String) -> ControlResponse {
         return queue.sync {
             guard let id = launches.expire(identifier: identifier, reason: "simulated") else {
                 return .failure(.notFound, "\(identifier) is not running in any launch")
@@ -603,8 +556,7 @@ final class ControlVerbs: @unchecked Sendable {
         }
     }
 
-    private func cancelTask(_ request: ControlRequest) -> ControlResponse {
-        guard let identifier = request.identifier else { return .failure(.badRequest, "cancel-task needs a task identifier") }
+    private func cancelTask(_ identifier: String) -> ControlResponse {
         return queue.sync {
             guard let id = launches.cancelContinued(identifier) else {
                 return .failure(.notFound, "no continued-processing task \(identifier) is running or queued")

@@ -148,7 +148,7 @@ public struct MachineConditionsReader: Sendable {
 /// `device.low-power`, `device.refresh`, `device.locked`, `device.gpu`; values "on"/"off",
 /// absent = machine or default) combined with the machine's values.
 public enum DeviceOverrides {
-    public static let keys = ["power", "network", "idle", "low-power", "refresh", "locked", "gpu"]
+    public static let keys = DeviceCondition.allCases.map(\.rawValue)
 
     /// Combines `overrides` (key without the "device." prefix → "on"/"off") with the machine.
     public static func resolve(overrides: [String: String], machine: MachineConditionsReader,

@@ -54,9 +54,9 @@ final class DeviceState: @unchecked Sendable {
         if !conditions.locked { unlocked.withLock { $0 = true } }
     }
 
-    /// Sets (or with nil clears) the override of one of `DeviceOverrides.keys`.
-    func setOverride(_ key: String, _ value: String?) throws(BGTaskError) {
-        try store.setSetting("device.\(key)", value)
+    /// Forces `condition` on or off, or with nil clears its override.
+    func setOverride(_ condition: DeviceCondition, _ value: Bool?) throws(BGTaskError) {
+        try store.setSetting("device.\(condition.rawValue)", value.map { $0 ? "on" : "off" })
         invalidate()
     }
 }

@@ -383,14 +383,11 @@ struct LaunchLoop {
             let result: TransferCallAnswer
             if json.utf8.count > TransferLimits.callBytes {
                 result = .failure(TransferCallAnswer.invalidArgument, "the call is \(json.utf8.count) bytes, over the limit of \(TransferLimits.callBytes)")
-            } else if let call = try? JSONDecoder().decode(TransferCall.self, from: Data(json.utf8)) {
-                if let problem = call.problem {
-                    result = .failure(TransferCallAnswer.invalidArgument, problem)
-                } else {
-                    result = broker.transfer(call, app: plan.bundle, launchID: plan.launchID, control: control)
-                }
             } else {
-                result = .failure(TransferCallAnswer.invalidArgument, "the call is not a TransferCall's JSON")
+                switch TransferCall.decode(Data(json.utf8)) {
+                case .success(let call): result = broker.transfer(call, app: plan.bundle, launchID: plan.launchID, control: control)
+                case .failure(let problem): result = .failure(TransferCallAnswer.invalidArgument, problem.message)
+                }
             }
             answer.transferDelivered = result.delivered
             let reply = result.reply.flatMap { try? JSONEncoder.transferJSON.encode($0) }.map { String(decoding: $0, as: UTF8.self) }

@@ -162,15 +162,14 @@ final class BackgroundTransfers: HostPart, @unchecked Sendable {
     /// Answers a launch's call (on its supervising thread).
     func answer(_ call: TransferCall, from caller: TransferCaller) -> TransferCallAnswer {
         if let problem = call.problem { return .failure(TransferCallAnswer.invalidArgument, problem) }
-        switch call.op {
-        case "create": return create(call.request!, from: caller)
-        case "cancel": return queue.sync { cancel(id: call.id!, caller: caller) }
-        case "attach": return queue.sync { attach(session: call.session!, caller: caller) }
-        case "delivered": return queue.sync { delivered(id: call.id!, caller: caller) }
-        case "events-handled":
-            logger.info("background session events handled", metadata: ["bundle.id": "\(caller.app)", "session": "\(call.session!)", "launch.id": "\(caller.launchID)"])
+        switch call {
+        case .create(let request): return create(request, from: caller)
+        case .cancel(let id): return queue.sync { cancel(id: id, caller: caller) }
+        case .attach(let session): return queue.sync { attach(session: session, caller: caller) }
+        case .delivered(let id): return queue.sync { delivered(id: id, caller: caller) }
+        case .eventsHandled(let session):
+            logger.info("background session events handled", metadata: ["bundle.id": "\(caller.app)", "session": "\(session)", "launch.id": "\(caller.launchID)"])
             return TransferCallAnswer(reply: TransferReply())
-        default: return .failure(TransferCallAnswer.invalidArgument, "op: unknown")
         }
     }
 

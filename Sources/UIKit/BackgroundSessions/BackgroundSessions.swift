@@ -68,6 +68,10 @@ final class BackgroundSessions: @unchecked Sendable {
     /// Events that arrived before their task's protocol started.
     private var early: [String: TransferInfo] = [:]
     private var waiting: [String: WaitingEvents] = [:]
+    /// Sessions of a `background-transfer` launch whose handleEvents has not been called yet,
+    /// with the ends that arrived meanwhile: iOS calls handleEvents first, then the session's
+    /// delegate hears its tasks' ends, whenever the app recreated the session.
+    private var held: [String: [Link]] = [:]
     private var subscribed = false
 
     // MARK: Sessions
@@ -87,11 +91,17 @@ final class BackgroundSessions: @unchecked Sendable {
     /// still has attaches again from this one. What the host holds for a task the app already
     /// has reaches that task; the rest come back as tasks, as for a new session. The previous
     /// launch's waiting events are its own, and are forgotten.
-    func resumed() {
-        let live: [(String, URLSession)] = lock.withLock {
+    /// `holding`: the sessions this launch brings events of (their ends wait for handleEvents).
+    func resumed(holding identifiers: [String]) {
+        let (live, stale): ([(String, URLSession)], [Link]) = lock.withLock {
             waiting.removeAll()
-            return sessions.compactMap { identifier, weak in weak.session.map { (identifier, $0) } }
+            let stale = held.values.flatMap { $0 }
+            held = [:]
+            for identifier in identifiers { held[identifier] = [] }
+            return (sessions.compactMap { identifier, weak in weak.session.map { (identifier, $0) } }, stale)
         }
+        // Ends an earlier launch held and never released (its handleEvents did not run).
+        for link in stale { queue.async { self.deliverEnd(link) } }
         for (identifier, session) in live.sorted(by: { $0.0 < $1.0 }) {
             queue.async { self.attach(session, identifier: identifier) }
         }
@@ -357,9 +367,27 @@ final class BackgroundSessions: @unchecked Sendable {
 
     /// The transfer ended: the response, then the file or the data, then the completion, on the
     /// session's delegate queue; the host is told it was delivered just before the completion.
+    /// A `background-transfer` launch brings events of `identifiers`: their ends wait for
+    /// `releaseEvents` (before the app can make the sessions).
+    func holdEvents(_ identifiers: [String]) {
+        lock.withLock { for identifier in identifiers where held[identifier] == nil { held[identifier] = [] } }
+    }
+
+    /// handleEvents was called for `identifier`: its held ends are delivered, in order.
+    func releaseEvents(_ identifier: String) {
+        queue.async {
+            let links = self.lock.withLock { self.held.removeValue(forKey: identifier) } ?? []
+            for link in links { self.deliverEnd(link) }
+        }
+    }
+
     private func deliverEnd(_ link: Link) {
         let proceed = lock.withLock { () -> Bool in
             guard !link.done else { return false }
+            if held[link.sessionIdentifier] != nil {
+                held[link.sessionIdentifier]?.append(link)
+                return false
+            }
             link.done = true
             link.urlProtocol?.ended = true
             return true

@@ -11,9 +11,14 @@ import Foundation
 /// app is suspended, not killed, for not calling it).
 @MainActor
 enum BackgroundTransferLaunch {
-    static func deliver(_ eventJSON: String?, to delegate: any UIApplicationDelegate, of application: UIApplication) {
-        guard let eventJSON, let event = try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(eventJSON.utf8)) else { return }
-        for identifier in event.sessions {
+    /// The sessions the launch brings events of.
+    nonisolated static func sessions(_ eventJSON: String?) -> [String] {
+        guard let eventJSON, let event = try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(eventJSON.utf8)) else { return [] }
+        return event.sessions
+    }
+
+    static func deliver(_ sessions: [String], to delegate: any UIApplicationDelegate, of application: UIApplication) {
+        for identifier in sessions {
             let assertion = AssertionBox()
             let once = OnceFlag()
             let complete: @Sendable () -> Void = {
@@ -26,6 +31,7 @@ enum BackgroundTransferLaunch {
             DispatchQueue.main.async {
                 MainActor.assumeIsolated {
                     delegate.application(application, handleEventsForBackgroundURLSession: identifier, completionHandler: complete)
+                    BackgroundSessions.shared.releaseEvents(identifier)
                 }
             }
         }
