@@ -6,7 +6,7 @@ import BGTaskModel
 /// Why not JSON: a no-op launch exchanges about ten messages, and each one through
 /// Foundation's coders cost both processes tens of microseconds and, in a freshly forked child,
 /// copy-on-write faults over the coders' code and generic metadata (about a fifth of the
-/// runner's CPU in a no-op launch, measured with `perf`; see docs/benchmark-history.md). The channel is
+/// runner's CPU in a no-op launch, measured with `perf`; see docs/decisions/binary-channel.md). The channel is
 /// private to one build of the host and its runner, so the format needs no versioning beyond
 /// the format byte that tells a message from garbage.
 public protocol WireMessage: Sendable {

@@ -132,7 +132,7 @@ struct SectionRunner {
 
         progress("limits: \(n.jetsam) launches touching memory under a 64 MiB limit (sampler)")
         let touch = Floors.touchRate()
-        // A spawned runner's ru_maxrss starts at this process's high-water RSS (see docs/benchmark-history.md),
+        // A spawned runner's ru_maxrss starts at this process's high-water RSS (Linux copies ru_maxrss across fork and exec; BENCHMARKS.md),
         // and the record's peak_rss_bytes includes it: it must be below the limit to mean anything.
         let benchPeak = Double(ProcStat.peakRSS(getpid()) ?? 0)
         let sampler = try bench.jetsamOvershoot(n.jetsam, cgroup: nil)

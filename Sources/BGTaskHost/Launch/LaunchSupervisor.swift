@@ -34,7 +34,7 @@ public struct LaunchSupervisor: Sendable {
     /// first (`probeChildren`, answered with waitid) and walks /proc/RUNNER/task/*/children only
     /// when it has a child, or did not answer the previous probe: the /proc entries a walk
     /// creates under a runner make its reap spin in the kernel for up to milliseconds (see
-    /// docs/benchmark-history.md), a cost a launch that starts no process should not pay. The first look
+    /// docs/decisions/no-proc-on-the-launch-path.md), a cost a launch that starts no process should not pay. The first look
     /// comes this long after the launch starts; a descendant that races ahead of it still
     /// meets the runner's RLIMIT_DATA backstop.
     public var descendantSampleInterval: Duration = .milliseconds(20)
@@ -757,7 +757,7 @@ public struct LaunchSupervisor: Sendable {
     /// re-parented to this process (a child subreaper) and killed as an orphan once the runner
     /// is reaped (`reapOrphans`). A walk of the runner's threads while they die would make the
     /// runner's reap spin in the kernel for milliseconds (the /proc entries the walk creates;
-    /// see docs/benchmark-history.md), and the watchdog's kill is measured to the reap.
+    /// see docs/decisions/no-proc-on-the-launch-path.md), and the watchdog's kill is measured to the reap.
     static func terminate(_ pid: pid_t, cgroup: CgroupV2.LaunchGroup?) {
         cgroup?.killAll()
         kill(-pid, SIGKILL)

@@ -76,7 +76,7 @@ uint64_t bgtask_monotonic_ns(void);
 /* Rewrites this process's argument area (argv[0] through the end of argv[argc - 1], as the
  * kernel laid it out), so /proc/PID/cmdline (and ps) shows `title`, truncated to the area's
  * size. 0, or -1. Reads nothing from /proc: every /proc/PID entry a process's life creates
- * makes its reaping slower (see docs/benchmark-history.md, "What a launch costs").
+ * makes its reaping slower (see docs/decisions/no-proc-on-the-launch-path.md).
  * Async-signal-safe: yes */
 int bgtask_set_process_title(char *const *argv, int argc, const char *title);
 
