@@ -10,8 +10,9 @@ struct HostOptions: ParsableArguments {
     @Flag(name: .long, help: "Print the answer as JSON.")
     var json = false
 
-    /// Sends `command`; prints the error and exits 1 when the host refuses.
-    func send(_ command: ControlCommand) throws -> ControlResponse {
+    /// Sends `command`; prints the error and exits 1 when the host refuses. `hint` puts a
+    /// refusal in the CLI's terms (the host's words name no flags).
+    func send(_ command: ControlCommand, hint: (ControlFailure) -> String? = { _ in nil }) throws -> ControlResponse {
         let response: ControlResponse
         do {
             response = try ControlClient(stateDirectory: state.stateDirectory).send(command)
@@ -22,6 +23,7 @@ struct HostOptions: ParsableArguments {
         if let error = response.error, !response.ok {
             if json { try printJSON(["error": ["code": error.code, "message": error.message]]) }
             printError("\(command.verb.rawValue): \(error.message) [\(error.code)]")
+            if let failure = response.failure, let hint = hint(failure) { printError(hint) }
             throw ExitCode(1)
         }
         return response
@@ -213,7 +215,9 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: !noWait))
+            let response = try host.send(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: !noWait)) { failure in
+                failure.code == .notFound && !force ? "(bgtask simulate-launch --force \(identifier) launches it without one)" : nil
+            }
             guard let record = response.record else {
                 if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
                 print("launched \(response.launchID ?? "?")")

@@ -262,6 +262,47 @@ public struct ControlFrameReader {
         return try bufferedFrame()
     }
 
+    /// What `poll` found.
+    public enum Polled: Equatable {
+        case frame(Data)
+        /// Nothing whole yet (a partial frame stays buffered).
+        case pending
+        /// The peer ended the stream between frames.
+        case ended
+    }
+
+    /// The next frame from a non-blocking socket, reading what has arrived; `truncated` when the
+    /// stream ends inside a frame, `closed` on a read error.
+    public mutating func poll() throws(ControlFrame.FrameError) -> Polled {
+        while true {
+            if let frame = try bufferedFrame() { return .frame(frame) }
+            let needed = try neededBytes()
+            switch receive(wait: false, needed: needed) {
+            case .complete:
+                continue
+            case .ended:
+                if available == 0 { return .ended }
+                if available < ControlFrame.headerSize {
+                    throw .init(code: .truncated, description:
+                        "stream ended inside a frame header: \(available) of \(ControlFrame.headerSize) bytes (\(ControlFrame.hex(storage[start..<end])))")
+                }
+                throw .init(code: .truncated, description:
+                    "stream ended inside a frame payload: \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes")
+            case .failed(_, let error):
+                if error == EAGAIN || error == EWOULDBLOCK { return .pending }
+                throw ControlFrame.readFailure(error, available < ControlFrame.headerSize
+                    ? "after \(available) of \(ControlFrame.headerSize) bytes of a frame header"
+                    : "after \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes of a frame payload")
+            }
+        }
+    }
+
+    /// When the first byte of a frame not yet whole arrived (nil: none is buffered).
+    public var partialSinceNs: UInt64? { available > 0 ? frameStartNs : nil }
+
+    /// Bytes of a frame not yet whole, and the frame's size as far as it is known.
+    var partialBytes: (arrived: Int, needed: Int) { (available, (try? neededBytes()) ?? ControlFrame.headerSize) }
+
     /// Waits until the socket is readable, within the deadline that applies: the request's
     /// (from its first byte) once part of a frame is buffered, else the idle one. False when an
     /// idle peer's time is up (the stream counts as ended); `timedOut` for a request's.

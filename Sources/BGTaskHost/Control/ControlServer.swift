@@ -11,14 +11,21 @@ public struct PeerCredentials: Sendable, Equatable {
 }
 
 /// The host's control socket: a Unix stream socket in the state directory with owner-only
-/// permissions. Each connection is served on its own thread, at most `limits.maximumConnections`
-/// at once: the one over the cap gets a `too-many-connections` error frame and is closed. A peer
-/// whose credentials (SO_PEERCRED) are not this process's user gets one error frame and is
-/// dropped. A bad frame, or a request not complete by its deadline, ends only its own connection.
+/// permissions, served by the host's supervision loops (`SupervisionLoop`), as its launches
+/// are: no thread per connection. A connection's frames are read as they arrive and answered
+/// in order; the commands themselves run on the control workers (`workers`), since they wait
+/// on the host's queue and its store, and a launch by hand waiting for its record holds no
+/// thread at all (`ControlVerbs.handle`).
+///
+/// At most `limits.maximumConnections` connections at once: the one over the cap gets a
+/// `too-many-connections` error frame and is closed. A peer whose credentials (SO_PEERCRED)
+/// are not this process's user, or that belongs to a running launch, gets one error frame and
+/// is dropped. A bad frame, or a request not complete by its deadline, ends only its own
+/// connection.
 public final class ControlServer: @unchecked Sendable {
     /// What one client may hold of the host, as data.
     public struct Limits: Sendable, Equatable {
-        /// Connections served at once (each holds a thread); the next one is refused.
+        /// Connections served at once; the next one is refused.
         public var maximumConnections = 64
         /// From a request's first byte to its last: a peer that sends slowly is cut off, and
         /// the same bound applies to writing an answer to a peer that reads slowly.
@@ -29,21 +36,23 @@ public final class ControlServer: @unchecked Sendable {
         public init() {}
     }
 
-    public typealias Handler = @Sendable (ControlCommand, _ peer: PeerCredentials) -> ControlResponse
-    /// Answers several pipelined commands, in order (one response each, in the same order).
-    public typealias BatchHandler = @Sendable ([ControlCommand], _ peer: PeerCredentials) -> [ControlResponse]
+    /// Answers pipelined commands, in order: calls `reply` once with one response each (on any
+    /// thread, at once or later).
+    public typealias Handler = @Sendable (_ commands: [ControlCommand], _ peer: PeerCredentials,
+                                          _ reply: @escaping @Sendable ([ControlResponse]) -> Void) -> Void
 
     public let path: String
-    private let listenFD: Int32
-    private let handler: Handler
-    private let batchHandler: BatchHandler
-    private let logger: Logger
+    let listenFD: Int32
+    let handler: Handler
+    let logger: Logger
     private let lock = NSLock()
     private var stopped = false
-    private var acceptThread: Thread?
-    private let acceptDone = DispatchSemaphore(value: 0)
-    /// Each connection is served on its own thread: a parked one, or a new one (see ParkedThreads).
-    static let connectionThreads = ParkedThreads(name: "bgtask.control.connection", maximumIdle: 4)
+    private var listener: ControlListener?
+    private let listenerGone = DispatchSemaphore(value: 0)
+
+    /// The threads commands run on: they wait on the host's queue and its store, which a
+    /// supervision loop must not.
+    static let workers = WorkerPool(name: "bgtask.control", size: 4)
 
     /// The uid allowed to connect (default: this process's effective uid).
     public var allowedUID: uid_t = geteuid()
@@ -53,14 +62,12 @@ public final class ControlServer: @unchecked Sendable {
     /// Connections being served (behind `lock`).
     private var connections = 0
 
-    /// `batch` answers pipelined requests together; by default each goes to `handler` in turn.
-    public init(path: String, logger: Logger, handler: @escaping Handler, batch: BatchHandler? = nil) throws(BGTaskError) {
+    public init(path: String, logger: Logger, handler: @escaping Handler) throws(BGTaskError) {
         self.path = path
         self.handler = handler
-        self.batchHandler = batch ?? { requests, peer in requests.map { handler($0, peer) } }
         self.logger = logger
         var address = try unixAddress(path)
-        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0) }
         // A socket file left by a host that died is stale: nobody listens on it any more.
         unlink(path)
         let oldMask = umask(0o177)
@@ -82,158 +89,47 @@ public final class ControlServer: @unchecked Sendable {
         listenFD = fd
     }
 
-    public func start() {
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "bgtask.control"
-        acceptThread = thread
-        thread.start()
+    /// Starts accepting, on a supervision loop.
+    public func start() throws(BGTaskError) {
+        guard let loop = SupervisionLoops.all.first else {
+            throw BGTaskError(.system, file: path, "the control socket has no supervision loop to serve it (the kernel refused an epoll set or an eventfd)")
+        }
+        let listener = ControlListener(server: self, loop: loop)
+        lock.withLock { self.listener = listener }
+        loop.add(listener)
     }
 
     /// Stops accepting; connections in progress finish their current request.
     public func stop() {
-        let first = lock.withLock {
+        let (first, listener) = lock.withLock {
             defer { stopped = true }
-            return !stopped
+            return (!stopped, self.listener)
         }
         guard first else { return }
-        shutdown(listenFD, Int32(SHUT_RDWR))
-        if acceptThread != nil { acceptDone.wait() }
-        close(listenFD)
+        if let listener {
+            listener.loop.execute { listener.loop.refire(listener) }
+            listenerGone.wait()
+        } else {
+            close(listenFD)
+        }
         unlink(path)
     }
 
-    private func acceptLoop() {
-        defer { acceptDone.signal() }
-        while true {
-            let client = bgtask_accept_cloexec(listenFD)
-            if client < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                if lock.withLock({ stopped }) { return }
-                if errno == EMFILE || errno == ENFILE {
-                    logger.error("control socket: out of descriptors; refusing connections for a moment")
-                    usleep(50_000)
-                    continue
-                }
-                return
-            }
-            let admitted = lock.withLock {
-                guard connections < limits.maximumConnections else { return false }
-                connections += 1
-                return true
-            }
-            guard admitted else {
-                refuseOverCap(client)
-                continue
-            }
-            Self.connectionThreads.run { [self] in
-                serve(client)
-                lock.withLock { connections -= 1 }
-            }
+    var isStopped: Bool { lock.withLock { stopped } }
+
+    /// The listener is out of its loop (its descriptor closed).
+    func listenerRetired() { listenerGone.signal() }
+
+    /// Counts a new connection in, unless the cap is reached.
+    func admit() -> Bool {
+        lock.withLock {
+            guard connections < limits.maximumConnections else { return false }
+            connections += 1
+            return true
         }
     }
 
-    /// Answers a connection over the cap with a named error and closes it, on the accept
-    /// thread: the frame is small and the socket new, so the write does not wait (and may not
-    /// for long: SO_SNDTIMEO).
-    private func refuseOverCap(_ fd: Int32) {
-        defer { close(fd) }
-        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        let maximum = limits.maximumConnections
-        reply(.failure(.tooManyConnections, "the host serves at most \(maximum) control connections at once (bgtask host --max-connections); try again when one closes"), to: fd)
-        // One line a second at most, however fast connections come (only this thread counts).
-        refusedOverCap += 1
-        let now = bgtask_monotonic_ns()
-        if now >= lastOverCapWarningNs + 1_000_000_000 {
-            logger.warning("control socket: refused connections over the cap", metadata: ["limit": "\(maximum)", "refused": "\(refusedOverCap)"])
-            (lastOverCapWarningNs, refusedOverCap) = (now, 0)
-        }
-    }
-
-    /// Refusals over the cap since the last warning, and when that was (accept thread only).
-    private var refusedOverCap = 0
-    private var lastOverCapWarningNs: UInt64 = 0
-
-    private func serve(_ fd: Int32) {
-        defer { close(fd) }
-        var credentials = PeerCredentials(pid: 0, uid: 0, gid: 0)
-        guard bgtask_peer_credentials(fd, &credentials.pid, &credentials.uid, &credentials.gid) == 0 else { return }
-        // A peer that stops reading its answer does not hold the thread either: each send waits
-        // at most this long, and the whole answer has the same deadline (`reply`).
-        var timeout = timeval(tv_sec: Int(limits.requestTimeout.components.seconds),
-                              tv_usec: Int(limits.requestTimeout.components.attoseconds / 1_000_000_000_000))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        if credentials.uid != allowedUID && credentials.uid != 0 {
-            logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(credentials.uid)", "peer.pid": "\(credentials.pid)"])
-            reply(.failure(.permissionDenied, "the host runs as uid \(allowedUID); a peer with uid \(credentials.uid) may not control it"), to: fd)
-            return
-        }
-        // A launch drives nothing but its own app, through its channel: never this socket.
-        if let runner = LaunchSupervisor.launchRunner(containing: credentials.pid) {
-            logger.warning("control socket: refused a launch's process", metadata: ["peer.pid": "\(credentials.pid)", "child.pid": "\(runner)"])
-            reply(.failure(.permissionDenied, "pid \(credentials.pid) belongs to a running launch (runner \(runner)); launches may not use the control socket"), to: fd)
-            return
-        }
-        // An idle peer is closed after `idleTimeout`; a request must be whole within
-        // `requestTimeout` of its first byte (SO_RCVTIMEO would restart at every byte).
-        var reader = ControlFrameReader(fd: fd, idleTimeout: limits.idleTimeout, requestTimeout: limits.requestTimeout)
-        while true {
-            let first: Data?
-            do {
-                first = try reader.next()
-            } catch {
-                if error.code == .timedOut {
-                    reply(.failure(.requestTimeout, "\(error) (bgtask host --request-timeout)"), to: fd)
-                } else if error.code != .closed {
-                    reply(.failure(.badFrame, "\(error)"), to: fd)
-                }
-                return
-            }
-            guard let first else { return }
-            // Pipelining: frames the peer sent without waiting for answers are handled together
-            // (consecutive submissions share one commit) and answered in order, in one write.
-            var payloads = [first]
-            var frameError: ControlFrame.FrameError?
-            while payloads.count < Self.pipelineDepth {
-                do {
-                    guard let next = try reader.nextIfReady() else { break }
-                    payloads.append(next)
-                } catch {
-                    frameError = error
-                    break
-                }
-            }
-            var commands: [ControlCommand] = []
-            var answers: [ControlResponse?] = []
-            var close = false
-            for payload in payloads {
-                switch ControlCodec.decode(payload) {
-                case .command(let command):
-                    commands.append(command)
-                    answers.append(nil)
-                case .refused(let failure):
-                    answers.append(.failure(failure))
-                case .malformed(let failure):
-                    answers.append(.failure(failure))
-                    close = true
-                }
-                if close { break }
-            }
-            var handled = batchHandler(commands, credentials)[...]
-            var responses = answers.map { answer in
-                answer ?? handled.popFirst() ?? .failure(.internalError, "the host gave no answer")
-            }
-            if let frameError, !close {
-                if frameError.code == .timedOut {
-                    responses.append(.failure(.requestTimeout, "\(frameError) (bgtask host --request-timeout)"))
-                } else if frameError.code != .closed {
-                    responses.append(.failure(.badFrame, "\(frameError)"))
-                }
-                close = true
-            }
-            guard reply(responses, to: fd), !close else { return }
-        }
-    }
+    func connectionEnded() { lock.withLock { connections -= 1 } }
 
     /// `ControlResponse()` as JSONEncoder writes it.
     static let bareOK = Data(#"{"ok":true}"#.utf8)
@@ -241,32 +137,24 @@ public final class ControlServer: @unchecked Sendable {
     /// At most this many pipelined frames are handled together.
     static let pipelineDepth = 256
 
-    @discardableResult
-    private func reply(_ response: ControlResponse, to fd: Int32) -> Bool {
-        reply([response], to: fd)
-    }
-
-    /// Encodes and sends `responses`, one frame each, in one write.
-    private func reply(_ responses: [ControlResponse], to fd: Int32) -> Bool {
+    /// `responses` as frames, in order, ready to write.
+    static func frames(_ responses: [ControlResponse]) -> Data {
         let encoder = JSONEncoder.control
-        var payloads: [Data] = []
+        var frames = Data()
         for response in responses {
             // Most answers (every accepted submission) are a bare `{"ok":true}`.
-            if response.isBareOK {
-                payloads.append(Self.bareOK)
-                continue
+            var payload = Self.bareOK
+            if !response.isBareOK {
+                payload = (try? encoder.encode(response)) ?? Data(#"{"ok":false,"error":{"code":"internal","message":"the answer could not be encoded"}}"#.utf8)
+                if payload.count > ControlFrame.maximumPayload {
+                    let tooLarge = ControlResponse.failure(.tooLarge, "the answer is \(payload.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (a smaller history limit, or one app)")
+                    payload = (try? encoder.encode(tooLarge)) ?? Data()
+                }
             }
-            guard var data = try? encoder.encode(response) else { return false }
-            if data.count > ControlFrame.maximumPayload {
-                let tooLarge = ControlResponse.failure(.tooLarge, "the answer is \(data.count) bytes, over the frame limit of \(ControlFrame.maximumPayload): ask for less (a smaller history limit, or one app)")
-                guard let small = try? encoder.encode(tooLarge) else { return false }
-                data = small
-            }
-            payloads.append(data)
+            frames.append(contentsOf: ControlFrame.header(length: payload.count))
+            frames.append(payload)
         }
-        let deadline = bgtask_monotonic_ns() + UInt64(limits.requestTimeout.nanoseconds)
-        do { try ControlFrame.write(payloads: payloads, to: fd, deadline: deadline) } catch { return false }
-        return true
+        return frames
     }
 
     static func describe(_ error: Error) -> String {
@@ -277,6 +165,272 @@ public final class ControlServer: @unchecked Sendable {
         case let DecodingError.dataCorrupted(context): context.debugDescription
         default: "\(error)"
         }
+    }
+}
+
+/// The control socket's listening descriptor, on a supervision loop: accepts what is waiting
+/// each time it is readable, and hands each connection to the loop with the fewest sources.
+final class ControlListener: SupervisionLoop.Source, @unchecked Sendable {
+    private let server: ControlServer
+    let loop: SupervisionLoop
+    /// Out of descriptors: accepting pauses until then (the listen queue holds the rest).
+    private var pausedUntil: UInt64 = 0
+    /// Refusals over the cap since the last warning, and when that was.
+    private var refusedOverCap = 0
+    private var lastOverCapWarningNs: UInt64 = 0
+
+    init(server: ControlServer, loop: SupervisionLoop) {
+        self.server = server
+        self.loop = loop
+    }
+
+    var descriptors: [(fd: Int32, events: UInt32)] {
+        [(server.listenFD, pausedUntil == 0 ? UInt32(BGTASK_EPOLL_IN) : 0)]
+    }
+
+    var deadline: UInt64 { pausedUntil == 0 ? .max : pausedUntil }
+
+    func fire(ready: UInt32, now: UInt64) -> Bool {
+        if server.isStopped { return false }
+        if pausedUntil != 0 {
+            guard now >= pausedUntil else { return true }
+            pausedUntil = 0
+        }
+        // A bounded number per turn, so that a flood of connections does not hold the loop.
+        for _ in 0..<64 {
+            let fd = bgtask_accept_cloexec(server.listenFD)
+            if fd < 0 {
+                switch errno {
+                case EINTR, ECONNABORTED: continue
+                case EMFILE, ENFILE:
+                    server.logger.error("control socket: out of descriptors; refusing connections for a moment")
+                    pausedUntil = now + 50_000_000
+                    return true
+                default: return true // EAGAIN: none waiting
+                }
+            }
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            accepted(fd, now: now)
+        }
+        return true
+    }
+
+    private func accepted(_ fd: Int32, now: UInt64) {
+        var peer = PeerCredentials(pid: 0, uid: 0, gid: 0)
+        guard bgtask_peer_credentials(fd, &peer.pid, &peer.uid, &peer.gid) == 0 else {
+            close(fd)
+            return
+        }
+        if peer.uid != server.allowedUID && peer.uid != 0 {
+            server.logger.warning("control socket: refused a peer", metadata: ["peer.uid": "\(peer.uid)", "peer.pid": "\(peer.pid)"])
+            refuse(fd, .failure(.permissionDenied, "the host runs as uid \(server.allowedUID); a peer with uid \(peer.uid) may not control it"))
+            return
+        }
+        // A launch drives nothing but its own app, through its channel: never this socket.
+        if let runner = LaunchSupervisor.launchRunner(containing: peer.pid) {
+            server.logger.warning("control socket: refused a launch's process", metadata: ["peer.pid": "\(peer.pid)", "child.pid": "\(runner)"])
+            refuse(fd, .failure(.permissionDenied, "pid \(peer.pid) belongs to a running launch (runner \(runner)); launches may not use the control socket"))
+            return
+        }
+        guard server.admit() else {
+            let maximum = server.limits.maximumConnections
+            refuse(fd, .failure(.tooManyConnections, "the host serves at most \(maximum) control connections at once (bgtask host --max-connections); try again when one closes"))
+            // One line a second at most, however fast connections come.
+            refusedOverCap += 1
+            if now >= lastOverCapWarningNs + 1_000_000_000 {
+                server.logger.warning("control socket: refused connections over the cap", metadata: ["limit": "\(maximum)", "refused": "\(refusedOverCap)"])
+                (lastOverCapWarningNs, refusedOverCap) = (now, 0)
+            }
+            return
+        }
+        let target = SupervisionLoops.next() ?? loop
+        target.add(ControlConnection(fd: fd, peer: peer, server: server, loop: target, now: now))
+    }
+
+    /// One error frame, written without waiting (the socket is new: its buffer has room), then
+    /// the connection is closed.
+    private func refuse(_ fd: Int32, _ response: ControlResponse) {
+        let frames = ControlServer.frames([response])
+        _ = frames.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+        close(fd)
+    }
+
+    func retire() {
+        close(server.listenFD)
+        server.listenerRetired()
+    }
+}
+
+/// One control connection on a supervision loop. Its frames are read as they arrive (at most
+/// `pipelineDepth` at a time); while their commands run on the control workers it reads no
+/// more (a client that floods the socket waits for its answers, and the host holds at most
+/// one batch of each connection); the answers are written as the peer takes them. Every wait
+/// has a deadline: the next request within the idle timeout, a request whole within the
+/// request timeout of its first byte, an answer taken within the request timeout.
+final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
+    private let fd: Int32
+    private let peer: PeerCredentials
+    private let server: ControlServer
+    private let idleNs: UInt64
+    private let requestNs: UInt64
+    private var reader: ControlFrameReader
+    /// Answers not yet written, from `written`.
+    private var outbox = Data()
+    private var written = 0
+    private var writeDeadline: UInt64 = .max
+    private var idleDeadline: UInt64
+    /// A batch of commands is with the workers.
+    private var busy = false
+    /// Close once the outbox is written (a bad frame, the peer's end of stream).
+    private var closing = false
+    /// The loop that serves it.
+    private let loop: SupervisionLoop
+
+    init(fd: Int32, peer: PeerCredentials, server: ControlServer, loop: SupervisionLoop, now: UInt64) {
+        self.fd = fd
+        self.loop = loop
+        self.peer = peer
+        self.server = server
+        idleNs = UInt64(server.limits.idleTimeout.nanoseconds)
+        requestNs = UInt64(server.limits.requestTimeout.nanoseconds)
+        reader = ControlFrameReader(fd: fd)
+        idleDeadline = now + idleNs
+    }
+
+    private var writing: Bool { written < outbox.count }
+
+    var descriptors: [(fd: Int32, events: UInt32)] {
+        var events: UInt32 = 0
+        if !busy && !closing { events |= UInt32(BGTASK_EPOLL_IN) }
+        if writing { events |= UInt32(BGTASK_EPOLL_OUT) }
+        return [(fd, events)]
+    }
+
+    var deadline: UInt64 {
+        if writing { return writeDeadline }
+        if busy { return .max }
+        if let since = reader.partialSinceNs { return since + requestNs }
+        return idleDeadline
+    }
+
+    func fire(ready: UInt32, now: UInt64) -> Bool {
+        if writing {
+            guard flush() else { return false }
+            if writing {
+                // The peer stopped reading: given up at the answer's deadline.
+                return now < writeDeadline
+            }
+        }
+        if closing { return false }
+        if busy { return true }
+        var payloads: [Data] = []
+        var frameError: ControlFrame.FrameError?
+        var ended = false
+        reading: while payloads.count < ControlServer.pipelineDepth {
+            do {
+                switch try reader.poll() {
+                case .frame(let payload): payloads.append(payload)
+                case .pending: break reading
+                case .ended:
+                    ended = true
+                    break reading
+                }
+            } catch {
+                frameError = error
+                break reading
+            }
+        }
+        // What ends the connection after this batch is answered.
+        var last: ControlResponse?
+        if let frameError {
+            closing = true
+            if frameError.code != .closed { last = .failure(.badFrame, "\(frameError)") }
+        } else if ended {
+            closing = true
+        }
+        if payloads.isEmpty {
+            if !closing {
+                if let since = reader.partialSinceNs {
+                    guard now >= since + requestNs else { return true }
+                    let (arrived, needed) = reader.partialBytes
+                    last = .failure(.requestTimeout, "the request was not complete \(ControlFrameReader.describe(server.limits.requestTimeout)) after its first byte (\(arrived) of \(needed) bytes arrived): the whole-request deadline (bgtask host --request-timeout)")
+                    closing = true
+                } else {
+                    // An idle peer is closed without a word, as before a request.
+                    return now < idleDeadline
+                }
+            }
+            guard let last else { return false }
+            queue([last], now: now)
+            return flush() && writing
+        }
+        idleDeadline = now + idleNs
+        var commands: [ControlCommand] = []
+        var answers: [ControlResponse?] = []
+        decoding: for payload in payloads {
+            switch ControlCodec.decode(payload) {
+            case .command(let command):
+                commands.append(command)
+                answers.append(nil)
+            case .refused(let failure):
+                answers.append(.failure(failure))
+            case .malformed(let failure):
+                // Not a request at all: answered, and nothing after it is trusted.
+                answers.append(.failure(failure))
+                (closing, last) = (true, nil)
+                break decoding
+            }
+        }
+        busy = true
+        let (loop, server, finalAnswer) = (self.loop, self.server, last)
+        let decoded = answers
+        let finish: @Sendable ([ControlResponse]) -> Void = { [self] handled in
+            var handled = handled[...]
+            var responses = decoded.map { $0 ?? handled.popFirst() ?? .failure(.internalError, "the host gave no answer") }
+            if let finalAnswer { responses.append(finalAnswer) }
+            let answers = responses
+            loop.execute { [self] in
+                busy = false
+                queue(answers, now: bgtask_monotonic_ns())
+                loop.refire(self)
+            }
+        }
+        if commands.isEmpty {
+            finish([])
+        } else {
+            let (peer, batch) = (self.peer, commands)
+            ControlServer.workers.run { server.handler(batch, peer, finish) }
+        }
+        return true
+    }
+
+    /// Adds answers to the outbox; the peer has the request timeout to take them.
+    private func queue(_ responses: [ControlResponse], now: UInt64) {
+        if !writing { (outbox, written) = (Data(), 0) }
+        outbox.append(ControlServer.frames(responses))
+        writeDeadline = now + requestNs
+    }
+
+    /// Writes what the peer takes now; false when it is gone.
+    private func flush() -> Bool {
+        while writing {
+            let sent = outbox.withUnsafeBytes { raw in
+                send(fd, raw.baseAddress! + written, raw.count - written, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+            }
+            if sent > 0 {
+                written += sent
+                continue
+            }
+            let error = errno
+            if sent < 0 && error == EINTR { continue }
+            return sent < 0 && (error == EAGAIN || error == EWOULDBLOCK)
+        }
+        return true
+    }
+
+    func retire() {
+        close(fd)
+        server.connectionEnded()
     }
 }
 

@@ -33,7 +33,9 @@ final class ControlVerbs: @unchecked Sendable {
     private var store: PendingRequestStore { core.store }
     private var queue: DispatchQueue { core.queue }
 
-    func handle(_ command: ControlCommand, peer: PeerCredentials) -> ControlResponse {
+    /// The answer to one command that is not a launch by hand waiting for its record (those are
+    /// `launchByHand`'s).
+    private func answer(_ command: ControlCommand) -> ControlResponse {
         switch command {
         case .status: return ControlResponse()
         case let .apps(limit, after): return apps(limit: limit, after: after)
@@ -62,11 +64,10 @@ final class ControlVerbs: @unchecked Sendable {
             return response
         case .device(let changes): return device(changes)
         case .clock(let advance): return clock(advance: advance)
-        case let .simulateLaunch(identifier, app, force, kind, wait):
-            return simulateLaunch(identifier, app: app, force: force, kind: kind, wait: wait)
+        case .simulateLaunch, .extensionRun, .open:
+            // Launches by hand are `launchByHand`'s (see `handle(_:peer:reply:)`).
+            return .failure(.internalError, "\(command.verb.rawValue) reached the wrong handler")
         case .simulateExpire(let identifier): return simulateExpire(identifier)
-        case let .extensionRun(identifier, event, wait): return runExtension(identifier, event: event, wait: wait)
-        case let .open(app, event, wait): return open(app, event: event, wait: wait)
         case .cancelTask(let identifier): return cancelTask(identifier)
         case .progress:
             return queue.sync {
@@ -149,10 +150,17 @@ final class ControlVerbs: @unchecked Sendable {
         }
     }
 
-    /// Pipelined commands: runs of consecutive submissions share one commit; every other
-    /// command is handled on its own, in order.
-    func handle(_ commands: [ControlCommand], peer: PeerCredentials) -> [ControlResponse] {
-        var responses: [ControlResponse] = []
+    /// Pipelined commands, answered in order through `reply`, once: runs of consecutive
+    /// submissions share one commit; every other command is handled on its own. A launch by
+    /// hand that answers with its record does not hold a thread while it runs: the commands
+    /// after it are handled once it has ended, on a control worker.
+    func handle(_ commands: [ControlCommand], peer: PeerCredentials, reply: @escaping @Sendable ([ControlResponse]) -> Void) {
+        handle(commands[...], answered: [], reply: reply)
+    }
+
+    private func handle(_ commands: ArraySlice<ControlCommand>, answered: [ControlResponse],
+                        reply: @escaping @Sendable ([ControlResponse]) -> Void) {
+        var responses = answered
         var index = commands.startIndex
         while index < commands.endIndex {
             var end = index
@@ -160,12 +168,25 @@ final class ControlVerbs: @unchecked Sendable {
             if end > index {
                 responses += submit(Array(commands[index..<end]))
                 index = end
-            } else {
-                responses.append(handle(commands[index], peer: peer))
-                index += 1
+                continue
+            }
+            let command = commands[index]
+            index += 1
+            switch command {
+            case .simulateLaunch, .extensionRun, .open:
+                let rest = commands[index...]
+                let before = responses
+                let now = launchByHand(command) { [self] record in
+                    ControlServer.workers.run { self.handle(rest, answered: before + [record], reply: reply) }
+                }
+                // Otherwise answered when the launch ends: the rest of the batch goes on from there.
+                guard let now else { return }
+                responses.append(now)
+            default:
+                responses.append(answer(command))
             }
         }
-        return responses
+        reply(responses)
     }
 
     private func respond(_ body: () throws -> ControlResponse) -> ControlResponse {
@@ -438,17 +459,6 @@ final class ControlVerbs: @unchecked Sendable {
 
     // MARK: Launches by hand
 
-    /// The response for a started launch: its id, and with `wait` its record once it ends
-    /// (blocking the calling control thread, never the queue).
-    private func launched(_ id: String, _ semaphore: DispatchSemaphore, wait: Bool) -> ControlResponse {
-        var response = ControlResponse()
-        response.launchID = id
-        guard wait else { return response }
-        semaphore.wait()
-        response.record = queue.sync { launches.takeRecord(of: id) }
-        return response
-    }
-
     /// Launches a client may start by hand (`open`, `extension-run`) running at once: past it,
     /// `too-many-launches`. Each is a process; without a cap any client could start any number.
     var maximumClientLaunches: Int { max(8, 4 * core.configuration.maximumConcurrentLaunches) }
@@ -476,47 +486,68 @@ final class ControlVerbs: @unchecked Sendable {
         case failure(ControlResponse)
     }
 
-    /// Starts a launch by hand on the queue with `start`, then answers with its id and, with
-    /// `wait`, its record.
-    private func startByHand(wait: Bool, _ start: () -> Started) -> ControlResponse {
-        enum Outcome { case started(String, DispatchSemaphore), refused(ControlResponse) }
-        let started = queue.sync { () -> Outcome in
-            guard !launches.isShuttingDown else { return .refused(.failure(.unavailable, "the host is shutting down")) }
+    /// `open`, `extension-run` or `simulate-launch`: starts the launch. Returns the answer (its
+    /// id, or a refusal), or nil when the command waits for the record: then `ended` is called
+    /// with it when the launch ends (on the host's queue: it must not block).
+    private func launchByHand(_ command: ControlCommand, ended: @escaping @Sendable (ControlResponse) -> Void) -> ControlResponse? {
+        let refusal: ControlResponse?
+        let wait: Bool
+        let start: () -> Started
+        switch command {
+        case let .open(app, event, waits):
+            (refusal, wait) = (Self.eventRefusal(event), waits)
+            start = { self.open(app, event: event) }
+        case let .extensionRun(identifier, event, waits):
+            (refusal, wait) = (Self.eventRefusal(event), waits)
+            start = { self.runExtension(identifier, event: event) }
+        case let .simulateLaunch(identifier, app, force, kind, waits):
+            (refusal, wait) = (nil, waits)
+            start = { self.simulateLaunch(identifier, app: app, force: force, kind: kind) }
+        default:
+            return .failure(.internalError, "\(command.verb.rawValue) is not a launch by hand")
+        }
+        if let refusal { return refusal }
+        enum Outcome { case answered(ControlResponse), waiting }
+        let outcome = queue.sync { () -> Outcome in
+            guard !launches.isShuttingDown else { return .answered(.failure(.unavailable, "the host is shutting down")) }
             switch start() {
-            case .success(let id): return .started(id, launches.waiter(for: id))
-            case .failure(let response): return .refused(response)
+            case .failure(let response): return .answered(response)
+            case .success(let id):
+                var response = ControlResponse()
+                response.launchID = id
+                guard wait, launches.whenEnded(id, { record in
+                    var answer = ControlResponse()
+                    (answer.launchID, answer.record) = (id, record)
+                    ended(answer)
+                }) else { return .answered(response) }
+                return .waiting
             }
         }
-        switch started {
-        case .refused(let response): return response
-        case let .started(id, semaphore): return launched(id, semaphore, wait: wait)
-        }
+        guard case .answered(let response) = outcome else { return nil }
+        return response
     }
 
-    private func open(_ app: String, event: String?, wait: Bool) -> ControlResponse {
-        if let refusal = Self.eventRefusal(event) { return refusal }
-        return startByHand(wait: wait) {
-            guard let bundle = catalog.apps[app] else { return .failure(notInCatalog(app)) }
-            if let refusal = clientLaunchRefusal() { return .failure(refusal) }
-            return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: event))
-        }
+    /// Opens `app` in the foreground. On the queue.
+    private func open(_ app: String, event: String?) -> Started {
+        guard let bundle = catalog.apps[app] else { return .failure(notInCatalog(app)) }
+        if let refusal = clientLaunchRefusal() { return .failure(refusal) }
+        return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: event))
     }
 
-    /// Starts an extension in its own supervised process with `event`, waits for its record.
-    private func runExtension(_ identifier: String, event: String?, wait: Bool) -> ControlResponse {
-        if let refusal = Self.eventRefusal(event) { return refusal }
-        return startByHand(wait: wait) {
-            guard let app = catalog.app(containingBundle: identifier),
-                  let appex = app.extensions.first(where: { $0.identifier == identifier }) else {
-                return .failure(.failure(.notFound, "no app in \(core.configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)"))
-            }
-            if let refusal = clientLaunchRefusal() { return .failure(refusal) }
-            return .success(launches.start(appex, requests: [], reason: .appExtension, role: .extension, eventJSON: event))
+    /// Starts an extension in its own supervised process with `event`. On the queue.
+    private func runExtension(_ identifier: String, event: String?) -> Started {
+        guard let app = catalog.app(containingBundle: identifier),
+              let appex = app.extensions.first(where: { $0.identifier == identifier }) else {
+            return .failure(.failure(.notFound, "no app in \(core.configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)"))
         }
+        if let refusal = clientLaunchRefusal() { return .failure(refusal) }
+        return .success(launches.start(appex, requests: [], reason: .appExtension, role: .extension, eventJSON: event))
     }
 
-    private func simulateLaunch(_ identifier: String, app: String?, force: Bool, kind: TaskKind?, wait: Bool) -> ControlResponse {
-        startByHand(wait: wait) {
+    /// Launches the app holding `identifier`'s request, or with `force` one that permits it.
+    /// On the queue.
+    private func simulateLaunch(_ identifier: String, app: String?, force: Bool, kind: TaskKind?) -> Started {
+        do {
             var stored = (try? store.pendingRequest(identifier: identifier)) ?? nil
             if let app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
             let bundle: PluginBundle

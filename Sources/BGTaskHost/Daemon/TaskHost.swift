@@ -244,8 +244,7 @@ public final class TaskHost: @unchecked Sendable {
         core.store.reserve?.freeInodeIfNoneLeft()
         let server = try ControlServer(
             path: configuration.stateDirectory.appendingPathComponent("control.sock").path, logger: core.logger,
-            handler: { request, peer in verbs.handle(request, peer: peer) },
-            batch: { requests, peer in verbs.handle(requests, peer: peer) })
+            handler: { commands, peer, reply in verbs.handle(commands, peer: peer, reply: reply) })
         server.limits = configuration.controlLimits
         var list: [HostPart] = [launches, catalog]
         if let (address, port) = configuration.apnsEndpoint {

@@ -20,7 +20,8 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         var requests: [String: TaskRequest]
         var control: LaunchControl
         var expiredTasks: Set<UInt64> = []
-        var waiters: [DispatchSemaphore] = []
+        /// Called with the record when the launch ends (on the queue).
+        var waiters: [@Sendable (RunRecord) -> Void] = []
         var role: LaunchRole = .background
         /// The launch entry returned.
         var launched = false
@@ -38,8 +39,6 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
-    /// Records of ended launches a client waits for, until it takes them.
-    private var finishedRecords: [String: RunRecord] = [:]
     /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
     /// foreground launch adds, within a block of its own.
     private var taskNumbers: UInt64 = 0
@@ -381,8 +380,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
             // Queued continued-processing requests die with the foreground launch that made them.
             continued.launchEnded(record.launchID, at: Date())
-            if !waiters.isEmpty { finishedRecords[record.launchID] = record }
-            for waiter in waiters { waiter.signal() }
+            for waiter in waiters { waiter(record) }
         }
         startQueuedContinued()
         onEnded()
@@ -403,16 +401,13 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
                           metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
     }
 
-    /// A semaphore signalled when launch `id` ends (at once if it has ended); then `record(of:)`.
-    func waiter(for id: String) -> DispatchSemaphore {
-        let semaphore = DispatchSemaphore(value: 0)
-        running[id]?.waiters.append(semaphore)
-        if running[id] == nil { semaphore.signal() }
-        return semaphore
+    /// Calls `ended` with launch `id`'s record when it ends (on the queue); false when no such
+    /// launch is running (then `ended` is never called).
+    func whenEnded(_ id: String, _ ended: @escaping @Sendable (RunRecord) -> Void) -> Bool {
+        guard running[id] != nil else { return false }
+        running[id]?.waiters.append(ended)
+        return true
     }
-
-    /// The record of an ended launch someone waited for (once).
-    func takeRecord(of id: String) -> RunRecord? { finishedRecords.removeValue(forKey: id) }
 
     // MARK: Commands
 
