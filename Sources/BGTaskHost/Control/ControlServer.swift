@@ -243,8 +243,9 @@ final class ControlListener: SupervisionLoop.Source, @unchecked Sendable {
             }
             return
         }
-        let target = SupervisionLoops.next() ?? loop
-        target.add(ControlConnection(fd: fd, peer: peer, server: server, loop: target, now: now))
+        // On this loop, at once: its request has most likely arrived with it. (A connection's
+        // own work on a loop is a read and a write: the commands run on the control workers.)
+        loop.addHere(ControlConnection(fd: fd, peer: peer, server: server, loop: loop, now: now))
     }
 
     /// One error frame, written without waiting (the socket is new: its buffer has room), then
@@ -283,6 +284,8 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
     private var busy = false
     /// Close once the outbox is written (a bad frame, the peer's end of stream).
     private var closing = false
+    /// The peer is gone (a write failed).
+    private var gone = false
     /// The loop that serves it.
     private let loop: SupervisionLoop
 
@@ -314,6 +317,7 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
     }
 
     func fire(ready: UInt32, now: UInt64) -> Bool {
+        if gone { return false }
         if writing {
             guard flush() else { return false }
             if writing {
@@ -382,17 +386,26 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
             }
         }
         busy = true
-        let (loop, server, finalAnswer) = (self.loop, self.server, last)
+        let (loop, server, finalAnswer, fd) = (self.loop, self.server, last, self.fd)
         let decoded = answers
         let finish: @Sendable ([ControlResponse]) -> Void = { [self] handled in
             var handled = handled[...]
             var responses = decoded.map { $0 ?? handled.popFirst() ?? .failure(.internalError, "the host gave no answer") }
             if let finalAnswer { responses.append(finalAnswer) }
-            let answers = responses
+            // Written here, on the thread that has them, as far as the peer takes them now: the
+            // answer does not wait for the loop's next turn. While `busy` the loop does not
+            // touch the socket (it watches nothing of it), so this thread owns it.
+            let frames = ControlServer.frames(responses)
+            let sent = ControlConnection.send(frames, from: 0, to: fd)
             loop.execute { [self] in
                 busy = false
-                queue(answers, now: bgtask_monotonic_ns())
-                loop.refire(self)
+                if let sent {
+                    if sent < frames.count { queue(frames, from: sent, now: bgtask_monotonic_ns()) }
+                    loop.refire(self)
+                } else {
+                    gone = true
+                    loop.refire(self)
+                }
             }
         }
         if commands.isEmpty {
@@ -406,26 +419,38 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
 
     /// Adds answers to the outbox; the peer has the request timeout to take them.
     private func queue(_ responses: [ControlResponse], now: UInt64) {
+        queue(ControlServer.frames(responses), from: 0, now: now)
+    }
+
+    private func queue(_ frames: Data, from offset: Int, now: UInt64) {
         if !writing { (outbox, written) = (Data(), 0) }
-        outbox.append(ControlServer.frames(responses))
+        outbox.append(frames[(frames.startIndex + offset)...])
         writeDeadline = now + requestNs
     }
 
     /// Writes what the peer takes now; false when it is gone.
     private func flush() -> Bool {
-        while writing {
-            let sent = outbox.withUnsafeBytes { raw in
-                send(fd, raw.baseAddress! + written, raw.count - written, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+        guard let sent = Self.send(outbox, from: written, to: fd) else { return false }
+        written = sent
+        return true
+    }
+
+    /// Sends `data` from `offset` without waiting: how far it got, or nil when the peer is gone.
+    static func send(_ data: Data, from offset: Int, to fd: Int32) -> Int? {
+        var offset = offset
+        while offset < data.count {
+            let sent = data.withUnsafeBytes { raw in
+                Glibc.send(fd, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
             }
             if sent > 0 {
-                written += sent
+                offset += sent
                 continue
             }
             let error = errno
             if sent < 0 && error == EINTR { continue }
-            return sent < 0 && (error == EAGAIN || error == EWOULDBLOCK)
+            return sent < 0 && (error == EAGAIN || error == EWOULDBLOCK) ? offset : nil
         }
-        return true
+        return offset
     }
 
     func retire() {

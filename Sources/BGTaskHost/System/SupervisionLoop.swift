@@ -97,13 +97,22 @@ final class SupervisionLoop: @unchecked Sendable {
     /// as its descriptors and deadline say.
     func add(_ source: any Source) {
         countLock.withLock { sourceCount += 1 }
-        execute { [self] in
-            let id = nextID
-            nextID = nextID == UInt32.max >> 8 ? 1 : nextID + 1
-            entries[id] = Entry(source: source, registered: [], deadline: .max)
-            ids[ObjectIdentifier(source)] = id
-            fire(id, ready: 0, now: bgtask_monotonic_ns())
-        }
+        execute { [self] in adopt(source) }
+    }
+
+    /// On the loop's thread: supervises `source` now, firing it at once (`ready` 0): what a
+    /// source made on the loop (an accepted connection) starts without waiting for a turn.
+    func addHere(_ source: any Source) {
+        countLock.withLock { sourceCount += 1 }
+        adopt(source)
+    }
+
+    private func adopt(_ source: any Source) {
+        let id = nextID
+        nextID = nextID == UInt32.max >> 8 ? 1 : nextID + 1
+        entries[id] = Entry(source: source, registered: [], deadline: .max)
+        ids[ObjectIdentifier(source)] = id
+        fire(id, ready: 0, now: bgtask_monotonic_ns())
     }
 
     /// On the loop's thread: fires `source` now (`ready` 0), when the loop still has it.
