@@ -47,10 +47,10 @@ final class Runner: @unchecked Sendable {
 
     /// The launch being run: the first one, then each resumed one (`resume`). What the app is
     /// (its bundle, container, permitted identifiers, groups) is the same in every one.
-    private var current: LaunchAssignment
+    var current: LaunchAssignment
     var assignment: LaunchAssignment { lock.withLock { current } }
     /// What does not change from one launch to the next (read without the lock, inside it too).
-    private let permittedIdentifiers: [String]
+    let permittedIdentifiers: [String]
     let channel: LaunchChannel
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
     /// which must start no thread and leave the main queue untouched for its children.
@@ -82,40 +82,42 @@ final class Runner: @unchecked Sendable {
     static let settleLimitNs: UInt64 = 1_000_000_000
     /// Messages sent to the host and answers heard, counted: the app's activity while the
     /// launch settles.
-    private let activity = Atomic<UInt64>(0)
+    let activity = Atomic<UInt64>(0)
 
-    private let lock = NSLock()
-    private var handlers: [String: Handler] = [:]
-    private var launchFinished = false
-    private var tasks: [UInt64: OpenTask] = [:]
-    private var tasksStarted = false
-    private var signalledEnd = false
+    let lock = NSLock()
+    var handlers: [String: Handler] = [:]
+    var launchFinished = false
+    var tasks: [UInt64: OpenTask] = [:]
+    var tasksStarted = false
+    var signalledEnd = false
     /// The launch's end ran (`end`); a resumed launch starts with it false again.
-    private var ended = false
+    var ended = false
     /// Which settle an expiration-queue backstop belongs to (a later launch's is not its business).
-    private var settleGeneration: UInt64 = 0
+    var settleGeneration: UInt64 = 0
     /// The process said `idle` and waits for `resume`.
-    private(set) var idle = false
+    var idle = false
+    /// The push's completion handler was called (`remoteNotificationCompleted`).
+    var remoteNotificationDone = false
     /// Called on the main thread with a resumed launch's info, before its tasks start.
-    private var resumeHandler: (bgtask_resume_handler, UnsafeMutableRawPointer?)?
+    var resumeHandler: (bgtask_resume_handler, UnsafeMutableRawPointer?)?
     /// Foreground launches end only when the parent says no more tasks will come.
-    private var closed = false
+    var closed = false
     /// Tasks the parent added before the launch entry returned.
-    private var deferredTasks: [TaskAssignment] = []
+    var deferredTasks: [TaskAssignment] = []
     /// The whole launch was expired: tasks that start from now on are expired at once.
-    private var expiredAll = false
+    var expiredAll = false
     /// Tasks the parent expired before they began (the host may expire a task as soon as the
     /// launch exists): each is expired as soon as it begins.
-    private var expiredBeforeBegin = Set<UInt64>()
-    private var assertions: [UInt64: Assertion] = [:]
-    private var nextAssertion: UInt64 = 1
+    var expiredBeforeBegin = Set<UInt64>()
+    var assertions: [UInt64: Assertion] = [:]
+    var nextAssertion: UInt64 = 1
     /// When the launch's time runs out (CLOCK_MONOTONIC ns; 0: unknown); moved earlier when a
     /// foreground launch leaves the foreground (`deadline`).
-    private var expiresAtNs: UInt64
+    var expiresAtNs: UInt64
     /// The parent reader expired the launch at `expiresAtNs` itself (see `untilDeadline`).
-    private var expiredAtDeadline = false
-    private var nextSeq: UInt64 = 1
-    private var waiters: [UInt64: ReplyWaiter] = [:]
+    var expiredAtDeadline = false
+    var nextSeq: UInt64 = 1
+    var waiters: [UInt64: ReplyWaiter] = [:]
 
     init(assignment: LaunchAssignment, channel: LaunchChannel) {
         current = assignment
@@ -240,7 +242,7 @@ final class Runner: @unchecked Sendable {
     }
 
     /// The plugin's receiver of state changes (`set_state_handler`).
-    private var stateHandler: (bgtask_state_handler, UnsafeMutableRawPointer?)?
+    var stateHandler: (bgtask_state_handler, UnsafeMutableRawPointer?)?
 
     func setStateHandler(_ handler: bgtask_state_handler?, _ context: UnsafeMutableRawPointer?) {
         lock.withLock { stateHandler = handler.map { ($0, context) } }
@@ -255,7 +257,7 @@ final class Runner: @unchecked Sendable {
     }
 
     /// Starts one task on the main queue, or reports it not registered.
-    private func begin(_ task: TaskAssignment) {
+    func begin(_ task: TaskAssignment) {
         let handler: Handler? = lock.withLock {
             guard let handler = handlers[task.identifier] else { return nil }
             let info = UnsafeMutablePointer<bgtask_task_info>.allocate(capacity: 1)
@@ -305,7 +307,7 @@ final class Runner: @unchecked Sendable {
         signalEndIfDone()
     }
 
-    private func signalEndIfDone() {
+    func signalEndIfDone() {
         let generation: UInt64? = lock.withLock {
             guard tasksStarted, closed, !signalledEnd, !ended, tasks.values.allSatisfy(\.completed), assertions.isEmpty else { return nil }
             signalledEnd = true
@@ -318,7 +320,7 @@ final class Runner: @unchecked Sendable {
     /// The launch's work is over: its end waits for the main queue's turn (everything queued on
     /// it before now runs first), then for quiet (`quietNs` without a message to the host or an
     /// answer awaited), at most `settleLimitNs`.
-    private func settle(_ generation: UInt64) {
+    func settle(_ generation: UInt64) {
         let limitNs = bgtask_monotonic_ns() + Self.settleLimitNs
         expirationQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.settleLimitNs))) { [self] in endOnce(generation) }
         let seen = activity.load(ordering: .relaxed)
@@ -358,7 +360,7 @@ final class Runner: @unchecked Sendable {
 
     /// On the main queue, after everything queued before: ends the launch once `quietNs` passed
     /// with no activity and no answer awaited; otherwise looks again.
-    private func waitForQuiet(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
+    func waitForQuiet(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
         DispatchQueue.main.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.quietNs))) { [self] in
             let now = activity.load(ordering: .relaxed)
             let cpuNow = Self.processCPUNs()
@@ -374,7 +376,7 @@ final class Runner: @unchecked Sendable {
     /// Runs `end` once for this launch, unless the app took up work again while it settled (a
     /// new background-time assertion, a task added): then the launch goes on, and ends when
     /// that work is over.
-    private func endOnce(_ generation: UInt64) {
+    func endOnce(_ generation: UInt64) {
         let go: Bool = lock.withLock {
             guard !ended, signalledEnd, settleGeneration == generation else { return false }
             guard tasks.values.allSatisfy(\.completed), assertions.isEmpty else {
@@ -385,197 +387,6 @@ final class Runner: @unchecked Sendable {
             return true
         }
         if go { end() }
-    }
-
-    // MARK: Suspension
-
-    /// The launch ended and the process stays (a suspendable launch): no deadline until the next
-    /// launch (the reader must not expire a launch that is over), and only `resume` is taken.
-    func becameIdle() {
-        lock.withLock {
-            idle = true
-            expiresAtNs = 0
-        }
-    }
-
-    func setResumeHandler(_ handler: bgtask_resume_handler?, _ context: UnsafeMutableRawPointer?) {
-        lock.withLock { resumeHandler = handler.map { ($0, context) } }
-    }
-
-    /// The plugin hears resumed launches (it set a resume handler).
-    var hearsResumes: Bool { lock.withLock { resumeHandler != nil } }
-
-    /// The app's next launch, in this process: the launch's state starts over (its tasks, its
-    /// time, its assertions), what the app registered stays. On the main queue, the plugin's
-    /// resume handler hears of it, then its tasks start. False when the process is not idle
-    /// (the host sends `resume` only after `idle`: anything else is a protocol error).
-    func resume(_ next: LaunchAssignment) -> Bool {
-        let resumed: Bool = lock.withLock {
-            guard idle else { return false }
-            for task in tasks.values {
-                free(UnsafeMutableRawPointer(mutating: task.info.pointee.identifier))
-                task.info.deallocate()
-            }
-            tasks = [:]
-            current = next
-            closed = next.role != .foreground
-            expiresAtNs = next.expiresAtNs
-            expiredAtDeadline = false
-            expiredAll = false
-            expiredBeforeBegin = []
-            deferredTasks = []
-            tasksStarted = false
-            signalledEnd = false
-            ended = false
-            remoteNotificationDone = false
-            idle = false
-            return true
-        }
-        guard resumed else { return false }
-        _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
-        scheduleHandler { [self] in
-            if let (handler, context) = lock.withLock({ resumeHandler }) {
-                let reason = strdup(next.reason)
-                defer { free(reason) }
-                next.withLaunchInfo(reason: reason) { info in handler(context, &info) }
-            }
-            startTasks()
-        }
-        return true
-    }
-
-    /// Delivers expiration to `only` or to every open task, on the expiration queue. A task with
-    /// no expiration handler is completed unsuccessfully, as on iOS.
-    func expire(only: UInt64?) {
-        lock.withLock {
-            if let only {
-                if tasks[only] == nil { expiredBeforeBegin.insert(only) }
-            } else {
-                expiredAll = true
-            }
-        }
-        let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
-            var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
-            for (id, task) in tasks.sorted(by: { $0.key < $1.key })
-            where !task.completed && !task.expirationDelivered && (only == nil || only == id) {
-                tasks[id]?.expirationDelivered = true
-                targets.append((id, task.expiration))
-            }
-            return targets
-        }
-        if only == nil { expireBackgroundTime() }
-        for (id, expiration) in targets {
-            let at = bgtask_monotonic_ns()
-            // Reported before the call: an expiration handler that completes the last task
-            // ends the launch, and the record must still say the task expired.
-            if let (handler, context) = expiration {
-                report(.expirationDelivered(task: id, at: at, toApp: true))
-                if handler(context, id) { continue }
-            }
-            report(.expirationDelivered(task: id, at: at, toApp: false))
-            complete(id, success: false)
-        }
-    }
-
-    // MARK: Background time
-
-    /// Takes a background-time assertion: its id, or 0 (`.invalid`) once the launch's time has
-    /// run out, as iOS answers after the app's background time has expired.
-    func beginBackgroundTime(name: String?, expiration: (bgtask_expiration_handler, UnsafeMutableRawPointer?)?) -> UInt64 {
-        lock.withLock {
-            guard !expiredAll else { return 0 }
-            let id = nextAssertion
-            nextAssertion += 1
-            assertions[id] = Assertion(name: name, expiration: expiration)
-            report(.backgroundTimeBegan(id: id, name: name, at: bgtask_monotonic_ns()))
-            return id
-        }
-    }
-
-    /// Ends an assertion (an unknown or ended one is ignored); the launch ends if it was the last
-    /// thing keeping it.
-    func endBackgroundTime(_ id: UInt64) {
-        // Reported under the lock, as completions are: the launch's `finished` never overtakes it.
-        let ended: Bool = lock.withLock {
-            guard assertions.removeValue(forKey: id) != nil else { return false }
-            report(.backgroundTimeEnded(id: id, at: bgtask_monotonic_ns()))
-            return true
-        }
-        if ended { signalEndIfDone() }
-    }
-
-    /// Seconds until the launch's time runs out; very large while in the foreground.
-    var backgroundTimeRemaining: Double {
-        lock.withLock {
-            if current.role == .foreground && !closed { return .greatestFiniteMagnitude }
-            guard expiresAtNs > 0 else { return .greatestFiniteMagnitude }
-            let now = bgtask_monotonic_ns()
-            return now >= expiresAtNs ? 0 : Double(expiresAtNs - now) / 1e9
-        }
-    }
-
-    /// BGTASK_APP_STATE_*: active while a foreground launch is in the foreground.
-    var applicationState: UInt32 {
-        lock.withLock { current.role == .foreground && !closed ? UInt32(BGTASK_APP_STATE_ACTIVE) : UInt32(BGTASK_APP_STATE_BACKGROUND) }
-    }
-
-    /// The launch's time now runs out at `at` (the host moved it: the app left the foreground).
-    func setDeadline(_ at: UInt64) {
-        lock.withLock { expiresAtNs = at }
-    }
-
-    /// Nanoseconds until the parent reader is to expire the launch itself (0: now), or nil
-    /// (no deadline, or done). The runner knows its deadline (`LaunchAssignment.expiresAtNs`,
-    /// moved by `ParentMessage.deadline`), so the budget's expiration does not wait for the
-    /// host's message: the reader, which waits for the host's messages anyway, waits until the
-    /// deadline at most and then expires the launch (`expireAtDeadline`). The host still sends
-    /// its own at the same moment (each task's expiration is delivered once, whichever comes
-    /// first) and still kills at the grace's end: an app that stops this thread gains nothing.
-    /// A host that is busy or stopped no longer delays the app's expiration.
-    func untilDeadline() -> UInt64? {
-        lock.withLock {
-            guard expiresAtNs > 0, !expiredAtDeadline else { return nil }
-            let now = bgtask_monotonic_ns()
-            return now >= expiresAtNs ? 0 : expiresAtNs - now
-        }
-    }
-
-    /// The deadline has passed: expiration to every open task, as the host's would.
-    func expireAtDeadline() {
-        lock.withLock { expiredAtDeadline = true }
-        expirationQueue.async { self.expire(only: nil) }
-    }
-
-    /// The launch's time has run out: every assertion's expiration handler, once, on this (the
-    /// expiration) thread. An assertion the handler does not end keeps the launch until the
-    /// watchdog kills it, as on iOS.
-    private func expireBackgroundTime() {
-        let targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = lock.withLock {
-            var targets: [(UInt64, (bgtask_expiration_handler, UnsafeMutableRawPointer?)?)] = []
-            for (id, assertion) in assertions.sorted(by: { $0.key < $1.key }) where !assertion.expirationDelivered {
-                assertions[id]?.expirationDelivered = true
-                targets.append((id, assertion.expiration))
-            }
-            return targets
-        }
-        for (id, expiration) in targets {
-            report(.backgroundTimeExpired(id: id, at: bgtask_monotonic_ns(), toApp: expiration != nil))
-            if let (handler, context) = expiration { _ = handler(context, id) }
-        }
-    }
-
-    // MARK: Remote notifications
-
-    private var remoteNotificationDone = false
-
-    /// The push's completion handler was called: reported once (later calls are ignored, as
-    /// a second call of a completion handler does nothing the system sees).
-    func remoteNotificationCompleted(_ result: UInt32) {
-        let first: Bool = lock.withLock {
-            defer { remoteNotificationDone = true }
-            return !remoteNotificationDone
-        }
-        if first { report(.remoteNotificationCompleted(result: result, at: bgtask_monotonic_ns())) }
     }
 
     // MARK: Requests to the parent
@@ -608,7 +419,7 @@ final class Runner: @unchecked Sendable {
     }
 
     /// The plugin's receiver of transfer events (`transfer_events`), called on the reader thread.
-    private var transferEventHandler: (handler: bgtask_json_visitor, context: UnsafeMutableRawPointer?)?
+    var transferEventHandler: (handler: bgtask_json_visitor, context: UnsafeMutableRawPointer?)?
 
     func setTransferEvents(_ handler: bgtask_json_visitor?, _ context: UnsafeMutableRawPointer?) {
         lock.withLock { transferEventHandler = handler.map { ($0, context) } }
@@ -622,7 +433,7 @@ final class Runner: @unchecked Sendable {
 
     /// Sends the message `make` builds with a new sequence number and waits (at most 30 s) for
     /// the reply with that number.
-    private func exchange(_ make: (UInt64) -> ChildMessage) -> ReplyWaiter {
+    func exchange(_ make: (UInt64) -> ChildMessage) -> ReplyWaiter {
         let waiter = ReplyWaiter()
         let seq: UInt64 = lock.withLock {
             defer { nextSeq += 1 }
