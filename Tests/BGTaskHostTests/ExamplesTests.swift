@@ -34,8 +34,7 @@ import Testing
         return bundle
     }
 
-    /// The examples a task starts, each launched once by `bgtask run`, as the quick start's
-    /// one-shot does.
+    /// The examples a task starts, each launched once by `bgtask run`, the one-shot.
     @Test func eachExampleATaskStartsRunsOnce() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
