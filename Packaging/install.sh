@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds bgtask (release) and installs it as a systemd service: the `bgtask` CLI and its
-# `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), shell
+# `bgtask-runner` side by side in PREFIX/bin, stripped (the CLI finds the runner next to itself), shell
 # completions for bash, zsh and fish and the man page bgtask(1) (both generated from the
 # commands by swift-argument-parser: the completions by `bgtask --generate-completion-script`,
 # the page by its generate-manual tool), the README (the unit's documentation), BENCHMARKS.md
