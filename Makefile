@@ -8,6 +8,8 @@
 #                                         systemd is left alone
 #   make install USER_UNIT=1              the user unit and ~/.local (PREFIX default ~/.local)
 #   make install NO_BUILD=1 BUILD_DIR=d   install what d holds instead of building
+#   make install NO_STRIP=1               install the binaries unstripped (by default they are
+#                                         stripped; the build directory keeps them whole)
 #   make uninstall [same variables]       remove it all again, except the state directory
 #
 # Then: systemctl enable --now bgtask; logs: journalctl -u bgtask (docs/install.md).
@@ -17,10 +19,11 @@ DESTDIR ?=
 USER_UNIT ?=
 NO_BUILD ?=
 BUILD_DIR ?=
+NO_STRIP ?=
 
 INSTALL_ARGS = $(if $(PREFIX),--prefix '$(PREFIX)') $(if $(DESTDIR),--destdir '$(DESTDIR)') \
 	$(if $(filter 1 yes true,$(USER_UNIT)),--user) $(if $(filter 1 yes true,$(NO_BUILD)),--no-build) \
-	$(if $(BUILD_DIR),--build-dir '$(BUILD_DIR)')
+	$(if $(BUILD_DIR),--build-dir '$(BUILD_DIR)') $(if $(filter 1 yes true,$(NO_STRIP)),--no-strip)
 
 .PHONY: all install uninstall install-print
 

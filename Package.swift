@@ -19,6 +19,9 @@
 // Linux only (namespaces, Landlock, seccomp, /proc, pidfds): no platform is declared for others.
 import PackageDescription
 
+/// Swift 5 language mode, for app code written as iOS apps are.
+let v5: [SwiftSetting] = [.swiftLanguageMode(.v5)]
+
 let package = Package(
     name: "bgtask",
     products: [
@@ -35,6 +38,14 @@ let package = Package(
         .library(name: "Feed", type: .dynamic, targets: ["Feed"]),
         .library(name: "Counter", type: .dynamic, targets: ["Counter"]),
         .library(name: "FeedShare", type: .dynamic, targets: ["FeedShare"]),
+        // One example per background API (README, "A five-minute tour"; Examples/build.sh).
+        .library(name: "Export", type: .dynamic, targets: ["Export"]),
+        .library(name: "Notes", type: .dynamic, targets: ["Notes"]),
+        .library(name: "Mail", type: .dynamic, targets: ["Mail"]),
+        .library(name: "Episodes", type: .dynamic, targets: ["Episodes"]),
+        .library(name: "Weather", type: .dynamic, targets: ["Weather"]),
+        .library(name: "Reader", type: .dynamic, targets: ["Reader"]),
+        .library(name: "ReaderShare", type: .dynamic, targets: ["ReaderShare"]),
 
         // Test fixtures (Tests/Fixtures/): plugins that exercise the API and misbehave on purpose.
         .library(name: "ApplePatterns5", type: .dynamic, targets: ["ApplePatterns5"]),
@@ -169,6 +180,16 @@ let package = Package(
         .target(name: "Feed", dependencies: ["BackgroundTasks"], path: "Plugins/Feed", exclude: ["Info.plist"]),
         .target(name: "Counter", dependencies: ["CBGTaskPluginABI"], path: "Plugins/Counter", exclude: ["Info.plist"]),
         .target(name: "FeedShare", dependencies: ["BackgroundTasks"], path: "Plugins/FeedShare", exclude: ["Info.plist"]),
+        // Continued processing; background time; background pushes; background downloads; local
+        // notifications; an app group shared with an extension. App-delegate apps in Swift 5
+        // mode, as most iOS app code and Apple's samples are.
+        .target(name: "Export", dependencies: ["BackgroundTasks", "UIKit"], path: "Plugins/Export", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "Notes", dependencies: ["BackgroundTasks", "UIKit"], path: "Plugins/Notes", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "Mail", dependencies: ["BackgroundTasks", "UIKit"], path: "Plugins/Mail", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "Episodes", dependencies: ["BackgroundTasks", "UIKit"], path: "Plugins/Episodes", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "Weather", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications"], path: "Plugins/Weather", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "Reader", dependencies: ["BackgroundTasks", "UIKit"], path: "Plugins/Reader", exclude: ["Info.plist"], swiftSettings: v5),
+        .target(name: "ReaderShare", dependencies: ["BackgroundTasks"], path: "Plugins/ReaderShare", exclude: ["Info.plist"]),
 
         // MARK: Test fixtures
         .target(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds bgtask (release) and installs it as a systemd service: the `bgtask` CLI and its
-# `bgtask-runner` side by side in PREFIX/bin (the CLI finds the runner next to itself), shell
+# `bgtask-runner` side by side in PREFIX/bin, stripped (the CLI finds the runner next to itself), shell
 # completions for bash, zsh and fish and the man page bgtask(1) (both generated from the
 # commands by swift-argument-parser: the completions by `bgtask --generate-completion-script`,
 # the page by its generate-manual tool), the README (the unit's documentation), BENCHMARKS.md
@@ -15,7 +15,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR] [--uninstall]
+usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [--no-build] [--build-dir DIR] [--no-strip] [--uninstall]
 
   --prefix DIR     where the binaries go (DIR/bin) and the docs (DIR/share/doc/bgtask);
                    default /usr/local, or ~/.local with --user
@@ -29,6 +29,9 @@ usage: Packaging/install.sh [--prefix DIR] [--user] [--destdir DIR] [--print] [-
   --no-build       install what is already built instead of running swift build
   --build-dir DIR  where the built bgtask, bgtask-runner and generate-manual are;
                    default .build/release
+  --no-strip       install the binaries as built, with their symbols and debug
+                   information (by default they are stripped, `install -s`: a fraction of
+                   the size; the unstripped ones stay in the build directory)
   --uninstall      remove what an install with the same --prefix/--user/--destdir put in
                    place (after systemctl disable --now bgtask, without --destdir), keeping
                    the state directory: its requests, records, containers and plugins
@@ -52,6 +55,7 @@ build=1
 build_dir=""
 destdir="${DESTDIR:-}"
 uninstall=0
+strip=(-s)
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -64,6 +68,7 @@ while [ $# -gt 0 ]; do
         --no-build) build=0; shift ;;
         --build-dir) [ $# -ge 2 ] || { usage >&2; exit 64; }; build_dir=$2; shift 2 ;;
         --build-dir=*) build_dir=${1#*=}; shift ;;
+        --no-strip) strip=(); shift ;;
         --uninstall) uninstall=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown argument '$1'" >&2; usage >&2; exit 64 ;;
@@ -191,8 +196,11 @@ if [ "$print" = 0 ]; then
 fi
 
 run install -d -m 0755 "$destdir$bin_dir"
-run install -m 0755 "$build_dir/bgtask" "$destdir$bin_dir/bgtask"
-run install -m 0755 "$build_dir/bgtask-runner" "$destdir$bin_dir/bgtask-runner"
+# Stripped (`install -s`): symbol tables and debug information are three quarters of a release
+# build's size and only a debugger needs them; it has the unstripped binaries the build
+# directory keeps. The dynamic symbols the binaries run with stay.
+run install "${strip[@]}" -m 0755 "$build_dir/bgtask" "$destdir$bin_dir/bgtask"
+run install "${strip[@]}" -m 0755 "$build_dir/bgtask-runner" "$destdir$bin_dir/bgtask-runner"
 # Completions and the man page, generated from the commands by the binary just installed.
 for file in "$bash_completion" "$zsh_completion" "$fish_completion"; do
     run install -d -m 0755 "$destdir${file%/*}"

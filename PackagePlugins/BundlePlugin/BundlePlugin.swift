@@ -17,26 +17,36 @@ struct BundlePlugin: CommandPlugin {
         let candidates = context.package.products.compactMap { product -> BundleCandidate? in
             guard let library = product as? LibraryProduct, case .dynamic = library.kind,
                   let target = library.targets.first as? SourceModuleTarget else { return nil }
-            let info = URL(fileURLWithPath: target.directory.string).appendingPathComponent("Info.plist")
+            guard let info = Self.directory(of: target)?.appendingPathComponent("Info.plist") else { return nil }
             guard FileManager.default.fileExists(atPath: info.path) else { return nil }
             return BundleCandidate(product: product.name, infoPlist: info)
         }
-        let bgtask = URL(fileURLWithPath: try context.tool(named: "bgtask").path.string)
+        let bgtask = try context.tool(named: "bgtask").url
         let configuration: PackageManager.BuildConfiguration = options.configuration == "release" ? .release : .debug
 
         for app in try BundlePlan.apps(options, candidates: candidates) {
             let extensions = try BundlePlan.extensions(of: app, options, candidates: candidates)
             let library = try build(app.product, configuration, context)
             let built = try extensions.map { ($0, try build($0.product, configuration, context)) }
-            let output = options.output.map { URL(fileURLWithPath: $0, relativeTo: URL(fileURLWithPath: context.package.directory.string)).standardizedFileURL }
+            let output = options.output.map { URL(fileURLWithPath: $0, relativeTo: context.package.directoryURL).standardizedFileURL }
                 ?? URL(fileURLWithPath: library).deletingLastPathComponent()
-            let staging = URL(fileURLWithPath: context.pluginWorkDirectory.string).appendingPathComponent("staging-\(app.product)")
+            let staging = context.pluginWorkDirectoryURL.appendingPathComponent("staging-\(app.product)")
             try? FileManager.default.removeItem(at: staging)
             try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true)
             try FileManager.default.createDirectory(at: output, withIntermediateDirectories: true)
             for command in BundlePlan.commands(app: app, library: library, extensions: built, output: output, staging: staging) {
                 try run(bgtask, command)
             }
+        }
+    }
+
+    /// The target's directory: `directoryURL` of the concrete target types (the protocol's own
+    /// needs tools version 6.1; the Path-based `directory` is deprecated).
+    private static func directory(of target: any SourceModuleTarget) -> URL? {
+        switch target {
+        case let swift as SwiftSourceModuleTarget: swift.directoryURL
+        case let clang as ClangSourceModuleTarget: clang.directoryURL
+        default: nil
         }
     }
 
@@ -50,7 +60,7 @@ struct BundlePlugin: CommandPlugin {
         guard let library = result.builtArtifacts.first(where: { $0.kind == .dynamicLibrary }) else {
             throw BundleOptions.Invalid(description: "building \(product) produced no shared library")
         }
-        return library.path.string
+        return library.url.path
     }
 
     /// Runs `bgtask ARGUMENTS`, passing its output through; a failure (an invalid bundle: the

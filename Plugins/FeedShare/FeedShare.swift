@@ -37,16 +37,32 @@ struct ShareExtension {
         let registered = BGTaskScheduler.shared.register(forTaskWithIdentifier: "com.example.feed.refresh", using: nil) { _ in }
         print("share: register returned \(registered)")
 
-        // Ask for the app to refresh soon; the host checks it against the app's Info.plist.
+        // Ask for the app to refresh soon; the host checks it against the app's Info.plist. The
+        // extension waits for the answer (iOS 27's form gives it on another queue), so that a
+        // refusal fails this launch with the host's reason in the record.
         let request = BGAppRefreshTaskRequest(identifier: "com.example.feed.refresh")
-        // The synchronous form (deprecated from iOS 27 on), so that a refusal fails this launch
-        // with the host's reason in the record.
-        do {
-            try BGTaskScheduler.shared.submit(request)
-            print("share: asked for a refresh of the feed")
-        } catch let error as BGTaskScheduler.Error {
+        let answer = SubmissionAnswer()
+        BGTaskScheduler.shared.submitTaskRequest(request) { error in answer.give(error) }
+        if let error = answer.wait() as? BGTaskScheduler.Error {
             print("share: could not schedule a refresh: \(error.code) \(error.localizedDescription)")
             throw error
         }
+        print("share: asked for a refresh of the feed")
+    }
+}
+
+/// The answer to a submission, handed from the completion handler's queue to the entry.
+final class SubmissionAnswer: @unchecked Sendable {
+    private let answered = DispatchSemaphore(value: 0)
+    private var error: (any Error)?
+
+    func give(_ error: (any Error)?) {
+        self.error = error
+        answered.signal()
+    }
+
+    func wait() -> (any Error)? {
+        answered.wait()
+        return error
     }
 }

@@ -22,7 +22,7 @@ extension UIApplication {
         DispatchQueue.global().async {
             var buffer = [CChar](repeating: 0, count: 256)
             let status = api.register_remote_notifications(host, &buffer, buffer.count)
-            let text = String(cString: buffer)
+            let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             DispatchQueue.main.async { MainActor.assumeIsolated {
                 application.registeredForRemoteNotifications = status == 0
                 if status == 0, let token = Data(hex: text) {

@@ -344,8 +344,8 @@ import Testing
             "swift build -c release --package-path \(repo) --product bgtask",
             "swift build -c release --package-path \(repo) --product bgtask-runner",
             "install -d -m 0755 \(stage)/opt/bgtask/bin",
-            "install -m 0755 \(repo)/.build/release/bgtask \(stage)/opt/bgtask/bin/bgtask",
-            "install -m 0755 \(repo)/.build/release/bgtask-runner \(stage)/opt/bgtask/bin/bgtask-runner",
+            "install -s -m 0755 \(repo)/.build/release/bgtask \(stage)/opt/bgtask/bin/bgtask",
+            "install -s -m 0755 \(repo)/.build/release/bgtask-runner \(stage)/opt/bgtask/bin/bgtask-runner",
             "install -m 0644 \(repo)/README.md \(stage)/opt/bgtask/share/doc/bgtask/README.md",
             "sed -e 's|^ExecStart=/usr/local/bin/bgtask |ExecStart=/opt/bgtask/bin/bgtask |' -e 's|^Documentation=file:///usr/local/share/doc/bgtask/|Documentation=file:///opt/bgtask/share/doc/bgtask/|' \(repo)/Packaging/systemd/bgtask.service > \(stage)/etc/systemd/system/bgtask.service",
             "install -d -m 0711 \(stage)/var/lib/bgtask",
@@ -360,7 +360,7 @@ import Testing
         // Without a staging root it would reload systemd; printed only, under the same empty PATH.
         let live = try runCommand(["/bin/bash", Self.installScript, "--print", "--no-build"], environment: ["PATH": emptyPath.path])
         #expect(live.status == 0, "\(live.stderr)")
-        #expect(live.stdout.contains("install -m 0755 \(repo)/.build/release/bgtask /usr/local/bin/bgtask\n"))
+        #expect(live.stdout.contains("install -s -m 0755 \(repo)/.build/release/bgtask /usr/local/bin/bgtask\n"))
         #expect(live.stdout.contains("> /etc/systemd/system/bgtask.service\n"))
         #expect(live.stdout.contains("\nsystemctl daemon-reload\n"))
         #expect(!live.stdout.contains("swift build"), "--no-build")
@@ -369,7 +369,7 @@ import Testing
                                   environment: ["PATH": emptyPath.path, "HOME": "/home/tester", "XDG_CONFIG_HOME": ""])
         #expect(user.status == 0, "\(user.stderr)")
         for expected in [
-            "install -m 0755 \(repo)/.build/release/bgtask \(stage)/home/tester/.local/bin/bgtask",
+            "install -s -m 0755 \(repo)/.build/release/bgtask \(stage)/home/tester/.local/bin/bgtask",
             "sed -e 's|^ExecStart=%h/.local/bin/bgtask |ExecStart=/home/tester/.local/bin/bgtask |' -e 's|^Documentation=file:///usr/local/share/doc/bgtask/|Documentation=file:///home/tester/.local/share/doc/bgtask/|' \(repo)/Packaging/systemd/user/bgtask.service > \(stage)/home/tester/.config/systemd/user/bgtask.service",
             "install -d -m 0700 \(stage)/home/tester/.local/state/bgtask",
             "# then: systemctl --user enable --now bgtask; logs: journalctl --user -u bgtask",
@@ -377,6 +377,11 @@ import Testing
             #expect(user.stdout.contains(expected + "\n"), "missing: \(expected)\n\(user.stdout)")
         }
         #expect(!FileManager.default.fileExists(atPath: stage))
+
+        // --no-strip installs the binaries as built.
+        let whole = try runCommand(["/bin/bash", Self.installScript, "--print", "--no-build", "--no-strip"], environment: ["PATH": emptyPath.path])
+        #expect(whole.status == 0, "\(whole.stderr)")
+        #expect(whole.stdout.contains("install -m 0755 \(repo)/.build/release/bgtask /usr/local/bin/bgtask\n"), "\(whole.stdout)")
     }
 
     /// A real install, into a staging root, of the binaries this test run built.
@@ -390,9 +395,17 @@ import Testing
         #expect(result.stderr.contains("start it: systemctl enable --now bgtask; logs: journalctl -u bgtask"), "\(result.stderr)")
         let files = FileManager.default
         for binary in ["bgtask", "bgtask-runner"] {
-            #expect(files.isExecutableFile(atPath: "\(stage)/opt/bgtask/bin/\(binary)"), "\(binary)")
-            #expect(files.contentsEqual(atPath: "\(stage)/opt/bgtask/bin/\(binary)", andPath: Products.directory.appendingPathComponent(binary).path))
+            let installed = "\(stage)/opt/bgtask/bin/\(binary)", built = Products.directory.appendingPathComponent(binary).path
+            #expect(files.isExecutableFile(atPath: installed), "\(binary)")
+            // Stripped, and smaller for it; the build directory keeps the unstripped one.
+            #expect(try Self.hasSymbolTable(installed) == false, "\(binary) is installed stripped")
+            #expect(try Self.hasSymbolTable(built), "\(binary) stays unstripped in the build directory")
+            let sizes = try [installed, built].map { try files.attributesOfItem(atPath: $0)[.size] as? Int ?? 0 }
+            #expect(sizes[0] > 0 && sizes[0] < sizes[1], "\(binary): \(sizes[0]) bytes installed, \(sizes[1]) built")
         }
+        // The stripped CLI runs.
+        let version = try runCommand(["\(stage)/opt/bgtask/bin/bgtask", "--version"])
+        #expect(version.status == 0 && !version.stdout.isEmpty, "\(version.stderr)")
         #expect(files.fileExists(atPath: "\(stage)/opt/bgtask/share/doc/bgtask/README.md"))
         let unit = try String(contentsOfFile: "\(stage)/etc/systemd/system/bgtask.service", encoding: .utf8)
         let original = try String(contentsOf: Self.systemUnit, encoding: .utf8)
@@ -433,6 +446,24 @@ import Testing
     static func mode(_ path: String) -> mode_t? {
         var info = stat()
         return stat(path, &info) == 0 ? info.st_mode & 0o7777 : nil
+    }
+
+    /// Whether the ELF64 file at `path` has a symbol table (a section of type SHT_SYMTAB), which
+    /// `strip` removes (`file` then says "stripped"), read from its section headers.
+    static func hasSymbolTable(_ path: String) throws -> Bool {
+        let handle = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
+        defer { try? handle.close() }
+        func read<T: FixedWidthInteger>(_ data: Data, at offset: Int, as _: T.Type) -> T {
+            data.withUnsafeBytes { T(littleEndian: $0.loadUnaligned(fromByteOffset: offset, as: T.self)) }
+        }
+        let header = try handle.read(upToCount: 64) ?? Data()
+        try #require(header.count == 64 && header.prefix(4) == Data([0x7F, 0x45, 0x4C, 0x46]) && header[4] == 2, "\(path) is not an ELF64 file")
+        let sectionsOffset = read(header, at: 0x28, as: UInt64.self)
+        let entrySize = Int(read(header, at: 0x3A, as: UInt16.self)), count = Int(read(header, at: 0x3C, as: UInt16.self))
+        try handle.seek(toOffset: sectionsOffset)
+        let sections = try handle.read(upToCount: entrySize * count) ?? Data()
+        try #require(sections.count == entrySize * count, "\(path): section headers cut short")
+        return (0..<count).contains { read(sections, at: $0 * entrySize + 4, as: UInt32.self) == 2 }
     }
 }
 

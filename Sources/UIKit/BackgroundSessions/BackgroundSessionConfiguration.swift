@@ -11,7 +11,7 @@ extension URLSessionConfiguration {
     /// carries them on iOS: they go on after the app exits, across host restarts, and their
     /// events are delivered to the session the app makes with the same identifier.
     public class func background(withIdentifier identifier: String) -> URLSessionConfiguration {
-        BackgroundSessionConfiguration(backgroundIdentifier: identifier)
+        BackgroundSessionConfiguration.make(identifier: identifier)
     }
 
     /// Launch the app in the background when the session's tasks finish (default true). Only a
@@ -43,20 +43,27 @@ final class BackgroundSessionConfiguration: URLSessionConfiguration, @unchecked 
     var expensiveNetworkAccess = true
     var constrainedNetworkAccess = true
 
+    /// A configuration with iOS's defaults for a background session: a week to finish, no
+    /// cache, cookies kept. (`init()` is not inherited: this is the only way to make one.)
+    static func make(identifier: String) -> BackgroundSessionConfiguration {
+        construct(BackgroundSessionConfiguration.self, identifier: identifier)
+    }
+
+    private static func construct<Made: FoundationDeprecatedUse>(_: Made.Type, identifier: String) -> Made {
+        Made(backgroundIdentifier: identifier)
+    }
+
+    @available(*, deprecated, message: "calls Foundation's deprecated init(): use make(identifier:)")
     init(backgroundIdentifier: String) {
         super.init()
         identifier = backgroundIdentifier
-        // iOS's defaults for a background session: a week to finish, no cache, cookies kept.
         timeoutIntervalForResource = 7 * 24 * 3600
         urlCache = nil
         protocolClasses = [BackgroundTransferProtocol.self]
     }
 
-    @available(*, unavailable)
-    override init() { fatalError("use URLSessionConfiguration.background(withIdentifier:)") }
-
     override func copy(with zone: NSZone? = nil) -> Any {
-        let copy = BackgroundSessionConfiguration(backgroundIdentifier: identifier ?? "")
+        let copy = Self.make(identifier: identifier ?? "")
         copy.requestCachePolicy = requestCachePolicy
         copy.timeoutIntervalForRequest = timeoutIntervalForRequest
         copy.timeoutIntervalForResource = timeoutIntervalForResource
@@ -64,7 +71,6 @@ final class BackgroundSessionConfiguration: URLSessionConfiguration, @unchecked 
         copy.allowsCellularAccess = allowsCellularAccess
         copy.isDiscretionary = isDiscretionary
         copy.connectionProxyDictionary = connectionProxyDictionary
-        copy.httpShouldUsePipelining = httpShouldUsePipelining
         copy.httpShouldSetCookies = httpShouldSetCookies
         copy.httpCookieAcceptPolicy = httpCookieAcceptPolicy
         copy.httpAdditionalHeaders = httpAdditionalHeaders
@@ -72,7 +78,7 @@ final class BackgroundSessionConfiguration: URLSessionConfiguration, @unchecked 
         copy.httpCookieStorage = httpCookieStorage
         copy.urlCredentialStorage = urlCredentialStorage
         copy.urlCache = urlCache
-        copy.shouldUseExtendedBackgroundIdleMode = shouldUseExtendedBackgroundIdleMode
+        (self as any FoundationDeprecatedUse).copyDeprecatedFields(to: copy)
         // Tasks of a background session always go to the host: custom protocol classes are
         // not available to background sessions on iOS either.
         copy.protocolClasses = [BackgroundTransferProtocol.self]
@@ -81,4 +87,23 @@ final class BackgroundSessionConfiguration: URLSessionConfiguration, @unchecked 
         copy.constrainedNetworkAccess = constrainedNetworkAccess
         return copy
     }
+
+    @available(*, deprecated, message: "copies fields Foundation deprecates")
+    func copyDeprecatedFields(to copy: BackgroundSessionConfiguration) {
+        copy.httpShouldUsePipelining = httpShouldUsePipelining
+        copy.shouldUseExtendedBackgroundIdleMode = shouldUseExtendedBackgroundIdleMode
+    }
 }
+
+/// What the background configuration must use of Foundation's deprecated API: a subclass can
+/// only be made through `init()` (deprecated on Linux in favour of `.default`), and a copy
+/// keeps every field, `httpShouldUsePipelining` and `shouldUseExtendedBackgroundIdleMode`
+/// included. The declarations that use them are deprecated themselves, and are called through
+/// this protocol, so that building the UIKit module (every app's build) shows no deprecation
+/// warning for these deliberate uses.
+protocol FoundationDeprecatedUse {
+    init(backgroundIdentifier: String)
+    func copyDeprecatedFields(to copy: BackgroundSessionConfiguration)
+}
+
+extension BackgroundSessionConfiguration: FoundationDeprecatedUse {}

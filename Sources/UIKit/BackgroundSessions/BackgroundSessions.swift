@@ -255,7 +255,7 @@ final class BackgroundSessions: @unchecked Sendable {
             allowsConstrainedNetworkAccess: configuration.allowsConstrainedNetworkAccess,
             requestTimeout: original.timeoutInterval > 0 ? min(original.timeoutInterval, configuration.timeoutIntervalForRequest) : configuration.timeoutIntervalForRequest,
             resourceTimeout: configuration.timeoutIntervalForResource,
-            earliestBeginDate: task.earliestBeginDate?.timeIntervalSince1970)
+            earliestBeginDate: (task as any EarliestBeginDateReading).taskEarliestBeginDate?.timeIntervalSince1970)
     }
 
     /// An upload's body given as data: written to a file in the container's tmp for the host
@@ -567,4 +567,17 @@ enum Host {
         guard let context, let json else { return }
         Unmanaged<Answer>.fromOpaque(context).takeUnretainedValue().data = Data(bytes: json, count: strlen(json))
     }
+}
+
+/// A task's `earliestBeginDate`, which the host honours for a background session's task.
+/// Foundation on Linux deprecates the property (it has no effect on its own sessions); the
+/// deprecated reader is called through this protocol, so that building the UIKit module shows
+/// no deprecation warning for this deliberate use.
+protocol EarliestBeginDateReading {
+    var taskEarliestBeginDate: Date? { get }
+}
+
+extension URLSessionTask: EarliestBeginDateReading {
+    @available(*, deprecated, message: "reads Foundation's deprecated earliestBeginDate")
+    var taskEarliestBeginDate: Date? { earliestBeginDate }
 }
