@@ -68,7 +68,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
-        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
         // The APNs-compatible provider endpoint's HTTP/2 (and, for background transfers, the
         // event loops an HTTP client runs on).

@@ -565,7 +565,7 @@ final class ControlVerbs: @unchecked Sendable {
                 bundle = found
                 let forcedKind: TaskKind
                 if let kind { forcedKind = kind } else {
-                    do { forcedKind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure(.badRequest, (error as? BGTaskError)?.description ?? "\(error)")) }
+                    do { forcedKind = try bundle.inferredKind(of: identifier) } catch { return .failure(.failure(.badRequest, error.description)) }
                 }
                 forced = [TaskAssignment(task: 1, identifier: identifier, kind: forcedKind)]
             }

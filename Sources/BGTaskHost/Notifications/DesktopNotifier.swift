@@ -178,7 +178,7 @@ final class DesktopNotifier: @unchecked Sendable {
         let fd = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
         guard fd >= 0 else { return nil }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        unlink(String(cString: template))
+        unlink(String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         defer { close(fd) }
         guard run(command, environment: environment, timeout: timeout, stdout: fd) == nil else { return nil }
         var bytes = [UInt8](repeating: 0, count: 64 * 1024)

@@ -94,11 +94,12 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let handle: @Sendable (APNsRequest) -> EventLoopFuture<APNsResponse> = { [self] request in self.handle(request) }
         let limits = options.limits, log = log, openConnections = openConnections
-        var connection = NIOHTTP2Handler.ConnectionConfiguration()
-        connection.initialSettings = [
+        var connectionSettings = NIOHTTP2Handler.ConnectionConfiguration()
+        connectionSettings.initialSettings = [
             HTTP2Setting(parameter: .maxConcurrentStreams, value: limits.maximumStreamsPerConnection),
             HTTP2Setting(parameter: .maxHeaderListSize, value: HPACKDecoderLimits.maximumHeaderListBytes),
         ]
+        let connection = connectionSettings
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(ChannelOptions.backlog, value: 64)
             .serverChannelOption(ChannelOptions.socket(SocketOptionLevel(SOL_SOCKET), SO_REUSEADDR), value: 1)

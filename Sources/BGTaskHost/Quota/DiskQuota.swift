@@ -229,7 +229,7 @@ public enum ProjectQuotas {
     public static func probe(_ path: String) -> (filesystem: String, mountPoint: String, projectQuotas: Bool)? {
         guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
         var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let real = realpath(path, &resolved) != nil ? String(cString: resolved) : path
+        let real = realpath(path, &resolved) != nil ? String(decoding: resolved.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : path
         var best: (filesystem: String, mountPoint: String, projectQuotas: Bool)?
         for line in text.split(separator: "\n") {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)

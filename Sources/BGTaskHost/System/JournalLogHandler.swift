@@ -39,16 +39,13 @@ public struct JournalLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
-    // The flat form rather than `log(event:)`: the package asks for swift-log 1.6 or later,
-    // which has no `LogEvent`; later versions forward to this.
-    public func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?,
-                    source: String, file: String, function: String, line: UInt) {
+    public func log(event: LogEvent) {
         var merged = self.metadata
         if let provided = metadataProvider?.get(), !provided.isEmpty { merged.merge(provided) { $1 } }
-        if let explicit, !explicit.isEmpty { merged.merge(explicit) { $1 } }
-        let fields = Self.fields(level: level, message: message.description, metadata: merged, identifier: identifier,
-                                 file: file, function: function, line: line)
-        socket.send(fields, level: level, message: message.description)
+        if let explicit = event.metadata, !explicit.isEmpty { merged.merge(explicit) { $1 } }
+        let fields = Self.fields(level: event.level, message: event.message.description, metadata: merged, identifier: identifier,
+                                 file: event.file, function: event.function, line: event.line)
+        socket.send(fields, level: event.level, message: event.message.description)
     }
 }
 
