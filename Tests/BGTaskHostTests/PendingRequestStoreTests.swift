@@ -1054,3 +1054,76 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(try store.setting("empty") == "")
     }
 }
+
+/// The host writes its launch bookkeeping in batches, one transaction per turn of its queue
+/// (`beginLaunches`, `setLaunchPIDs`, `finishLaunches`); the plain reference is the same rows
+/// written one launch at a time (`beginLaunch`, `setLaunchPID`, `finishLaunch`). Both leave the
+/// same database (docs/decisions/batched-launch-bookkeeping.md).
+@Suite struct BatchedBookkeepingEquivalenceTests {
+    /// Every row of the tables launches touch, in a fixed order.
+    static func rows(_ store: PendingRequestStore) throws -> [String] {
+        try store.pool.read { db in
+            var rows: [String] = []
+            for (table, order) in [("launch", "id"), ("request", "app, identifier"), ("app_state", "app")] {
+                for row in try Row.fetchAll(db, sql: "SELECT * FROM \(table) ORDER BY \(order)") {
+                    rows.append("\(table): " + row.columnNames.map { "\($0)=\(row[$0] as DatabaseValue)" }.joined(separator: " "))
+                }
+            }
+            return rows
+        }
+    }
+
+    @Test func batchedLaunchRowsAreTheRowsWrittenOneAtATime() throws {
+        let apps = (0..<12).map { "com.example.app\($0)" }
+        var stores: [PendingRequestStore] = []
+        var scratches: [StoreScratch] = []
+        defer { scratches.forEach { $0.remove() } }
+        for _ in 0..<2 {
+            let scratch = try StoreScratch()
+            scratches.append(scratch)
+            let store = try scratch.open()
+            for (index, app) in apps.enumerated() {
+                #expect(try store.submit(app: app, request: refresh("\(app).refresh"), at: t0.addingTimeInterval(Double(index)), rules: nil) == nil)
+                #expect(try store.submit(app: app, request: processing("\(app).clean"), at: t0, rules: nil) == nil)
+            }
+            stores.append(store)
+        }
+        let (single, batched) = (stores[0], stores[1])
+        // Two turns of launches: the first ends with records (some of them host-lost), the
+        // second stays running.
+        let turns = [Array(apps.prefix(8)), Array(apps.suffix(4))]
+        for (turn, turnApps) in turns.enumerated() {
+            let begins = turnApps.enumerated().map { index, app in
+                PendingRequestStore.LaunchBegin(id: "L\(turn)-\(index)", app: app, reason: "scheduled",
+                                                tasks: assignments(index % 2 == 0 ? [refresh("\(app).refresh")] : [refresh("\(app).refresh"), processing("\(app).clean")]),
+                                                at: t0.addingTimeInterval(Double(60 * turn + index)))
+            }
+            for begin in begins {
+                try single.beginLaunch(id: begin.id, app: begin.app, reason: begin.reason, tasks: begin.tasks, at: begin.at)
+            }
+            try batched.beginLaunches(begins)
+            let pids = begins.enumerated().map { (id: $0.element.id, pid: Int32(4000 + $0.offset)) }
+            for (id, pid) in pids { try single.setLaunchPID(id: id, pid: pid) }
+            try batched.setLaunchPIDs(pids)
+            guard turn == 0 else { continue }
+            let records = begins.enumerated().map { index, begin in
+                runRecord(begin.id, app: begin.app, startedAt: begin.at, termination: index % 3 == 0 ? .hostLost : .exited,
+                          tasks: begin.tasks.map { TaskRequest(kind: $0.kind, identifier: $0.identifier) })
+            }
+            let update: (RunRecord, inout AppState) -> Void = { record, state in
+                state.lastLaunchAt = record.startedAt
+                state.lastLaunchID = record.launchID
+                if record.termination == .hostLost { state.penaltyLevel += 1 }
+            }
+            var prunedOneAtATime: [[String]] = []
+            for record in records {
+                prunedOneAtATime.append(try single.finishLaunch(record, keepHistory: 3) { update(record, &$0) })
+            }
+            #expect(try batched.finishLaunches(records, keepHistory: 3, updatingState: update) == prunedOneAtATime)
+        }
+        let (expected, found) = (try Self.rows(single), try Self.rows(batched))
+        #expect(expected.count > 30, "\(expected)")
+        #expect(found == expected)
+        #expect(try batched.history(app: nil, limit: 50) == (try single.history(app: nil, limit: 50)))
+    }
+}
