@@ -346,7 +346,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
 
     // MARK: The buffered reader (pipelined frames)
 
-    @Test func readerTakesPipelinedFramesFromOneReadAndNeverWaitsInNextIfReady() throws {
+    @Test func readerTakesPipelinedFramesFromOneReadAndNeverWaitsInPoll() throws {
         let pair = try StreamPair()
         defer { pair.close() }
         let messages = [Data("{\"verb\":\"submit\"}".utf8), Data(), payload(3000, seed: 1), Data("{}".utf8)]
@@ -355,13 +355,13 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         #expect(try reader.next() == messages[0])
         // The rest arrived with the first read: handed out without touching the socket.
         #expect(pair.pending(on: pair.b).isEmpty, "the reader took every frame in one read")
-        for message in messages.dropFirst() { #expect(try reader.nextIfReady() == message) }
-        // Nothing more: nil at once (the writer is still open, a blocking read would hang).
-        #expect(try reader.nextIfReady() == nil)
+        for message in messages.dropFirst() { #expect(try reader.poll() == .frame(message)) }
+        // Nothing more: pending at once (the writer is still open, a blocking read would hang).
+        #expect(try reader.poll() == .pending)
         // Half a frame stays buffered for `next`, which waits for the rest.
         let frame = Array(try ControlFrame.encode(Data("{\"verb\":\"status\"}".utf8)))
         pair.rawWrite(Array(frame.prefix(5)))
-        #expect(try reader.nextIfReady() == nil)
+        #expect(try reader.poll() == .pending)
         let writer = Background { [a = pair.a] in
             usleep(20_000)
             return frame.dropFirst(5).withUnsafeBytes { send(a, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -417,7 +417,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         pair.rawWrite(Array(try ControlFrame.encode(Data("{}".utf8))) + Array("XXXXXXXX".utf8))
         var reader = ControlFrameReader(fd: pair.b)
         #expect(try reader.next() == Data("{}".utf8))
-        let error = #expect(throws: ControlFrame.FrameError.self) { try reader.nextIfReady() }
+        let error = #expect(throws: ControlFrame.FrameError.self) { try reader.poll() }
         #expect(error?.code == .badMagic)
     }
 

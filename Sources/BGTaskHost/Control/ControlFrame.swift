@@ -233,33 +233,41 @@ public struct ControlFrameReader {
         while true {
             if let frame = try bufferedFrame() { return frame }
             let needed = try neededBytes()
-            if try !awaitBytes(needed: needed, idleDeadline: idleDeadline) { return nil }
+            if try !awaitBytes(idleDeadline: idleDeadline) { return nil }
             switch receive(wait: true, needed: needed) {
             case .complete:
                 continue
             case .ended:
                 if available == 0 { return nil }
-                if available < ControlFrame.headerSize {
-                    throw .init(code: .truncated, description:
-                        "stream ended inside a frame header: \(available) of \(ControlFrame.headerSize) bytes (\(ControlFrame.hex(storage[start..<end])))")
-                }
-                throw .init(code: .truncated, description:
-                    "stream ended inside a frame payload: \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes")
+                throw endedInsideFrame(needed: needed)
             case .failed(_, let error):
-                let position = available < ControlFrame.headerSize
-                    ? "after \(available) of \(ControlFrame.headerSize) bytes of a frame header"
-                    : "after \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes of a frame payload"
-                throw ControlFrame.readFailure(error, position)
+                throw readFailure(error, needed: needed)
             }
         }
     }
 
-    /// The next frame if it has already arrived (in the buffer, or readable without waiting),
-    /// else nil: a partial frame stays buffered for `next`.
-    public mutating func nextIfReady() throws(ControlFrame.FrameError) -> Data? {
-        if let frame = try bufferedFrame() { return frame }
-        guard case .complete = receive(wait: false, needed: try neededBytes()) else { return nil }
-        return try bufferedFrame()
+    /// The stream ended with part of a frame buffered.
+    private func endedInsideFrame(needed: Int) -> ControlFrame.FrameError {
+        if available < ControlFrame.headerSize {
+            return .init(code: .truncated, description:
+                "stream ended inside a frame header: \(available) of \(ControlFrame.headerSize) bytes (\(ControlFrame.hex(storage[start..<end])))")
+        }
+        return .init(code: .truncated, description:
+            "stream ended inside a frame payload: \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes")
+    }
+
+    /// A read failed with `error`, `needed` bytes making the frame being read.
+    private func readFailure(_ error: Int32, needed: Int) -> ControlFrame.FrameError {
+        ControlFrame.readFailure(error, available < ControlFrame.headerSize
+            ? "after \(available) of \(ControlFrame.headerSize) bytes of a frame header"
+            : "after \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes of a frame payload")
+    }
+
+    /// The frame being read was not whole `timeout` after its first byte.
+    func requestTimedOut(_ timeout: Duration) -> ControlFrame.FrameError {
+        let needed = (try? neededBytes()) ?? ControlFrame.headerSize
+        return .init(code: .timedOut, description:
+            "the request was not complete \(ControlFrameReader.describe(timeout)) after its first byte (\(available) of \(needed) bytes arrived): the whole-request deadline")
     }
 
     /// What `poll` found.
@@ -282,17 +290,10 @@ public struct ControlFrameReader {
                 continue
             case .ended:
                 if available == 0 { return .ended }
-                if available < ControlFrame.headerSize {
-                    throw .init(code: .truncated, description:
-                        "stream ended inside a frame header: \(available) of \(ControlFrame.headerSize) bytes (\(ControlFrame.hex(storage[start..<end])))")
-                }
-                throw .init(code: .truncated, description:
-                    "stream ended inside a frame payload: \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes")
+                throw endedInsideFrame(needed: needed)
             case .failed(_, let error):
                 if error == EAGAIN || error == EWOULDBLOCK { return .pending }
-                throw ControlFrame.readFailure(error, available < ControlFrame.headerSize
-                    ? "after \(available) of \(ControlFrame.headerSize) bytes of a frame header"
-                    : "after \(available - ControlFrame.headerSize) of \(needed - ControlFrame.headerSize) bytes of a frame payload")
+                throw readFailure(error, needed: needed)
             }
         }
     }
@@ -300,13 +301,10 @@ public struct ControlFrameReader {
     /// When the first byte of a frame not yet whole arrived (nil: none is buffered).
     public var partialSinceNs: UInt64? { available > 0 ? frameStartNs : nil }
 
-    /// Bytes of a frame not yet whole, and the frame's size as far as it is known.
-    var partialBytes: (arrived: Int, needed: Int) { (available, (try? neededBytes()) ?? ControlFrame.headerSize) }
-
     /// Waits until the socket is readable, within the deadline that applies: the request's
     /// (from its first byte) once part of a frame is buffered, else the idle one. False when an
     /// idle peer's time is up (the stream counts as ended); `timedOut` for a request's.
-    private func awaitBytes(needed: Int, idleDeadline: UInt64?) throws(ControlFrame.FrameError) -> Bool {
+    private func awaitBytes(idleDeadline: UInt64?) throws(ControlFrame.FrameError) -> Bool {
         let deadline: UInt64
         if available > 0 {
             guard let requestTimeout, let frameStartNs else { return true }
@@ -325,8 +323,7 @@ public struct ControlFrameReader {
                 if ready < 0 { return true } // let the read report the error
             }
             guard available > 0 else { return false }
-            throw .init(code: .timedOut, description:
-                "the request was not complete \(ControlFrameReader.describe(requestTimeout ?? .zero)) after its first byte (\(available) of \(needed) bytes arrived): the whole-request deadline")
+            throw requestTimedOut(requestTimeout ?? .zero)
         }
     }
 

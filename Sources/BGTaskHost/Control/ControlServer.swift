@@ -356,8 +356,7 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
             if !closing {
                 if let since = reader.partialSinceNs {
                     guard now >= since + requestNs else { return true }
-                    let (arrived, needed) = reader.partialBytes
-                    last = .failure(.requestTimeout, "the request was not complete \(ControlFrameReader.describe(server.limits.requestTimeout)) after its first byte (\(arrived) of \(needed) bytes arrived): the whole-request deadline (bgtask host --request-timeout)")
+                    last = .failure(.requestTimeout, "\(reader.requestTimedOut(server.limits.requestTimeout)) (bgtask host --request-timeout)")
                     closing = true
                 } else {
                     // An idle peer is closed without a word, as before a request.
