@@ -7,7 +7,12 @@
 //   - `BGTaskLogLine`     the line format of those entries, shared by `os` (writer) and `bgtask log` (reader)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskABI`         the ABI's growth rules in Swift (one reader of every struct), for the SDK and the runner
-//   - `BGTaskHost`        the host's internals: bundles, launch supervision, run records
+//   - `BGTaskControl`     what the host speaks and its clients read: the control protocol and client,
+//                         run records, bundles, scheduling rules (no store, no network)
+//   - `BGTaskStore`       the host's SQLite store (GRDB), one file per aggregate
+//   - `BGTaskLaunch`      launch supervision (all `bgtask run` needs): supervisor, loops, zygote client, confinement
+//   - `BGTaskTransfers`   background URL sessions' transfers (AsyncHTTPClient on SwiftNIO)
+//   - `BGTaskHost`        the daemon: its parts, scheduling, the control server, pushes, notifications
 //   - `BGTaskModel`       the domain model: task kinds, task requests, assignments, containers, shared rules
 //   - `BGTaskWire`        the launch channel's and the zygote's protocols, shared by the host and the runner
 //   - `BGTaskSystem`      the system layer: system calls (EINTR, errno), directories, process
@@ -126,12 +131,52 @@ let package = Package(
         .target(name: "BGTaskSystem", dependencies: ["_BGTaskSystemShims"]),
         .target(name: "BGTaskModel"),
         .target(name: "BGTaskWire", dependencies: ["BGTaskModel", "BGTaskSystem", "CBGTaskPluginABI"]),
+        // What the host speaks and what its clients read: the control protocol and its client, run
+        // records, bundles, the scheduling rules. No store, no network: the test kit and the
+        // CLI's client side need only this.
+        .target(
+            name: "BGTaskControl",
+            dependencies: ["BGTaskModel", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine"]
+        ),
+        // The host's SQLite store (GRDB): pending requests, app state, launches, pushes,
+        // transfers, notifications, settings, and the disk reserve that keeps it writable.
+        .target(
+            name: "BGTaskStore",
+            dependencies: [
+                "BGTaskControl", "BGTaskModel", "BGTaskSystem", "_BGTaskSystemShims",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
+        // Launch supervision, all `bgtask run` needs: the supervisor and its event loops, the
+        // zygote client, confinement (identities, cgroups), the launch log, disk quotas,
+        // suspended app processes. It knows the host only through `LaunchRequestBroker`.
+        .target(
+            name: "BGTaskLaunch",
+            dependencies: [
+                "BGTaskControl", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "DequeModule", package: "swift-collections"),
+            ]
+        ),
+        // Background URL sessions' transfers, made by the host for its apps: AsyncHTTPClient on
+        // SwiftNIO, staging files, bounds per app and per host (docs/transfers.md).
+        .target(
+            name: "BGTaskTransfers",
+            dependencies: [
+                "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ]
+        ),
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
+                "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -154,7 +199,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask",
             dependencies: [
-                "BGTaskHost", "BGTaskLogLine", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskLogLine", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -163,7 +208,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask-bench",
             dependencies: [
-                "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 // The transfer section's loopback file server (sendfile).
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -247,7 +292,7 @@ let package = Package(
         .testTarget(
             name: "BGTaskHostTests",
             dependencies: [
-                "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
                 .product(name: "Crypto", package: "swift-crypto"),
                 // The transfer tests' own HTTP/1.1 server (TransferTestServer.swift).
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -273,7 +318,7 @@ package.products += [
 package.targets += [
     .target(
         name: "BackgroundTasksTestKit",
-        dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskHost", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
+        dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskControl", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims"]
     ),
     .plugin(
         name: "BundlePlugin",
@@ -287,12 +332,12 @@ package.targets += [
     // App code with the expiration bugs real handlers have (no plugin entry: linked into tests).
     .target(name: "RacyApp", dependencies: ["BackgroundTasks"], path: "Tests/Fixtures/RacyApp", exclude: ["Info.plist"]),
     // The kit's own tests, in both language modes and both test frameworks.
-    .testTarget(name: "TestKitTests", dependencies: ["BackgroundTasksTestKit", "RacyApp", "BGTaskHost"], swiftSettings: [.swiftLanguageMode(.v6)]),
+    .testTarget(name: "TestKitTests", dependencies: ["BackgroundTasksTestKit", "RacyApp", "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers"], swiftSettings: [.swiftLanguageMode(.v6)]),
     .testTarget(name: "TestKitSwift5Tests", dependencies: ["BackgroundTasksTestKit", "RacyApp"], swiftSettings: [.swiftLanguageMode(.v5)]),
     // The Feed example's tests, written with the kit as an app developer would.
     .testTarget(name: "FeedTests", dependencies: ["BackgroundTasksTestKit", "Feed"]),
     // The bundle plugin's planning (its BundlePlan.swift, linked in) and the bundle it makes, run.
-    .testTarget(name: "BundlePluginTests", dependencies: ["BGTaskHost"]),
+    .testTarget(name: "BundlePluginTests", dependencies: ["BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers"]),
 ]
 
 // MARK: - App lifecycle fixture (issue 29)

@@ -1,4 +1,4 @@
-import BGTaskHost
+import BGTaskControl
 import Foundation
 
 /// The app a test scheduler plays the system for: what its Info.plist declares (permitted

@@ -1,4 +1,4 @@
-import BGTaskHost
+import BGTaskControl
 import BGTaskModel
 import BGTaskSystem
 import Foundation
@@ -7,15 +7,15 @@ import _BGTaskSystemShims
 import Glibc
 #endif
 
-@_exported import enum BGTaskHost.ControlCommand
-@_exported import struct BGTaskHost.ControlResponse
-@_exported import struct BGTaskHost.ControlFailure
-@_exported import enum BGTaskHost.ControlErrorCode
-@_exported import struct BGTaskHost.DeviceChanges
-@_exported import enum BGTaskHost.DeviceCondition
-@_exported import enum BGTaskHost.DeviceSetting
-@_exported import struct BGTaskHost.RunRecord
-@_exported import struct BGTaskHost.StoredRequest
+@_exported import enum BGTaskControl.ControlCommand
+@_exported import struct BGTaskControl.ControlResponse
+@_exported import struct BGTaskControl.ControlFailure
+@_exported import enum BGTaskControl.ControlErrorCode
+@_exported import struct BGTaskControl.DeviceChanges
+@_exported import enum BGTaskControl.DeviceCondition
+@_exported import enum BGTaskControl.DeviceSetting
+@_exported import struct BGTaskControl.RunRecord
+@_exported import struct BGTaskControl.StoredRequest
 @_exported import struct BGTaskModel.TaskRequest
 @_exported import enum BGTaskModel.TaskKind
 

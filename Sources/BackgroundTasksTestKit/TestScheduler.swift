@@ -1,5 +1,5 @@
 import BGTaskABI
-import BGTaskHost
+import BGTaskControl
 import BGTaskModel
 import BGTaskWire
 import BackgroundTasks

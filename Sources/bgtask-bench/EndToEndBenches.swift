@@ -1,4 +1,7 @@
+import BGTaskLaunch
 import BGTaskHost
+import BGTaskControl
+import BGTaskStore
 import BGTaskModel
 import BGTaskSystem
 import Foundation

@@ -1,4 +1,6 @@
 import BGTaskHost
+import BGTaskControl
+import BGTaskLaunch
 import BGTaskModel
 import Foundation
 import Glibc

@@ -1,4 +1,7 @@
+import BGTaskControl
 import BGTaskHost
+import BGTaskStore
+import BGTaskLaunch
 import BGTaskModel
 import Foundation
 import Glibc

@@ -1,4 +1,6 @@
 import BGTaskHost
+import BGTaskControl
+import BGTaskStore
 import BGTaskModel
 import Foundation
 import GRDB

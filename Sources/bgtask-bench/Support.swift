@@ -1,5 +1,6 @@
 import BGTaskSystem
 import BGTaskHost
+import BGTaskControl
 import Foundation
 import Glibc
 import _BGTaskSystemShims

@@ -1,5 +1,7 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskControl
+import BGTaskLaunch
 import Foundation
 
 extension BGTaskCommand {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskLaunch
 import Foundation
 
 extension BGTaskCommand {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskControl
 import BGTaskLogLine
 import Foundation
 

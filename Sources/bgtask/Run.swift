@@ -1,5 +1,8 @@
 import ArgumentParser
 import BGTaskHost
+import BGTaskControl
+import BGTaskStore
+import BGTaskLaunch
 import BGTaskModel
 import Foundation
 

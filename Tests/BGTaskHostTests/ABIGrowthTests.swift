@@ -1,4 +1,5 @@
 import BGTaskHost
+import BGTaskControl
 import Foundation
 import Testing
 

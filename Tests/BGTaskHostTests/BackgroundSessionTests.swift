@@ -1,4 +1,5 @@
 import BGTaskHost
+import BGTaskControl
 import BGTaskModel
 import Foundation
 import Testing

@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskControl
 import BGTaskModel
 import Foundation
 import Testing
@@ -539,7 +540,7 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
     /// The server sends a bare success as fixed bytes: they must be what the encoder writes,
     /// and `isBareOK` must know every field (a new one fails the count below until it does).
     @Test func theFixedBytesAreTheEncodersAndEveryFieldIsChecked() throws {
-        #expect(try JSONEncoder.control.encode(ControlResponse()) == ControlServer.bareOK)
+        #expect(try JSONEncoder.control.encode(ControlResponse()) == ControlFrame.bareOK)
         #expect(ControlResponse().isBareOK)
         #expect(!ControlResponse(ok: false).isBareOK)
         #expect(!ControlResponse.failure(.badRequest, "y").isBareOK)

@@ -1,4 +1,7 @@
 @testable import BGTaskHost
+import BGTaskControl
+import BGTaskStore
+import BGTaskLaunch
 import BGTaskModel
 import Foundation
 import Testing

@@ -1,3 +1,4 @@
+import BGTaskControl
 @testable import BGTaskHost
 import BGTaskModel
 import Foundation

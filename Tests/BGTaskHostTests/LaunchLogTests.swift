@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskLaunch
 import Foundation
 import Glibc
 import Testing

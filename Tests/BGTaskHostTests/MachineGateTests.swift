@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskLaunch
 import BGTaskSystem
 import Foundation
 import Testing

@@ -1,5 +1,6 @@
 import Crypto
 @testable import BGTaskHost
+import BGTaskControl
 import BGTaskModel
 import BGTaskSystem
 import Foundation

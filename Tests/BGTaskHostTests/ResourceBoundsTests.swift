@@ -1,4 +1,6 @@
 @testable import BGTaskHost
+import BGTaskControl
+import BGTaskStore
 import BGTaskSystem
 import BGTaskModel
 import Foundation
@@ -545,7 +547,7 @@ extension ResourceBoundsTests {
     func readAnswer(_ fd: Int32, timeout: Int = 10) throws -> ControlResponse? {
         var reader = ControlFrameReader(fd: fd, idleTimeout: .seconds(timeout), requestTimeout: .seconds(timeout))
         guard let payload = try? reader.next() else { return nil }
-        if payload == ControlServer.bareOK { return ControlResponse() }
+        if payload == ControlFrame.bareOK { return ControlResponse() }
         return try JSONDecoder.control.decode(ControlResponse.self, from: payload)
     }
 

@@ -1,4 +1,5 @@
 @testable import BGTaskHost
+import BGTaskControl
 import Foundation
 import Testing
 

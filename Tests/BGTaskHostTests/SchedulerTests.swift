@@ -1,4 +1,6 @@
 @testable import BGTaskHost
+import BGTaskControl
+import BGTaskStore
 import BGTaskModel
 import Foundation
 import Testing

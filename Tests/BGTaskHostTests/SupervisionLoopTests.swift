@@ -1,4 +1,6 @@
 @testable import BGTaskHost
+import BGTaskControl
+import BGTaskLaunch
 import BGTaskModel
 import BGTaskSystem
 import Foundation

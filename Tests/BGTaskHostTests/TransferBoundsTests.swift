@@ -1,4 +1,7 @@
+import BGTaskControl
 @testable import BGTaskHost
+import BGTaskLaunch
+import BGTaskTransfers
 import BGTaskModel
 import BGTaskSystem
 import Foundation

@@ -1,5 +1,9 @@
 import Crypto
 @testable import BGTaskHost
+import BGTaskControl
+import BGTaskStore
+import BGTaskLaunch
+import BGTaskTransfers
 import BGTaskModel
 import BGTaskSystem
 import Foundation

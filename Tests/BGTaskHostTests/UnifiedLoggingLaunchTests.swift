@@ -1,4 +1,5 @@
 import BGTaskHost
+import BGTaskControl
 import BGTaskSystem
 import Foundation
 import Testing

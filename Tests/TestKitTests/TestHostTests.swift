@@ -1,5 +1,6 @@
 import BackgroundTasksTestKit
 import BGTaskHost
+import BGTaskControl
 import Foundation
 import Testing
 

@@ -1,3 +1,4 @@
+import BGTaskControl
 import Foundation
 #if canImport(Glibc)
 import Glibc

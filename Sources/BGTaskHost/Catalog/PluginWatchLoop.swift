@@ -1,3 +1,4 @@
+import BGTaskControl
 import BGTaskSystem
 import Foundation
 import _BGTaskSystemShims

@@ -1,14 +1,10 @@
+import BGTaskControl
+import BGTaskLaunch
 import Foundation
 import Glibc
 import Logging
 import _BGTaskSystemShims
 
-/// Who is on the other end of a control connection (SO_PEERCRED).
-public struct PeerCredentials: Sendable, Equatable {
-    public var pid: pid_t
-    public var uid: uid_t
-    public var gid: gid_t
-}
 
 /// The host's control socket: a Unix stream socket in the state directory with owner-only
 /// permissions, served by the host's supervision loops (`SupervisionLoop`), as its launches
@@ -131,8 +127,6 @@ public final class ControlServer: @unchecked Sendable {
 
     func connectionEnded() { lock.withLock { connections -= 1 } }
 
-    /// `ControlResponse()` as JSONEncoder writes it.
-    static let bareOK = Data(#"{"ok":true}"#.utf8)
 
     /// At most this many pipelined frames are handled together.
     static let pipelineDepth = 256
@@ -143,7 +137,7 @@ public final class ControlServer: @unchecked Sendable {
         var frames = Data()
         for response in responses {
             // Most answers (every accepted submission) are a bare `{"ok":true}`.
-            var payload = Self.bareOK
+            var payload = ControlFrame.bareOK
             if !response.isBareOK {
                 payload = (try? encoder.encode(response)) ?? Data(#"{"ok":false,"error":{"code":"internal","message":"the answer could not be encoded"}}"#.utf8)
                 if payload.count > ControlFrame.maximumPayload {
@@ -157,15 +151,6 @@ public final class ControlServer: @unchecked Sendable {
         return frames
     }
 
-    static func describe(_ error: Error) -> String {
-        switch error {
-        case let DecodingError.keyNotFound(key, _): "missing key '\(key.stringValue)'"
-        case let DecodingError.typeMismatch(_, context), let DecodingError.valueNotFound(_, context):
-            "wrong type at '\(context.codingPath.map(\.stringValue).joined(separator: "."))'"
-        case let DecodingError.dataCorrupted(context): context.debugDescription
-        default: "\(error)"
-        }
-    }
 }
 
 /// The control socket's listening descriptor, on a supervision loop: accepts what is waiting
@@ -458,124 +443,3 @@ final class ControlConnection: SupervisionLoop.Source, @unchecked Sendable {
     }
 }
 
-/// Talks to a host over its control socket: one request, one response.
-public struct ControlClient: Sendable {
-    public var path: String
-
-    public init(stateDirectory: URL) {
-        path = stateDirectory.appendingPathComponent("control.sock").path
-    }
-
-    public func send(_ command: ControlCommand) throws(BGTaskError) -> ControlResponse {
-        try send([command])[0]
-    }
-
-    /// Sends `requests` on one connection, pipelined: `window` frames are written at once and
-    /// their answers read after, so the host can handle them together (consecutive submissions
-    /// share one commit). One response each, in order.
-    public func send(_ commands: [ControlCommand], window: Int = 256) throws(BGTaskError) -> [ControlResponse] {
-        let payloads: [Data]
-        do { payloads = try commands.map(ControlCodec.encode) } catch {
-            throw BGTaskError(.invalidRequest, file: path, "control socket: cannot encode the request: \(error)")
-        }
-        return try send(payloads: payloads, window: window)
-    }
-
-    /// Sends requests as they are on the wire, whatever they hold: for tests of what the host
-    /// does with requests no client of this package sends.
-    package func send(wire requests: [ControlRequest]) throws(BGTaskError) -> [ControlResponse] {
-        let payloads: [Data]
-        do { payloads = try requests.map { try JSONEncoder.control.encode($0) } } catch {
-            throw BGTaskError(.invalidRequest, file: path, "control socket: cannot encode the request: \(error)")
-        }
-        return try send(payloads: payloads, window: 256)
-    }
-
-    private func send(payloads all: [Data], window: Int) throws(BGTaskError) -> [ControlResponse] {
-        var address = try unixAddress(path)
-        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
-        defer { close(fd) }
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard connected == 0 else {
-            let error = errno
-            if error == EACCES || error == EPERM {
-                throw BGTaskError(.system, file: path, errno: error, "the control socket belongs to another user; only the host's user may control it")
-            }
-            throw BGTaskError(.system, file: path, errno: error,
-                              "no bgtask host is listening (start one with `bgtask host --state \(URL(fileURLWithPath: path).deletingLastPathComponent().path)`)")
-        }
-        do {
-            let decoder = JSONDecoder.control
-            var reader = ControlFrameReader(fd: fd)
-            var responses: [ControlResponse] = []
-            responses.reserveCapacity(all.count)
-            var start = all.startIndex
-            while start < all.endIndex {
-                let chunk = all[start..<min(all.endIndex, start + max(1, window))]
-                do {
-                    try ControlFrame.write(payloads: Array(chunk), to: fd)
-                } catch {
-                    // The host may have answered before reading (a refused peer): read that answer.
-                    guard error.code == .closed, let payload = try? reader.next() else { throw error }
-                    let refusal = try decoder.decode(ControlResponse.self, from: payload)
-                    return responses + all[start...].map { _ in refusal }
-                }
-                for _ in chunk {
-                    guard let payload = try reader.next() else {
-                        throw BGTaskError(.system, file: path, "the host closed the connection without answering")
-                    }
-                    responses.append(payload == ControlServer.bareOK ? ControlResponse() : try decoder.decode(ControlResponse.self, from: payload))
-                }
-                start = chunk.endIndex
-            }
-            return responses
-        } catch let error as BGTaskError {
-            throw error
-        } catch {
-            throw BGTaskError(.system, file: path, "control socket: \(error)")
-        }
-    }
-}
-
-/// The address of the Unix socket at `path`, which must fit `sun_path`.
-func unixAddress(_ path: String) throws(BGTaskError) -> sockaddr_un {
-    var address = sockaddr_un()
-    address.sun_family = sa_family_t(AF_UNIX)
-    let bytes = Array(path.utf8)
-    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-        throw BGTaskError(.invalidRequest, file: path, "the control socket path is too long for a Unix socket (\(bytes.count) bytes, at most 107): use a shorter --state directory")
-    }
-    withUnsafeMutableBytes(of: &address.sun_path) { raw in
-        raw.copyBytes(from: bytes)
-        raw[bytes.count] = 0
-    }
-    return address
-}
-
-extension JSONEncoder {
-    /// The control protocol's encoder (a new one each time: an encoder is not thread-safe).
-    /// Keys are not sorted: nothing reads the frames but a decoder, and sorting costs.
-    static var control: JSONEncoder {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        return encoder
-    }
-}
-
-extension JSONDecoder {
-    static var control: JSONDecoder {
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
-        return decoder
-    }
-}
-
-extension ControlServer {
-    /// A client's word quoted back in an error: its first 64 characters, and how long it was
-    /// when longer (a megabyte-long verb must not make the answer a megabyte).
-    static func quoted(_ text: String) -> String {
-        text.count <= 64 ? text : "\(text.prefix(64))… (\(text.utf8.count) bytes)"
-    }
-}

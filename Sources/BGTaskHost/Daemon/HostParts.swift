@@ -1,3 +1,6 @@
+import BGTaskControl
+import BGTaskTransfers
+import BGTaskStore
 import BGTaskModel
 import Dispatch
 import Foundation
@@ -62,3 +65,5 @@ final class HostParts {
 extension ControlServer: HostPart {
     var partName: String { "control server" }
 }
+
+extension BackgroundTransfers: HostPart {}

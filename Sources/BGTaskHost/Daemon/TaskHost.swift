@@ -1,3 +1,7 @@
+import BGTaskControl
+import BGTaskLaunch
+import BGTaskTransfers
+import BGTaskStore
 import BGTaskSystem
 import BGTaskModel
 import Dispatch

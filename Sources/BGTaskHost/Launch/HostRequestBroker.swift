@@ -1,3 +1,6 @@
+import BGTaskControl
+import BGTaskLaunch
+import BGTaskTransfers
 import BGTaskModel
 import Foundation
 import Logging

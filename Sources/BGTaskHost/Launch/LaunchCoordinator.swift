@@ -1,3 +1,6 @@
+import BGTaskControl
+import BGTaskLaunch
+import BGTaskStore
 import BGTaskModel
 import BGTaskSystem
 import Dispatch

@@ -1,3 +1,4 @@
+import BGTaskControl
 import BGTaskModel
 import BGTaskSystem
 import Dispatch

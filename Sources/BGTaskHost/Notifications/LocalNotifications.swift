@@ -1,3 +1,5 @@
+import BGTaskControl
+import BGTaskStore
 import BGTaskModel
 import Dispatch
 import Foundation

@@ -1,3 +1,4 @@
+import BGTaskControl
 import Crypto
 import Foundation
 

@@ -1,51 +1,7 @@
+import BGTaskControl
 import BGTaskModel
 import Foundation
 
-/// A push and where it stands, as `push`, `pushes` and `why` answer.
-public struct PushReport: Codable, Sendable, Equatable {
-    public var id: String
-    public var app: String
-    public var kind: StoredPush.Kind
-    public var priority: Int
-    public var state: StoredPush.State
-    public var detail: String?
-    public var launchID: String?
-    public var receivedAt: Date
-    public var collapseID: String?
-    /// What holds a pending push back.
-    public var blockers: [Blocker]?
-
-    enum CodingKeys: String, CodingKey {
-        case id, app, kind, priority, state, detail, blockers
-        case launchID = "launch_id", receivedAt = "received_at", collapseID = "collapse_id"
-    }
-
-    init(_ push: StoredPush, blockers: [Blocker]? = nil) {
-        id = push.id
-        app = push.app
-        kind = push.kind
-        priority = push.priority
-        state = push.state
-        detail = push.detail
-        launchID = push.launchID
-        receivedAt = push.receivedAt
-        collapseID = push.collapseID
-        self.blockers = blockers
-    }
-
-    /// One line for people.
-    public var text: String {
-        var line = "push \(id) for \(app) (\(kind.rawValue), priority \(priority)): \(state.rawValue)"
-        if let launchID { line += " in launch \(launchID)" }
-        if let detail { line += ": \(detail)" }
-        if let blockers, !blockers.isEmpty {
-            line += ": waiting: " + blockers.map { blocker in
-                blocker.message + (blocker.until.map { " (until \(ISO8601DateFormatter().string(from: $0)))" } ?? "")
-            }.joined(separator: "; ")
-        }
-        return line
-    }
-}
 
 /// Background pushes: received (checked as APNs checks them, kept, coalesced per app) and
 /// delivered as iOS delivers them, in a launch with reason `remote-notification` whose app

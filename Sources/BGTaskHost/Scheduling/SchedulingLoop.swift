@@ -1,3 +1,5 @@
+import BGTaskControl
+import BGTaskTransfers
 import BGTaskModel
 import Dispatch
 import Foundation

@@ -1,3 +1,4 @@
+import BGTaskControl
 import Foundation
 import Logging
 #if canImport(Glibc)

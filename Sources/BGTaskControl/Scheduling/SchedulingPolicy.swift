@@ -1,0 +1,173 @@
+import BGTaskModel
+import Foundation
+
+/// How eagerly the host launches eligible work.
+public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
+    /// Run as soon as a request is due and its conditions hold: for development and tests.
+    case immediate
+    /// In the spirit of iOS: refresh launches of an app at most every `refreshInterval`, and
+    /// penalties that lengthen the wait after launches that end badly.
+    case realistic
+
+    /// Realistic: the shortest time between two launches of one app for refresh work.
+    public static let refreshInterval: TimeInterval = 15 * 60
+    /// Realistic: the first penalty; each further bad launch in a row doubles it.
+    public static let basePenalty: TimeInterval = 30 * 60
+    public static let maximumPenalty: TimeInterval = 24 * 60 * 60
+
+    /// The penalty after `level` bad launches in a row (level ≥ 1).
+    public static func penalty(level: Int) -> TimeInterval {
+        min(maximumPenalty, basePenalty * pow(2, Double(max(0, level - 1))))
+    }
+
+    /// True when a launch ended in a way that earns a penalty.
+    public static func isBad(_ record: RunRecord) -> Bool {
+        switch record.termination {
+        case .watchdog, .jetsam, .disk, .diskQuota, .crashed: return true
+        case .exited, .suspended, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
+        }
+    }
+}
+
+/// One reason a request is not running now. `code` is stable (scripts match on it); `message`
+/// is for people.
+public struct Blocker: Sendable, Equatable, Codable {
+    public var code: String
+    public var message: String
+    /// When the blocker lifts by itself, if it does.
+    public var until: Date?
+    /// False for notes that do not hold the request back (a handler never registered).
+    public var blocking: Bool
+
+    public init(_ code: BlockerCode, _ message: String, until: Date? = nil, blocking: Bool = true) {
+        self.code = code.rawValue
+        self.message = message
+        self.until = until
+        self.blocking = blocking
+    }
+
+    /// The code, when it is one this host knows (a newer host may send others).
+    public var knownCode: BlockerCode? { BlockerCode(rawValue: code) }
+}
+
+/// Why a request is not running, defined once (stable: `bgtask why --json` readers match on
+/// them). A blocker keeps its code as a string on the wire.
+public enum BlockerCode: String, CaseIterable, Sendable {
+    case appMissing = "app-missing"
+    case notDue = "not-due"
+    case refreshDisabled = "refresh-disabled"
+    case appRefreshDisabled = "app-refresh-disabled"
+    case lowPowerMode = "low-power-mode"
+    case deviceNotIdle = "device-not-idle"
+    case noExternalPower = "no-external-power"
+    case noNetwork = "no-network"
+    case dataProtected = "data-protected"
+    case penalty
+    case rateLimit = "rate-limit"
+    case appRunning = "app-running"
+    case concurrency
+    /// Not blocking: a note that the app's last launch did not register the handler.
+    case handlerNotRegistered = "handler-not-registered"
+    /// The app's last launch was refused: its containers hold more than its disk quota. It is
+    /// measured again when the refusal's pause ends.
+    case diskQuota = "disk-quota"
+    /// The app's last launch could not be started (not its fault: the host's); retried after
+    /// a pause.
+    case startFailed = "start-failed"
+
+    /// Lifts when the machine's power or network comes back, which the host learns only by
+    /// looking again (it re-reads device conditions while such a request waits).
+    package var liftsWithDeviceConditions: Bool { self == .noExternalPower || self == .noNetwork }
+}
+
+/// Decides, for one request, everything that holds it back. A pure function of its inputs, so
+/// `bgtask why` and the scheduler can never disagree.
+public struct Eligibility: Sendable {
+    public var policy: SchedulingPolicy
+    public var now: Date
+    public var conditions: DeviceConditions
+    public var runningLaunches: Int
+    public var maximumConcurrentLaunches: Int
+
+    public init(policy: SchedulingPolicy, now: Date, conditions: DeviceConditions, runningLaunches: Int, maximumConcurrentLaunches: Int) {
+        self.policy = policy
+        self.now = now
+        self.conditions = conditions
+        self.runningLaunches = runningLaunches
+        self.maximumConcurrentLaunches = maximumConcurrentLaunches
+    }
+
+    public func blockers(for stored: StoredRequest, app: PluginBundle?, state: AppState, appRunning: Bool) -> [Blocker] {
+        var result: [Blocker] = []
+        let request = stored.request
+        if app == nil {
+            result.append(Blocker(.appMissing, "no valid bundle with identifier \(stored.app) is in the plugin directory"))
+        }
+        if let earliest = stored.earliest, earliest > now {
+            result.append(Blocker(.notDue, "not yet due: earliestBeginDate is \(Self.format(earliest)), \(Self.format(earliest.timeIntervalSince(now))) from now", until: earliest))
+        }
+        switch request.kind {
+        case .refresh:
+            if !conditions.backgroundRefresh {
+                result.append(Blocker(.refreshDisabled, "Background App Refresh is off for the device (bgtask device --refresh on)"))
+            }
+            if !state.refreshEnabled {
+                result.append(Blocker(.appRefreshDisabled, "Background App Refresh is off for \(stored.app) (bgtask device --app \(stored.app) --refresh on)"))
+            }
+            if conditions.lowPowerMode {
+                result.append(Blocker(.lowPowerMode, "Low Power Mode is on: refresh tasks do not run (bgtask device --low-power off)"))
+            }
+        case .processing, .healthResearch:
+            if !conditions.idle {
+                result.append(Blocker(.deviceNotIdle, "processing tasks run only while the device is idle (bgtask device --idle on)"))
+            }
+            if request.requiresExternalPower && !conditions.externalPower {
+                result.append(Blocker(.noExternalPower, "requires external power, and the device is on battery (\(conditions.sources["externalPower"] ?? "machine"))"))
+            }
+            if request.requiresNetworkConnectivity && !conditions.network {
+                result.append(Blocker(.noNetwork, "requires network connectivity, and there is no default route (\(conditions.sources["network"] ?? "machine"))"))
+            }
+            if request.kind == .healthResearch {
+                switch request.protectionType {
+                case 1 where conditions.locked, 2 where conditions.locked:
+                    result.append(Blocker(.dataProtected, "its data (protection \(request.protectionType == 1 ? "complete" : "completeUnlessOpen")) is unavailable while the device is locked (bgtask device --locked off)"))
+                case 3 where !conditions.unlockedSinceBoot:
+                    result.append(Blocker(.dataProtected, "its data (completeUntilFirstUserAuthentication) is unavailable until the device is unlocked once after boot"))
+                default: break
+                }
+            }
+        case .continuedProcessing:
+            break
+        }
+        if policy == .realistic {
+            if let until = state.penaltyUntil, until > now {
+                result.append(Blocker(.penalty, "\(stored.app) is penalized after \(state.penaltyLevel) bad launch(es) in a row (watchdog, jetsam, crash or unfinished tasks) until \(Self.format(until))", until: until))
+            }
+            if request.kind == .refresh, let last = state.lastLaunchAt, last.addingTimeInterval(SchedulingPolicy.refreshInterval) > now {
+                let until = last.addingTimeInterval(SchedulingPolicy.refreshInterval)
+                result.append(Blocker(.rateLimit, "\(stored.app) was launched at \(Self.format(last)); refresh launches are at most every \(Self.format(SchedulingPolicy.refreshInterval))", until: until))
+            }
+        }
+        if appRunning {
+            result.append(Blocker(.appRunning, "\(stored.app) is running a launch now; the request runs in its next launch"))
+        } else if runningLaunches >= maximumConcurrentLaunches {
+            result.append(Blocker(.concurrency, "\(runningLaunches) launch(es) are running, the limit is \(maximumConcurrentLaunches)"))
+        }
+        if let registered = state.lastRegistered, !registered.contains(request.identifier) {
+            result.append(Blocker(.handlerNotRegistered, "the last launch of \(stored.app) (\(state.lastLaunchID ?? "?")) did not register a handler for \(request.identifier): it will end not-registered unless the app registers it", blocking: false))
+        }
+        return result
+    }
+
+    package static func format(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        return formatter.string(from: date)
+    }
+
+    package static func format(_ interval: TimeInterval) -> String {
+        // As the CLI reads durations (`bgtask clock advance 1h30m`), to the second, rounded up
+        // (past a millisecond of floating-point noise in date arithmetic): advancing a virtual
+        // clock by what is printed makes the request due.
+        DurationText.format(seconds: interval.isFinite && interval > 0 ? (interval - 0.001).rounded(.up) : interval)
+    }
+}

@@ -1,0 +1,331 @@
+import BGTaskControl
+import BGTaskSystem
+import Foundation
+import _BGTaskSystemShims
+
+/// The disk reserve, watched for one launch (`LaunchLimits.diskReserveBytes`): the containers'
+/// filesystem looked at every `checkInterval`, every 5 ms once it is within four reserves of
+/// it; under it, what the launch's containers hold is measured, and a launch whose containers
+/// grew by more than a MiB since is to be killed.
+package struct DiskReserveWatch {
+    package let reserve: UInt64
+    package let containers: [String]
+    package let checkInterval: UInt64
+    package private(set) var nextCheckNs: UInt64
+    /// What the containers held at the first look under the reserve.
+    private var heldWhenUnder: UInt64?
+
+    package static let closeInterval: UInt64 = 5_000_000
+    package static let growthAllowed: UInt64 = 1 << 20
+
+    package init(reserve: UInt64, containers: [String], startNs: UInt64, checkInterval: UInt64) {
+        self.reserve = reserve
+        self.containers = containers
+        self.checkInterval = checkInterval
+        nextCheckNs = startNs + checkInterval
+    }
+
+    package var isOn: Bool { reserve > 0 && !containers.isEmpty }
+
+    /// Looks when due. Returns why the launch must be killed, or nil.
+    package mutating func check(at now: UInt64) -> String? {
+        guard isOn, now >= nextCheckNs else { return nil }
+        var free = Self.availableBytesShared(containers[0], now: now)
+        if free / 4 < reserve { free = Self.availableBytes(containers[0]) }
+        guard free < reserve else {
+            heldWhenUnder = nil
+            nextCheckNs = now + (free / 4 < reserve ? Self.closeInterval : checkInterval)
+            return nil
+        }
+        nextCheckNs = now + Self.closeInterval
+        if deferWalks {
+            // On a supervision loop: measured on a worker (`walked`), one walk at a time.
+            walkWanted = (free: free, at: now)
+            return nil
+        }
+        return walked(held: Self.bytesHeld(containers), free: free)
+    }
+
+    /// As `DiskQuotaWatch.deferWalks`: the containers are measured on a worker, never on the
+    /// loop (`walkWanted`: the filesystem's free bytes when the walk was asked for).
+    package var deferWalks = false
+    package var walkWanted: (free: UInt64, at: UInt64)?
+
+    /// What the containers hold now was measured (`bytesHeld`): why the launch must be killed,
+    /// or nil.
+    package mutating func walked(held: UInt64, free: UInt64) -> String? {
+        walkWanted = nil
+        guard let before = heldWhenUnder else {
+            heldWhenUnder = held
+            return nil
+        }
+        guard held > before + Self.growthAllowed else { return nil }
+        return "wrote \(RunRecord.mib(held - before)) more into its containers while their filesystem had \(RunRecord.mib(free)) free, under the host's reserve of \(RunRecord.mib(reserve)) (--disk-reserve)"
+    }
+
+    /// Bytes the unprivileged may still write on the filesystem holding `path` (UInt64.max
+    /// when it cannot be asked: no reserve is enforced on what cannot be measured).
+    package static func availableBytes(_ path: String) -> UInt64 {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return .max }
+        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
+    }
+
+    /// `availableBytes` of the filesystem holding the directory `path` is in, shared by every
+    /// launch whose container is in that directory, asked again after `closeInterval`: a
+    /// thousand launches far from the reserve ask the filesystem 200 times a second instead of
+    /// 10,000. Only for a look that finds the filesystem far from the reserve (`check` asks
+    /// its own container once it is within four reserves).
+    package static func availableBytesShared(_ path: String, now: UInt64) -> UInt64 {
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? path
+        if let cached = sharedLooks.withLock({ $0[directory] }), now < cached.at + closeInterval { return cached.free }
+        let free = availableBytes(path)
+        sharedLooks.withLock { $0[directory] = (now, free) }
+        return free
+    }
+
+    private static let sharedLooks = LockedValue([String: (at: UInt64, free: UInt64)]())
+
+    /// What the directories hold on disk (allocated blocks), links not followed, other
+    /// filesystems not entered, at most a million entries each.
+    package static func bytesHeld(_ directories: [String]) -> UInt64 {
+        directories.reduce(0) { $0 + UInt64(max(0, bgtask_directory_usage($1, 1_000_000))) }
+    }
+}
+
+/// The memory sampler of one launch (without a cgroup): the resident memory of the app's process
+/// and its descendants, plus shared memory only open files show, sampled adaptively (the next
+/// sample comes before the launch, growing as fast as it last did, could cross half of its
+/// remaining headroom; never sooner than 0.5 ms). Descendants are looked for every
+/// `descendantInterval` when the runner says it has a child (or did not answer), and every
+/// `checkInterval` whatever it says.
+package struct MemorySampler {
+    package let limit: UInt64
+    package let sampleInterval: UInt64
+    /// While resident memory does not grow (see `LaunchSupervisor.memorySampleInterval`).
+    package let maximumInterval: UInt64
+    package let burstBytesPerNs: Double
+    /// The launch's first `maximumInterval` is sampled every `sampleInterval` whatever it does:
+    /// a process that is loading grows in steps the steady rule would miss (and most launches
+    /// are over by then).
+    package let relaxAfterNs: UInt64
+    package let descendantInterval: UInt64
+    package let checkInterval: UInt64
+    package private(set) var nextSampleNs: UInt64 = 0
+    private var lastSample: (at: UInt64, rss: UInt64)?
+    private var nextDescendantWalkNs: UInt64
+    private var nextUnconditionalWalkNs: UInt64
+    private var knownDescendants: [pid_t] = []
+    private var probeSent = false
+    private var heldSharedBytes: UInt64 = 0
+    /// The app's own process: the runner, or pid 2 of the launch's PID namespace (see
+    /// ProcessTree.appProcess). Found at the first sample; until the runner has reported its
+    /// confinement (after its namespace is made), "no namespace" is not taken as final.
+    package private(set) var app: pid_t?
+    /// The app's /proc/PID/statm, kept open (see `ProcessTree.ResidentMemory`).
+    private var appMemory: ProcessTree.ResidentMemory?
+    private var gate = MachineGate()
+
+    package init(limit: UInt64, startNs: UInt64, sampleInterval: UInt64, maximumInterval: UInt64 = 0, burstBytesPerNs: Double = .infinity,
+         descendantInterval: UInt64, checkInterval: UInt64) {
+        self.limit = limit
+        self.sampleInterval = sampleInterval
+        self.maximumInterval = max(sampleInterval, maximumInterval)
+        self.burstBytesPerNs = burstBytesPerNs
+        relaxAfterNs = startNs + max(sampleInterval, maximumInterval)
+        self.descendantInterval = descendantInterval
+        self.checkInterval = checkInterval
+        nextDescendantWalkNs = startNs + descendantInterval
+        nextUnconditionalWalkNs = startNs + checkInterval
+    }
+
+    /// Samples when due: the launch's resident bytes (its peak is kept in `state`), or nil when
+    /// no sample was due. `probe` asks the runner whether it has a child (true when sent).
+    package mutating func sample(at now: UInt64, runner pid: pid_t, state: inout LaunchState, probe: () -> Bool) -> UInt64? {
+        guard now >= nextSampleNs else { return nil }
+        let counted: pid_t
+        if let app {
+            counted = app
+        } else if let found = ProcessTree.appProcess(of: pid) {
+            counted = found
+            if found != pid || state.sandbox != nil { app = found }
+        } else {
+            // A namespace is being made and its app is not there yet: the outer process shares
+            // the zygote's memory, which is not the app's to count. Look again shortly.
+            nextSampleNs = now + sampleInterval
+            return nil
+        }
+        if now >= nextDescendantWalkNs {
+            // Walk when the runner said it has a child, or when it did not answer, and every
+            // `checkInterval` whatever it said: its answer saves a short launch the walk, it
+            // cannot hide a child for longer than that.
+            if (probeSent && state.childrenAnswer != false) || now >= nextUnconditionalWalkNs {
+                let periodic = now >= nextUnconditionalWalkNs
+                if periodic { nextUnconditionalWalkNs = now + checkInterval }
+                // A periodic walk of a launch that had no child finds none while no process has
+                // been made on the machine since its last walk (see `MachineGate`).
+                if !(periodic && knownDescendants.isEmpty && !gate.processesMayHaveStarted(at: now)) {
+                    knownDescendants = ProcessTree.descendants(of: counted)
+                    gate.walked(at: now)
+                }
+                if !knownDescendants.isEmpty { state.hadDescendants = true }
+                // Memory no process's resident set shows (a memfd written but not mapped, POSIX
+                // shared memory): looked for at the periodic walk only, and only when it may
+                // have grown enough to matter (see `MachineGate`).
+                let last = lastSample?.rss ?? 0
+                if periodic, gate.sharedMemoryMayMatter(at: now, holding: heldSharedBytes, headroom: limit > last ? limit - last : 0) {
+                    heldSharedBytes = ProcessTree.sharedMemoryBytes(of: [counted] + knownDescendants)
+                }
+            } else {
+                knownDescendants = []
+            }
+            state.childrenAnswer = nil
+            // A launch past its first moments that has no child is looked at by the periodic
+            // walk only: the probe (a message each way, two wake-ups of this thread) would ask
+            // what the walk is about to see anyway. At a thousand sleeping launches, the probes
+            // were a third of the host's supervision.
+            let steady = now >= relaxAfterNs && knownDescendants.isEmpty
+            nextDescendantWalkNs = steady ? nextUnconditionalWalkNs : now + descendantInterval
+            probeSent = nextDescendantWalkNs < nextUnconditionalWalkNs ? probe() : false
+        }
+        if appMemory?.pid != counted { appMemory = ProcessTree.ResidentMemory(pid: counted) }
+        let own = appMemory?.bytes ?? ProcessTree.residentBytes(ofProcess: counted)
+        let rss = knownDescendants.reduce(own) { $0 + ProcessTree.residentBytes(ofProcess: $1) } + heldSharedBytes
+        state.peakRSS = max(state.peakRSS, rss)
+        var interval = sampleInterval
+        if let last = lastSample, rss > last.rss, now > last.at, rss < limit {
+            let bytesPerNs = Double(rss - last.rss) / Double(now - last.at)
+            let untilHalfHeadroom = Double(limit - rss) / 2 / bytesPerNs
+            interval = UInt64(min(Double(sampleInterval), max(500_000, untilHalfHeadroom)))
+        } else if rss < limit, now >= relaxAfterNs, burstBytesPerNs.isFinite, burstBytesPerNs > 0 {
+            // Not growing: as long as a burst at the fastest rate needs to reach 10 % over the limit.
+            let untilOvershoot = (Double(limit) * 1.1 - Double(rss)) / burstBytesPerNs
+            interval = UInt64(min(Double(maximumInterval), max(Double(sampleInterval), untilOvershoot)))
+        }
+        lastSample = (now, rss)
+        nextSampleNs = now + interval
+        return rss
+    }
+}
+
+/// Whether the two expensive looks of a sleeping launch's supervision can be skipped, from two
+/// counters the machine keeps for everyone (read at most every 5 ms for all launches together):
+///
+/// - **The walk for descendants** (a readdir of the app's threads and a read of each one's
+///   children): a launch that had no child cannot have one while no process or thread has been
+///   made on the machine since its last walk (the last pid in /proc/loadavg has not moved: a pid
+///   made in a launch's namespace is made in the host's too).
+/// - **The memfd and POSIX shared memory scan** (a readlink per open descriptor of each of the
+///   launch's processes, each making a /proc inode: the most expensive part of supervising a
+///   sleeping launch). Whatever a process writes into a memfd or /dev/shm is shared memory,
+///   which the machine counts (`Shmem` in /proc/meminfo). While that count has not grown over
+///   its lowest since the launch's last scan by more than the launch's headroom (its limit
+///   less what its last sample counted), the launch cannot be over its limit, whatever it
+///   wrote: the scan is skipped. It is done when the count grew by more, while the last scan
+///   found some, and at least every `forcedInterval` (others freeing shared memory while the
+///   launch fills some could mask the growth).
+package struct MachineGate {
+    package static let forcedInterval: UInt64 = 1_000_000_000
+    private var lowestShared: UInt64?
+    private var lastScanNs: UInt64?
+    private var lastPIDAtWalk: Int64?
+    private var lastWalkNs: UInt64?
+
+    package func processesMayHaveStarted(at now: UInt64, _ counters: Counters? = nil) -> Bool {
+        guard let walked = lastWalkNs, now < walked + Self.forcedInterval,
+              let before = lastPIDAtWalk, let current = (counters ?? Self.counters(now: now)).lastPID else { return true }
+        return current != before
+    }
+
+    /// The walk was done now (the last pid read before it: a process made during it counts).
+    package mutating func walked(at now: UInt64, _ counters: Counters? = nil) {
+        lastWalkNs = now
+        lastPIDAtWalk = (counters ?? Self.counters(now: now)).lastPID
+    }
+
+    /// True when the scan is due now (and it is taken as done).
+    package mutating func sharedMemoryMayMatter(at now: UInt64, holding: UInt64, headroom: UInt64, _ counters: Counters? = nil) -> Bool {
+        let machine = (counters ?? Self.counters(now: now)).sharedBytes
+        defer { if let machine { lowestShared = min(lowestShared ?? machine, machine) } }
+        var due = holding > 0 || machine == nil || lowestShared == nil
+        if let last = lastScanNs, now >= last + Self.forcedInterval { due = true }
+        if let machine, let lowest = lowestShared, machine > lowest, machine - lowest >= headroom { due = true }
+        if due {
+            lastScanNs = now
+            lowestShared = machine
+        }
+        return due
+    }
+
+    package struct Counters {
+        package var sharedBytes: UInt64?
+        package var lastPID: Int64?
+
+        /// The memberwise initializer, for the modules above this one.
+        package init(sharedBytes: UInt64? = nil, lastPID: Int64? = nil) {
+            self.sharedBytes = sharedBytes
+            self.lastPID = lastPID
+        }
+    }
+
+    /// The machine's counters, shared by all launches for 5 ms.
+    package static func counters(now: UInt64) -> Counters {
+        if let cached = cache.withLock({ $0 }), now < cached.at + 5_000_000 { return cached.counters }
+        let counters = Counters(sharedBytes: field(of: "/proc/meminfo", after: "\nShmem:").map { $0 * 1024 },
+                                lastPID: lastField(of: "/proc/loadavg"))
+        cache.withLock { $0 = (now, counters) }
+        return counters
+    }
+
+    private static let cache = LockedValue<(at: UInt64, counters: Counters)?>(nil)
+
+    /// The number after `key` in the file (spaces skipped).
+    private static func field(of path: String, after key: String) -> UInt64? {
+        read(path) { text in
+            let needle = Array(key.utf8)
+            var at = 0
+            search: while at + needle.count <= text.count {
+                for (offset, byte) in needle.enumerated() where text[at + offset] != byte {
+                    at += 1
+                    continue search
+                }
+                break
+            }
+            guard at + needle.count <= text.count else { return nil }
+            at += needle.count
+            while at < text.count, text[at] == UInt8(ascii: " ") { at += 1 }
+            var value: UInt64 = 0
+            let start = at
+            while at < text.count, text[at] >= UInt8(ascii: "0"), text[at] <= UInt8(ascii: "9") {
+                value = value &* 10 &+ UInt64(text[at] - UInt8(ascii: "0"))
+                at += 1
+            }
+            return at > start ? value : nil
+        }
+    }
+
+    /// The file's last space-separated number (/proc/loadavg: the last pid made).
+    private static func lastField(of path: String) -> Int64? {
+        read(path) { text in
+            var end = text.count
+            while end > 0, text[end - 1] < UInt8(ascii: "0") || text[end - 1] > UInt8(ascii: "9") { end -= 1 }
+            var start = end
+            while start > 0, text[start - 1] >= UInt8(ascii: "0"), text[start - 1] <= UInt8(ascii: "9") { start -= 1 }
+            guard start < end else { return nil }
+            return text[start..<end].reduce(Int64(0)) { $0 &* 10 &+ Int64($1 - UInt8(ascii: "0")) }
+        }
+    }
+
+    private static func read<T>(_ path: String, _ body: (UnsafeBufferPointer<UInt8>) -> T?) -> T? {
+        let bytes = ProcessTree.readFile(path, limit: 16_384)
+        return bytes.isEmpty ? nil : bytes.withUnsafeBufferPointer(body)
+    }
+
+    /// The memberwise initializer, for the modules above this one.
+    package init(lowestShared: UInt64? = nil, lastScanNs: UInt64? = nil, lastPIDAtWalk: Int64? = nil, lastWalkNs: UInt64? = nil) {
+        self.lowestShared = lowestShared
+        self.lastScanNs = lastScanNs
+        self.lastPIDAtWalk = lastPIDAtWalk
+        self.lastWalkNs = lastWalkNs
+    }
+}
