@@ -10,6 +10,13 @@ import Glibc
 @_exported import enum BGTaskControl.ControlCommand
 @_exported import struct BGTaskControl.ControlResponse
 @_exported import struct BGTaskControl.ControlFailure
+@_exported import struct BGTaskControl.ControlCall
+@_exported import struct BGTaskControl.AppsPage
+@_exported import struct BGTaskControl.HistoryPage
+@_exported import struct BGTaskControl.LaunchAnswer
+@_exported import struct BGTaskControl.WhyAnswer
+@_exported import struct BGTaskControl.NotificationsAnswer
+@_exported import struct BGTaskControl.TransfersPage
 @_exported import enum BGTaskControl.ControlErrorCode
 @_exported import struct BGTaskControl.DeviceChanges
 @_exported import enum BGTaskControl.DeviceCondition
@@ -150,19 +157,23 @@ public final class TestHost: @unchecked Sendable {
         return response
     }
 
+    /// Sends `call`'s command and returns its typed answer (`try host.call(.pending())` is
+    /// `[StoredRequest]`); the host's refusal is thrown as a `ControlFailure`.
+    @discardableResult
+    public func call<Answer>(_ call: ControlCall<Answer>) throws(ControlFailure) -> Answer {
+        try ControlClient(stateDirectory: stateDirectory).call(call)
+    }
+
     /// Submits a request for `app`, as `bgtask submit` does; `earliestIn` is from the host's
     /// (virtual) now.
     public func submit(_ request: TaskRequest, app: String, earliestIn delay: Duration? = nil) throws {
-        try perform(.submit(app: app, request: request, delay: delay.map(\.seconds)))
+        try call(.submit(app: app, request: request, delay: delay.map(\.seconds)))
     }
 
     /// Moves the host's virtual clock forward; returns its new now.
     @discardableResult
     public func advanceClock(by duration: Duration) throws -> Date {
-        guard let now = try perform(.clock(advance: duration.seconds)).clock?.now else {
-            throw TestKitError("clock: the host's answer has no clock")
-        }
-        return now
+        try call(.clock(advance: duration.seconds)).now
     }
 
     /// Launches the app for `identifier` now (`bgtask simulate-launch`); with `wait`, returns
@@ -170,12 +181,12 @@ public final class TestHost: @unchecked Sendable {
     /// `type` (needed when the app's background modes do not decide it).
     @discardableResult
     public func simulateLaunch(_ identifier: String, app: String? = nil, force: Bool = false, type: TaskKind? = nil, wait: Bool = true) throws -> RunRecord? {
-        try perform(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: wait)).record
+        try call(.simulateLaunch(identifier: identifier, app: app, force: force, kind: type, wait: wait)).record
     }
 
     /// Expires the running task `identifier` (`bgtask simulate-expire`).
     public func simulateExpire(_ identifier: String) throws {
-        try perform(.simulateExpire(identifier: identifier))
+        try call(.simulateExpire(identifier: identifier))
     }
 
     /// Ends `app`'s suspended process now, as jetsam would (`bgtask evict`): its next launch
@@ -184,17 +195,17 @@ public final class TestHost: @unchecked Sendable {
     /// app suspended, and the app's next launch resumes it; the records say `resumed`.)
     @discardableResult
     public func evict(_ app: String) throws -> Bool {
-        (try perform(.evict(app: app)).removed ?? 0) > 0
+        try call(.evict(app: app))
     }
 
     /// The host's pending requests (of `app`, or every app's).
     public func pending(app: String? = nil) throws -> [StoredRequest] {
-        try perform(.pending(app: app)).pending ?? []
+        try call(.pending(app: app))
     }
 
     /// Run records, newest first.
     public func records(app: String? = nil, limit: Int = 50) throws -> [RunRecord] {
-        try perform(.history(app: app, limit: limit)).records ?? []
+        try call(.history(app: app, limit: limit)).records
     }
 
     /// Waits (bounded) until the host has at least `count` run records; returns them, newest
@@ -214,7 +225,7 @@ public final class TestHost: @unchecked Sendable {
     /// Sets device conditions (`bgtask device`: `.power`, `.network`, `.lowPower`, ... to
     /// `.on`, `.off` or `.auto`).
     public func setDevice(_ overrides: [DeviceCondition: DeviceSetting]) throws {
-        try perform(.device(DeviceChanges(overrides)))
+        try call(.device(DeviceChanges(overrides)))
     }
 }
 

@@ -30,6 +30,16 @@ struct HostOptions: ParsableArguments {
         return response
     }
 
+    /// Sends `call`'s command and returns its typed answer; a refusal is printed as `send`
+    /// prints it.
+    func call<Answer>(_ call: ControlCall<Answer>, hint: (ControlFailure) -> String? = { _ in nil }) throws -> Answer {
+        let response = try send(call.command, hint: hint)
+        do { return try call.answer(response) } catch {
+            printError("\(call.command.verb.rawValue): \(error.message) [\(error.code.rawValue)]")
+            throw ExitCode(1)
+        }
+    }
+
     func printJSON<T: Encodable>(_ value: T) throws {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
@@ -153,8 +163,8 @@ extension BGTaskCommand {
             let request = TaskRequest(kind: type, identifier: identifier, earliestBeginDate: earliestDate,
                                           requiresNetworkConnectivity: requiresNetwork, requiresExternalPower: requiresPower,
                                           protectionType: type == .healthResearch ? protection.code : 0)
-            _ = try host.send(.submit(app: app, request: request, delay: delay))
-            let stored = try host.send(.pending(app: app)).pending?.first { $0.request.identifier == identifier }
+            try host.call(.submit(app: app, request: request, delay: delay))
+            let stored = try host.call(.pending(app: app)).first { $0.request.identifier == identifier }
             if host.json { return try host.printJSON(["submitted": identifier]) }
             print("submitted \(type.rawValue) \(identifier) for \(app)\(stored?.earliest.map { ", not before \(dateText($0))" } ?? "")")
         }
@@ -166,7 +176,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let pending = try host.send(.pending(app: app)).pending ?? []
+            let pending = try host.call(.pending(app: app))
             if host.json { return try host.printJSON(pending) }
             if pending.isEmpty { print("no pending requests") }
             for stored in pending {
@@ -185,7 +195,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(.cancel(app: app, identifier: identifier)).removed ?? 0
+            let removed = try host.call(.cancel(app: app, identifier: identifier))
             if host.json { return try host.printJSON(["removed": removed]) }
             print(removed > 0 ? "cancelled \(identifier)" : "\(identifier) had no pending request")
         }
@@ -197,7 +207,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let removed = try host.send(.cancelAll(app: app)).removed ?? 0
+            let removed = try host.call(.cancelAll(app: app))
             if host.json { return try host.printJSON(["removed": removed]) }
             print("cancelled \(removed) request(s) of \(app)")
         }
@@ -335,11 +345,11 @@ extension BGTaskCommand {
 
         func run() throws {
             var changes = DeviceChanges()
-            let conditions: [(DeviceCondition, DeviceSetting?)] = [(.power, power), (.network, network), (.idle, idle), (.lowPower, lowPower),
+            let settings: [(DeviceCondition, DeviceSetting?)] = [(.power, power), (.network, network), (.idle, idle), (.lowPower, lowPower),
                                                                    (.locked, locked), (.gpu, gpu)] + (app == nil ? [(.refresh, refresh)] : [])
-            for case let (condition, setting?) in conditions { changes.conditions[condition] = setting }
+            for case let (condition, setting?) in settings { changes.conditions[condition] = setting }
             if let app { changes.app = DeviceChanges.AppSwitches(app: app, refresh: refresh?.override, notifications: notifications) }
-            guard let conditions = try host.send(.device(changes)).device else { return }
+            let conditions = try host.call(.device(changes))
             if host.json { return try host.printJSON(conditions) }
             func line(_ name: String, _ value: Bool, _ key: String) {
                 print("\(name.padding(toLength: 20, withPad: " ", startingAt: 0)) \(value ? "yes" : "no")  (\(conditions.sources[key] ?? "?"))")
@@ -375,7 +385,7 @@ extension BGTaskCommand {
 
         func run() throws {
             let seconds = amount?.duration.timeInterval
-            guard let clock = try host.send(.clock(advance: seconds)).clock else { return }
+            let clock = try host.call(.clock(advance: seconds))
             if host.json { return try host.printJSON(clock) }
             print("\(clock.mode.rawValue) clock: \(dateText(clock.now))\(clock.nextDue.map { "; next request due \(dateText($0))" } ?? "")")
         }
@@ -468,7 +478,7 @@ extension BGTaskCommand {
             var drawnLines = 0
             var seenAny = false
             while true {
-                let tasks = try host.send(.progress).continued ?? []
+                let tasks = try host.call(.progress)
                 seenAny = seenAny || !tasks.isEmpty
                 if interactive {
                     if drawnLines > 0 { print("\u{1B}[\(drawnLines)A", terminator: "") }

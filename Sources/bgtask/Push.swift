@@ -52,7 +52,7 @@ extension BGTaskCommand {
             }
             let body = PushBody(payload: String(decoding: payload, as: UTF8.self), pushType: pushType, priority: priority,
                                 expiration: expiration, collapseID: collapseID, id: id)
-            guard let report = try host.send(.push(app: app, body)).push else { return }
+            let report = try host.call(.push(app: app, body))
             if host.json { return try host.printJSON(report) }
             print(report.text)
         }
@@ -65,7 +65,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let reports = try host.send(.pushes(app: app, limit: limit)).pushes ?? []
+            let reports = try host.call(.pushes(app: app, limit: limit))
             if host.json { return try host.printJSON(reports) }
             if reports.isEmpty { print("no pushes\(app.map { " for \($0)" } ?? "")") }
             for report in reports { print(report.text) }
@@ -80,7 +80,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            guard let token = try host.send(.deviceToken(app: app)).deviceToken else { return }
+            let token = try host.call(.deviceToken(app: app))
             if host.json { return try host.printJSON(["app": app, "device_token": token]) }
             print(token)
         }
