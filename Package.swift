@@ -121,7 +121,9 @@ let package = Package(
         // app code that posts "new episodes downloaded" after a refresh compiles unchanged.
         .target(
             name: "UserNotifications",
-            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI"],
+            // BGTaskModel: the notification request's one schema (`NotificationRequest`), shared
+            // with the runner, the launch channel, the store and the control socket.
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskModel"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
 

@@ -182,15 +182,23 @@ public struct DateMatch: Codable, Sendable, Equatable {
         return calendarValue.nextDate(after: date, matching: components, matchingPolicy: .strict, repeatedTimePolicy: .first, direction: .forward)
     }
 
-    static func calendarIdentifier(_ name: String) -> Calendar.Identifier? {
+    /// A calendar's name in the schema (`Calendar.Identifier`'s case name); gregorian for one
+    /// the schema does not name.
+    public static func calendarName(_ identifier: Calendar.Identifier) -> String {
+        calendars.first { $0.value == identifier }?.key ?? "gregorian"
+    }
+
+    static func calendarIdentifier(_ name: String) -> Calendar.Identifier? { calendars[name] }
+
+    private static let calendars: [String: Calendar.Identifier] = {
         let known: [String: Calendar.Identifier] = [
             "gregorian": .gregorian, "iso8601": .iso8601, "buddhist": .buddhist, "chinese": .chinese, "coptic": .coptic,
             "ethiopicAmeteMihret": .ethiopicAmeteMihret, "ethiopicAmeteAlem": .ethiopicAmeteAlem, "hebrew": .hebrew,
             "indian": .indian, "islamic": .islamic, "islamicCivil": .islamicCivil, "japanese": .japanese, "persian": .persian,
             "republicOfChina": .republicOfChina, "islamicTabular": .islamicTabular, "islamicUmmAlQura": .islamicUmmAlQura,
         ]
-        return known[name]
-    }
+        return known
+    }()
 }
 
 /// When a notification is delivered: after an interval from when it was added, or at dates
@@ -293,9 +301,14 @@ public struct NotificationRequest: Codable, Sendable, Equatable {
 
     /// The request as the ABI's JSON (sorted keys).
     public func json() -> Data {
+        (try? encoded()) ?? Data("{}".utf8)
+    }
+
+    /// The request's JSON, as `json()`, or why it has none (a `userInfo` number that is not finite).
+    public func encoded() throws -> Data {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return (try? encoder.encode(self)) ?? Data("{}".utf8)
+        return try encoder.encode(self)
     }
 
     static func describe(_ error: DecodingError) -> String {

@@ -1,4 +1,5 @@
 import BGTaskABI
+import BGTaskModel
 import BackgroundTasks
 import CBGTaskPluginABI
 import Foundation
@@ -62,134 +63,115 @@ enum Host {
 
     // MARK: JSON
 
+    // The request crosses as `BGTaskModel.NotificationRequest`'s JSON: the one schema the runner,
+    // the launch channel, the store and the control socket share (`bgtask/plugin.h` documents it).
+
     /// The request as the ABI's JSON; a `userInfo` that JSON cannot hold is refused here, naming
     /// the key, as Apple refuses one that is not a property list.
     static func encode(_ request: UNNotificationRequest) throws -> Data {
-        let content = request.content
-        var body: [String: Any] = [:]
-        if !content.title.isEmpty { body["title"] = content.title }
-        if !content.subtitle.isEmpty { body["subtitle"] = content.subtitle }
-        if !content.body.isEmpty { body["body"] = content.body }
-        if let badge = content.badge { body["badge"] = badge.int64Value }
-        if let sound = content.sound { body["sound"] = sound.name }
-        if !content.threadIdentifier.isEmpty { body["thread_identifier"] = content.threadIdentifier }
-        if !content.categoryIdentifier.isEmpty { body["category_identifier"] = content.categoryIdentifier }
-        if !content.userInfo.isEmpty {
-            var userInfo: [String: Any] = [:]
-            for (key, value) in content.userInfo {
-                guard let key = key.base as? String else {
-                    throw CocoaError(.propertyListWriteInvalid, userInfo: [NSLocalizedDescriptionKey: "content.user_info: key \(key) is not a string"])
-                }
-                userInfo[key] = try json(value, path: "content.user_info.\(key)")
-            }
-            body["user_info"] = userInfo
-        }
-        var object: [String: Any] = ["identifier": request.identifier, "content": body]
-        switch request.trigger {
-        case let trigger as UNTimeIntervalNotificationTrigger:
-            object["trigger"] = ["type": "time-interval", "time_interval": trigger.timeInterval, "repeats": trigger.repeats]
-        case let trigger as UNCalendarNotificationTrigger:
-            let c = trigger.dateComponents
-            var components: [String: Any] = [:]
-            let fields: [(String, Int?)] = [
-                ("era", c.era), ("year", c.year), ("month", c.month), ("day", c.day), ("hour", c.hour), ("minute", c.minute),
-                ("second", c.second), ("nanosecond", c.nanosecond), ("weekday", c.weekday), ("weekday_ordinal", c.weekdayOrdinal),
-                ("quarter", c.quarter), ("week_of_month", c.weekOfMonth), ("week_of_year", c.weekOfYear),
-                ("year_for_week_of_year", c.yearForWeekOfYear),
-            ]
-            for (name, value) in fields { if let value { components[name] = value } }
-            if let zone = c.timeZone ?? c.calendar?.timeZone, c.timeZone != nil { components["time_zone"] = zone.identifier }
-            if let calendar = c.calendar { components["calendar"] = calendarName(calendar.identifier) }
-            object["trigger"] = ["type": "calendar", "date_components": components, "repeats": trigger.repeats]
-        default: break
-        }
-        return try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+        try model(request).encoded()
     }
 
-    private static func json(_ value: Any, path: String, depth: Int = 0) throws -> Any {
+    /// The model's request for `request`.
+    static func model(_ request: UNNotificationRequest) throws -> NotificationRequest {
+        let content = request.content
+        var userInfo: [String: JSONValue] = [:]
+        for (key, value) in content.userInfo {
+            guard let key = key.base as? String else {
+                throw CocoaError(.propertyListWriteInvalid, userInfo: [NSLocalizedDescriptionKey: "content.user_info: key \(key) is not a string"])
+            }
+            userInfo[key] = try json(value, path: "content.user_info.\(key)")
+        }
+        let body = NotificationContent(title: content.title, subtitle: content.subtitle, body: content.body,
+                                       badge: content.badge?.int64Value, sound: content.sound?.name, userInfo: userInfo,
+                                       threadIdentifier: content.threadIdentifier, categoryIdentifier: content.categoryIdentifier)
+        var trigger: NotificationTrigger?
+        switch request.trigger {
+        case let made as UNTimeIntervalNotificationTrigger:
+            trigger = .timeInterval(made.timeInterval, repeats: made.repeats)
+        case let made as UNCalendarNotificationTrigger:
+            let c = made.dateComponents
+            var match = DateMatch()
+            match.setFields([c.era, c.year, c.month, c.day, c.hour, c.minute, c.second, c.nanosecond, c.weekday, c.weekdayOrdinal,
+                             c.quarter, c.weekOfMonth, c.weekOfYear, c.yearForWeekOfYear])
+            if let zone = c.timeZone { match.timeZone = zone.identifier }
+            if let calendar = c.calendar { match.calendar = DateMatch.calendarName(calendar.identifier) }
+            trigger = .calendar(match, repeats: made.repeats)
+        default: break
+        }
+        return NotificationRequest(identifier: request.identifier, content: body, trigger: trigger)
+    }
+
+    private static func json(_ value: Any, path: String, depth: Int = 0) throws -> JSONValue {
         guard depth < 32 else { throw CocoaError(.propertyListWriteInvalid, userInfo: [NSLocalizedDescriptionKey: "\(path): nested too deeply"]) }
         switch value {
-        case let value as String: return value
-        case let value as Bool where type(of: value) == Bool.self: return value
-        case let value as Int: return value
-        case let value as Int64: return value
-        case let value as Int32: return Int(value)
-        case let value as UInt: return value
-        case let value as UInt64: return value
-        case let value as Double: return value
-        case let value as Float: return Double(value)
-        case let value as NSNumber: return value
-        case is NSNull: return NSNull()
-        case let value as [Any]: return try value.enumerated().map { try json($1, path: "\(path)[\($0)]", depth: depth + 1) }
+        case let value as String: return .string(value)
+        case let value as Bool where type(of: value) == Bool.self: return .bool(value)
+        case let value as Int: return .int(Int64(value))
+        case let value as Int64: return .int(value)
+        case let value as Int32: return .int(Int64(value))
+        case let value as UInt: return Int64(exactly: value).map(JSONValue.int) ?? .double(Double(value))
+        case let value as UInt64: return Int64(exactly: value).map(JSONValue.int) ?? .double(Double(value))
+        case let value as Double: return .double(value)
+        case let value as Float: return .double(Double(value))
+        case let value as NSNumber:
+            if let integer = Int64(exactly: value.doubleValue), String(cString: value.objCType) != "d", String(cString: value.objCType) != "f" {
+                return .int(integer)
+            }
+            return .double(value.doubleValue)
+        case is NSNull: return .null
+        case let value as [Any]: return .array(try value.enumerated().map { try json($1, path: "\(path)[\($0)]", depth: depth + 1) })
         case let value as [AnyHashable: Any]:
-            var object: [String: Any] = [:]
+            var object: [String: JSONValue] = [:]
             for (key, item) in value {
                 guard let key = key.base as? String else {
                     throw CocoaError(.propertyListWriteInvalid, userInfo: [NSLocalizedDescriptionKey: "\(path): key \(key) is not a string"])
                 }
                 object[key] = try json(item, path: "\(path).\(key)", depth: depth + 1)
             }
-            return object
+            return .object(object)
         case let value as [String: Any]: return try json(value as [AnyHashable: Any], path: path, depth: depth)
         default:
             throw CocoaError(.propertyListWriteInvalid, userInfo: [NSLocalizedDescriptionKey: "\(path): a \(type(of: value)) is not a value a notification's userInfo can hold (strings, numbers, booleans, arrays, dictionaries)"])
         }
     }
 
-    /// A request the host sent back (the ABI's JSON, parsed).
-    static func decode(_ object: [String: Any]) -> UNNotificationRequest? {
-        guard let identifier = object["identifier"] as? String else { return nil }
-        let body = object["content"] as? [String: Any] ?? [:]
-        let content = UNMutableNotificationContent()
-        content.title = body["title"] as? String ?? ""
-        content.subtitle = body["subtitle"] as? String ?? ""
-        content.body = body["body"] as? String ?? ""
-        content.badge = (body["badge"] as? NSNumber).map { NSNumber(value: $0.intValue) }
-        content.sound = (body["sound"] as? String).map { UNNotificationSound(name: $0) }
-        content.threadIdentifier = body["thread_identifier"] as? String ?? ""
-        content.categoryIdentifier = body["category_identifier"] as? String ?? ""
-        if let userInfo = body["user_info"] as? [String: Any] {
-            content.userInfo = Dictionary(uniqueKeysWithValues: userInfo.map { (AnyHashable($0.key), $0.value) })
+    /// `userInfo`'s value as Foundation holds a property list.
+    private static func foundation(_ value: JSONValue) -> Any {
+        switch value {
+        case .null: NSNull()
+        case let .bool(value): value
+        case let .int(value): Int(truncatingIfNeeded: value)
+        case let .double(value): value
+        case let .string(value): value
+        case let .array(values): values.map(foundation)
+        case let .object(values): values.mapValues(foundation)
         }
-        var trigger: UNNotificationTrigger?
-        if let spec = object["trigger"] as? [String: Any] {
-            let repeats = spec["repeats"] as? Bool ?? false
-            if spec["type"] as? String == "time-interval", let interval = (spec["time_interval"] as? NSNumber)?.doubleValue, interval > 0,
-               !repeats || interval >= 60 {
-                trigger = UNTimeIntervalNotificationTrigger(timeInterval: interval, repeats: repeats)
-            } else if spec["type"] as? String == "calendar", let fields = spec["date_components"] as? [String: Any] {
-                var c = DateComponents()
-                func int(_ name: String) -> Int? { (fields[name] as? NSNumber)?.intValue }
-                (c.era, c.year, c.month, c.day, c.hour, c.minute, c.second) = (int("era"), int("year"), int("month"), int("day"), int("hour"), int("minute"), int("second"))
-                (c.nanosecond, c.weekday, c.weekdayOrdinal, c.quarter) = (int("nanosecond"), int("weekday"), int("weekday_ordinal"), int("quarter"))
-                (c.weekOfMonth, c.weekOfYear, c.yearForWeekOfYear) = (int("week_of_month"), int("week_of_year"), int("year_for_week_of_year"))
-                if let zone = fields["time_zone"] as? String { c.timeZone = TimeZone(identifier: zone) }
-                trigger = UNCalendarNotificationTrigger(dateMatching: c, repeats: repeats)
-            }
-        }
-        return UNNotificationRequest(identifier: identifier, content: content, trigger: trigger)
     }
 
-    private static func calendarName(_ identifier: Calendar.Identifier) -> String {
-        switch identifier {
-        case .gregorian: "gregorian"
-        case .iso8601: "iso8601"
-        case .buddhist: "buddhist"
-        case .chinese: "chinese"
-        case .coptic: "coptic"
-        case .ethiopicAmeteMihret: "ethiopicAmeteMihret"
-        case .ethiopicAmeteAlem: "ethiopicAmeteAlem"
-        case .hebrew: "hebrew"
-        case .indian: "indian"
-        case .islamic: "islamic"
-        case .islamicCivil: "islamicCivil"
-        case .japanese: "japanese"
-        case .persian: "persian"
-        case .republicOfChina: "republicOfChina"
-        case .islamicTabular: "islamicTabular"
-        case .islamicUmmAlQura: "islamicUmmAlQura"
-        default: "gregorian"
+    /// The request the host sent back (the model's, parsed from the ABI's JSON).
+    static func request(_ model: NotificationRequest) -> UNNotificationRequest {
+        let body = model.content
+        let content = UNMutableNotificationContent()
+        content.title = body.title
+        content.subtitle = body.subtitle
+        content.body = body.body
+        content.badge = body.badge.map { NSNumber(value: Int(truncatingIfNeeded: $0)) }
+        content.sound = body.sound.map { UNNotificationSound(name: $0) }
+        content.threadIdentifier = body.threadIdentifier
+        content.categoryIdentifier = body.categoryIdentifier
+        content.userInfo = Dictionary(uniqueKeysWithValues: body.userInfo.map { (AnyHashable($0.key), foundation($0.value)) })
+        var trigger: UNNotificationTrigger?
+        switch model.trigger {
+        case let .timeInterval(interval, repeats) where interval > 0 && (!repeats || interval >= 60):
+            trigger = UNTimeIntervalNotificationTrigger(timeInterval: interval, repeats: repeats)
+        case let .calendar(match, repeats):
+            var components = match.components
+            if let zone = match.timeZone { components.timeZone = TimeZone(identifier: zone) }
+            trigger = UNCalendarNotificationTrigger(dateMatching: components, repeats: repeats)
+        default: break
         }
+        return UNNotificationRequest(identifier: model.identifier, content: content, trigger: trigger)
     }
 }
 
@@ -198,16 +180,16 @@ private final class Collected {
     var items: [Host.Listed] = []
 }
 
-/// The list's visitor: one JSON entry each call, parsed into a request (and a date).
+/// The list's visitor: one JSON entry each call (`NotificationEntry`: a request and the date it
+/// was delivered, or a pending request by itself), parsed into a request (and a date).
 private let collect: bgtask_json_visitor = { context, json in
     guard let context, let json else { return }
     let collected = Unmanaged<Collected>.fromOpaque(context).takeUnretainedValue()
-    guard let object = try? JSONSerialization.jsonObject(with: Data(bytes: json, count: strlen(json))) as? [String: Any] else { return }
-    if let request = object["request"] as? [String: Any] {
-        if let made = Host.decode(request) {
-            collected.items.append(Host.Listed(request: made, date: (object["date"] as? NSNumber).map { Date(timeIntervalSince1970: $0.doubleValue) }))
-        }
-    } else if let made = Host.decode(object) {
-        collected.items.append(Host.Listed(request: made, date: nil))
+    let data = Data(bytes: json, count: strlen(json))
+    let decoder = JSONDecoder()
+    if let entry = try? decoder.decode(NotificationEntry.self, from: data) {
+        collected.items.append(Host.Listed(request: Host.request(entry.request), date: entry.date.map(Date.init(timeIntervalSince1970:))))
+    } else if let request = try? decoder.decode(NotificationRequest.self, from: data) {
+        collected.items.append(Host.Listed(request: Host.request(request), date: nil))
     }
 }

@@ -1129,3 +1129,85 @@ private func expectStoreError(sourceLocation: SourceLocation = #_sourceLocation,
         #expect(try batched.history(app: nil, limit: 50) == (try single.history(app: nil, limit: 50)))
     }
 }
+
+/// The scheduling pass's reads (`store-reads-by-index.md`) against their plain reference: an app
+/// state decoded by column index from `appStateColumns` equals the same row decoded by column
+/// name, and the pass's snapshot (its own read-only connection, by-index rows) reads what the
+/// store's pool reads, for every shape of state the store writes.
+@Suite struct StoreReadsByIndexEquivalenceTests {
+    /// The plain reference: `SELECT *` and every field by its column's name.
+    static func byName(_ db: Database, _ app: String) throws -> AppState? {
+        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM app_state WHERE app = ?", arguments: [app]) else { return nil }
+        var state = AppState(app: row["app"])
+        state.refreshEnabled = row["refresh_enabled"]
+        state.penaltyLevel = row["penalty_level"]
+        state.penaltyUntil = (row["penalty_until"] as Double?).map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchAt = (row["last_launch_at"] as Double?).map(Date.init(timeIntervalSince1970:))
+        state.lastLaunchID = row["last_launch_id"]
+        state.lastRegistered = try (row["last_registered"] as String?).map { try JSONDecoder().decode([String].self, from: Data($0.utf8)) }
+        return state
+    }
+
+    @Test func anAppStateReadByIndexIsTheRowReadByName() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        // Every optional field absent and present, both switches, registered lists empty, one
+        // identifier, several, and shared between apps (the decoded-list cache).
+        var states: [AppState] = []
+        for index in 0..<16 {
+            var state = AppState(app: "com.example.app\(index)")
+            state.refreshEnabled = index % 2 == 0
+            state.penaltyLevel = index % 5
+            state.penaltyUntil = index & 2 != 0 ? Date(timeIntervalSince1970: 1_700_000_000 + Double(index) * 60.5) : nil
+            state.lastLaunchAt = index & 4 != 0 ? Date(timeIntervalSince1970: 1_700_000_000.25 + Double(index)) : nil
+            state.lastLaunchID = index & 8 != 0 ? "L\(index)" : nil
+            state.lastRegistered = [nil, [], ["\(state.app).refresh"], ["a.shared", "b.shared"]][index % 4]
+            states.append(state)
+            try store.saveAppState(state)
+        }
+        let byIndex = try store.appStates()
+        let snapshot = try store.withSnapshot { snapshot throws(BGTaskError) in
+            var read: [AppState] = []
+            for state in states { read.append(try snapshot.appState(state.app)) }
+            return read
+        }
+        try store.pool.read { db in
+            for (position, state) in states.enumerated() {
+                let reference = try #require(try Self.byName(db, state.app))
+                #expect(reference == state, "the reference itself reads what was written")
+                #expect(try PendingRequestStore.appState(db, state.app) == reference)
+                #expect(byIndex[state.app] == reference)
+                #expect(snapshot[position] == reference)
+            }
+            // An app never saved: no row by name, the default by index.
+            #expect(try Self.byName(db, "com.example.absent") == nil)
+            #expect(try PendingRequestStore.appState(db, "com.example.absent") == AppState(app: "com.example.absent"))
+        }
+    }
+
+    @Test func theSnapshotReadsWhatThePoolReads() throws {
+        let scratch = try StoreScratch()
+        defer { scratch.remove() }
+        let store = try scratch.open()
+        let now = Date(timeIntervalSince1970: 1_700_000_000)
+        for index in 0..<6 {
+            let app = "com.example.app\(index)"
+            for kind in [TaskKind.refresh, .processing] {
+                let request = TaskRequest(kind: kind, identifier: "\(app).\(kind.rawValue)",
+                                          earliestBeginDate: index % 2 == 0 ? nil : now.timeIntervalSince1970 + Double(index) * 600,
+                                          requiresNetworkConnectivity: index % 3 == 0, requiresExternalPower: kind == .processing)
+                #expect(try store.submit(app: app, request: request, at: now, rules: nil) == nil)
+            }
+        }
+        for at in [now, now.addingTimeInterval(1_500), now.addingTimeInterval(10_000)] {
+            let (due, next, pendingAll, pendingOne) = try store.withSnapshot { snapshot throws(BGTaskError) in
+                (try snapshot.dueApps(at: at), try snapshot.nextDueDate(after: at), try snapshot.pending(app: nil), try snapshot.pending(app: "com.example.app3"))
+            }
+            #expect(due == (try store.dueApps(at: at)))
+            #expect(next == (try store.nextDueDate(after: at)))
+            #expect(pendingAll == (try store.pending(app: nil)))
+            #expect(pendingOne == (try store.pending(app: "com.example.app3")))
+        }
+    }
+}
