@@ -51,6 +51,34 @@ import Testing
 
     /// Hundreds of deadlines on one loop, added in random order: each fires once, never before
     /// it is due, and the loop then forgets the source (retired once).
+    /// The loops against their plain reference, a thread per launch (`superviseAlone`,
+    /// `supervision-event-loops.md`): the same plugin behaviours end in the same records.
+    @Test func launchesOnTheLoopsRecordWhatLaunchesAloneRecord() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let onLoops = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        var alone = onLoops
+        alone.onLoops = false
+        for name in RunRecord.behaviours {
+            func launch(_ supervisor: LaunchSupervisor) throws -> RunRecord {
+                let id = LaunchPlan.newLaunchID()
+                var limits = LaunchLimits.defaults(for: [.refresh])
+                limits.budget = .milliseconds(300)
+                limits.grace = .milliseconds(400)
+                let plan = LaunchPlan(
+                    bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.\(name)", kind: .refresh)],
+                    reason: "simulated", limits: limits, launchID: id,
+                    dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+                    logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+                return try supervisor.run(plan, broker: InMemoryRequestBroker())
+            }
+            let looped = try launch(onLoops)
+            let threaded = try launch(alone)
+            #expect(looped.behaviour == threaded.behaviour, "\(name):\nloops:\n\(looped.behaviour)\nalone:\n\(threaded.behaviour)")
+        }
+    }
+
     @Test func deadlinesFireWhenDueAndOnlyOnce() throws {
         let loop = try #require(SupervisionLoop(name: "test.loop"))
         let start = bgtask_monotonic_ns() + 20_000_000

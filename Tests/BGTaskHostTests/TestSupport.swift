@@ -105,6 +105,24 @@ func runCommand(_ command: [String], environment: [String: String] = [:], timeou
 
 extension RunRecord {
     func task(_ identifier: String) -> TaskRecord? { tasks.first { $0.identifier == identifier } }
+
+    /// The Misbehaving fixture's behaviours an equivalence test runs through two paths: success,
+    /// failure, a double completion, an expiration handled, a watchdog kill, a crash, an exit
+    /// and a late registration.
+    static let behaviours = ["ok", "fail", "twice", "never", "noexpiry", "segfault", "exit3", "late-register"]
+
+    /// What the record says about the launch's behaviour, without how it was made (launcher,
+    /// pids, times): what two equivalent paths must agree on.
+    var behaviour: String {
+        let tasks = tasks.map {
+            "\($0.identifier) \($0.type.rawValue) \($0.outcome.rawValue) handled=\(String(describing: $0.expirationHandled)) success=\(String(describing: $0.success)) expired=\($0.expiredMs != nil)"
+        }
+        let layers = (sandbox ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value.applied)" }
+        return ["termination=\(termination.rawValue) signal=\(signal ?? "-") exit=\(exitStatus.map(String.init) ?? "-") error=\(error != nil)",
+                "reason=\(reason) budget=\(budgetMs) grace=\(graceMs) memory=\(memoryLimitBytes) \(memoryMechanism) expiredAt=\(expiredAtMs != nil)",
+                "registered=\(registered.sorted()) refused=\(refusedRegistrations.sorted()) submitted=\(submitted.map(\.identifier))",
+                "tasks=\(tasks) sandbox=\(layers) resumed=\(String(describing: resumed))"].joined(separator: "\n")
+    }
 }
 
 /// True when a process with this pid exists (and is not a zombie we could reap).

@@ -226,19 +226,7 @@ import _BGTaskSystemShims
         defer { zygote.stop() }
         let spawnSupervisor = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
 
-        /// What a record says about the launch's behaviour, without how it was made.
-        func behaviour(_ record: RunRecord) -> String {
-            let tasks = record.tasks.map {
-                "\($0.identifier) \($0.type.rawValue) \($0.outcome.rawValue) handled=\(String(describing: $0.expirationHandled)) success=\(String(describing: $0.success)) expired=\($0.expiredMs != nil)"
-            }
-            let sandbox = (record.sandbox ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value.applied)" }
-            return ["termination=\(record.termination.rawValue) signal=\(record.signal ?? "-") exit=\(record.exitStatus.map(String.init) ?? "-") error=\(record.error != nil)",
-                    "reason=\(record.reason) budget=\(record.budgetMs) grace=\(record.graceMs) memory=\(record.memoryLimitBytes) \(record.memoryMechanism) expiredAt=\(record.expiredAtMs != nil)",
-                    "registered=\(record.registered.sorted()) refused=\(record.refusedRegistrations.sorted()) submitted=\(record.submitted.map(\.identifier))",
-                    "tasks=\(tasks) sandbox=\(sandbox) resumed=\(String(describing: record.resumed))"].joined(separator: "\n")
-        }
-
-        for name in ["ok", "fail", "twice", "never", "noexpiry", "segfault", "exit3", "late-register"] {
+        for name in RunRecord.behaviours {
             let identifier = "com.example.misbehaving.\(name)"
             func launch(_ supervisor: LaunchSupervisor) throws -> RunRecord {
                 var plan = plan(bundle, identifier, scratch: scratch)
@@ -249,7 +237,7 @@ import _BGTaskSystemShims
             let forked = try launch(zygoteSupervisor)
             let spawned = try launch(spawnSupervisor)
             #expect(forked.launcher == "zygote" && spawned.launcher == "spawn", "\(name): \(String(describing: forked.launcher)) / \(String(describing: spawned.launcher))")
-            #expect(behaviour(forked) == behaviour(spawned), "\(name):\nzygote:\n\(behaviour(forked))\nspawn:\n\(behaviour(spawned))")
+            #expect(forked.behaviour == spawned.behaviour, "\(name):\nzygote:\n\(forked.behaviour)\nspawn:\n\(spawned.behaviour)")
         }
     }
 }

@@ -68,6 +68,10 @@ public struct LaunchSupervisor: Sendable {
     /// leaves its process suspended here, and the app's next launch resumes it. Nil: a fresh
     /// process per launch (`--app-lifecycle fresh`, `bgtask run`). Extensions are never kept.
     package var suspendedApps: SuspendedApps?
+    /// Launches are supervised on the shared loops (`SupervisionLoops`); false: each on a thread
+    /// of its own (`SupervisedLaunch.superviseAlone`, the loops' plain reference, which the
+    /// host falls back to when the kernel refuses an epoll set; tests compare the two).
+    package var onLoops = true
 
     public init(runnerPath: String, logger: Logger) {
         self.runnerPath = runnerPath
@@ -340,7 +344,7 @@ public struct LaunchSupervisor: Sendable {
     /// Hands a started launch to the supervision loop with the fewest launches (or, when no
     /// loop could be made, out of descriptors, to a thread of its own that turns it).
     package func supervise(_ launch: SupervisedLaunch) {
-        if let loop = SupervisionLoops.next() {
+        if onLoops, let loop = SupervisionLoops.next() {
             launch.home = loop
             launch.loop.deferDiskWalks()
             loop.add(launch)
