@@ -6,13 +6,14 @@ import Logging
 /// The host's view of the plugin directory: the valid bundles, rescanned when the directory
 /// changes. An app whose bundle is removed loses its pending requests. Confined to the host
 /// queue; `onChange` runs there after each rescan.
-final class AppCatalog: HostPart, @unchecked Sendable {
+@HostActor
+final class AppCatalog: HostPart {
     private let core: HostCore
     private(set) var current = PluginCatalog()
     private var watcher: PluginDirectoryWatcher?
-    var onChange: () -> Void = {}
+    var onChange: @HostActor () -> Void = {}
 
-    init(core: HostCore) { self.core = core }
+    nonisolated init(core: HostCore) { self.core = core }
 
     var partName: String { "plugin catalog" }
     var apps: [String: PluginBundle] { current.apps }
@@ -36,7 +37,7 @@ final class AppCatalog: HostPart, @unchecked Sendable {
         }
         watcher = try PluginDirectoryWatcher(directory: directory) { [weak self] in
             guard let self else { return }
-            self.core.queue.async { self.rescan() }
+            self.core.async { self.rescan() }
         }
     }
 

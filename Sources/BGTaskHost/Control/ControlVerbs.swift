@@ -8,7 +8,7 @@ import Foundation
 
 /// The control protocol's verbs: each turns a `ControlCommand` into calls on the host's parts
 /// and their answer into a `ControlResponse`. It owns no state; what it reads of the parts
-/// confined to the host queue it reads there (`queue.sync`), and it reads the store off it.
+/// on the host queue (`@HostActor`) it reads there (`core.sync`), and it reads the store off it.
 /// Runs on control connections' threads.
 final class ControlVerbs: @unchecked Sendable {
     private let core: HostCore
@@ -35,7 +35,6 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private var store: PendingRequestStore { core.store }
-    private var queue: DispatchQueue { core.queue }
 
     /// The answer to one command that is not a launch by hand waiting for its record (those are
     /// `launchByHand`'s).
@@ -74,21 +73,21 @@ final class ControlVerbs: @unchecked Sendable {
         case .simulateExpire(let identifier): return simulateExpire(identifier)
         case .cancelTask(let identifier): return cancelTask(identifier)
         case .progress:
-            return queue.sync {
+            return core.sync {
                 var response = ControlResponse()
                 response.continued = launches.continuedStatuses()
                 return response
             }
         case let .push(app, body): return push(app, body)
         case let .pushes(app, limit):
-            return queue.sync {
+            return core.sync {
                 var response = ControlResponse()
                 let list = (try? store.pushes(app: app, limit: limit ?? 50)) ?? []
                 response.pushes = list.map(pushes.report)
                 return response
             }
         case .deviceToken(let app):
-            guard queue.sync(execute: { catalog.apps[app] != nil }) else { return notInCatalog(app) }
+            guard core.sync({ catalog.apps[app] != nil }) else { return notInCatalog(app) }
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
         case let .notifications(app, after, limit): return notifications(app: app, after: after, limit: limit, pending: false)
         case .pendingNotifications(let app): return notifications(app: app, after: nil, limit: nil, pending: true)
@@ -122,7 +121,7 @@ final class ControlVerbs: @unchecked Sendable {
             var response = ControlResponse()
             response.notifications = pending ? try store.pendingNotifications(app: app)
                                              : try store.deliveredNotifications(app: app, after: after, limit: min(limit, 1000))
-            let apps = app.map { [$0] } ?? queue.sync { catalog.apps.keys.sorted() }
+            let apps = app.map { [$0] } ?? core.sync { catalog.apps.keys.sorted() }
             let states = try store.notificationAppStates()
             response.notificationApps = apps.map { app in
                 let state = states[app] ?? NotificationAppState(app: app)
@@ -209,7 +208,7 @@ final class ControlVerbs: @unchecked Sendable {
             guard case let .submit(app, request, delay) = command else { preconditionFailure("submit(_:) is given submissions only") }
             return (app, request, delay)
         }
-        let apps = queue.sync { submitted.map { catalog.apps[$0.app] } }
+        let apps = core.sync { submitted.map { catalog.apps[$0.app] } }
         var responses: [ControlResponse?] = Array(repeating: nil, count: commands.count)
         var items: [(request: TaskRequest, app: PluginBundle)] = []
         var positions: [Int] = []
@@ -247,7 +246,7 @@ final class ControlVerbs: @unchecked Sendable {
         // The catalog and the running launches are the queue's; the store is read off it.
         let processes = Dictionary(launches.processStates.map { ($0.app, $0) }) { first, _ in first }
         let keepsProcesses = launches.suspendedApps != nil
-        let (page, runningByApp, invalid, next) = queue.sync { () -> ([PluginBundle], [String: String], [InvalidBundle]?, String?) in
+        let (page, runningByApp, invalid, next) = core.sync { () -> ([PluginBundle], [String: String], [InvalidBundle]?, String?) in
             var runningByApp: [String: String] = [:]
             for launch in launches.running.values where runningByApp[launch.app] == nil { runningByApp[launch.app] = launch.id }
             var bundles = Array(catalog.apps.values)
@@ -310,7 +309,7 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private func why(_ identifier: String, app: String?) -> ControlResponse {
-        return queue.sync {
+        return core.sync {
             let now = core.clock.now
             var response = ControlResponse()
             // A push's apns-id: what became of it.
@@ -364,7 +363,7 @@ final class ControlVerbs: @unchecked Sendable {
         if let switches = changes.app {
             // A switch of an installed app, as iOS's Settings shows: a row per name would let a
             // client grow the database without bound.
-            guard queue.sync(execute: { catalog.apps[switches.app] != nil }) else { return notInCatalog(switches.app) }
+            guard core.sync({ catalog.apps[switches.app] != nil }) else { return notInCatalog(switches.app) }
             do {
                 if let refresh = switches.refresh { try device.setAppRefresh(switches.app, on: refresh) }
                 if let notifications = switches.notifications {
@@ -379,7 +378,7 @@ final class ControlVerbs: @unchecked Sendable {
                 return .failure(.internalError, "\(error)")
             }
         }
-        return queue.sync {
+        return core.sync {
             device.note(device.conditions())
             if !changes.isEmpty { scheduling.evaluate() }
             var response = ControlResponse()
@@ -396,7 +395,7 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private func clockOnQueue(advance: Double?) -> ControlResponse {
-        queue.sync { () -> ControlResponse in
+        core.sync { () -> ControlResponse in
             let clock = core.clock
             if let seconds = advance {
                 do { _ = try clock.advance(by: seconds) } catch {
@@ -418,7 +417,7 @@ final class ControlVerbs: @unchecked Sendable {
     var maximumClientLaunches: Int { max(8, 4 * core.configuration.maximumConcurrentLaunches) }
 
     /// The refusal of one more client-started launch, or nil. On the queue.
-    private func clientLaunchRefusal() -> ControlResponse? {
+    @HostActor private func clientLaunchRefusal() -> ControlResponse? {
         let started = launches.clientStartedCount
         guard started >= maximumClientLaunches else { return nil }
         return .failure(.tooManyLaunches, "\(started) opened apps and extensions are running, the most at once (4 × --max-launches, at least 8); try again when one ends")
@@ -446,7 +445,7 @@ final class ControlVerbs: @unchecked Sendable {
     private func launchByHand(_ command: ControlCommand, ended: @escaping @Sendable (ControlResponse) -> Void) -> ControlResponse? {
         let refusal: ControlResponse?
         let wait: Bool
-        let start: () -> Started
+        let start: @HostActor () -> Started
         switch command {
         case let .open(app, event, waits):
             (refusal, wait) = (Self.eventRefusal(event), waits)
@@ -462,7 +461,7 @@ final class ControlVerbs: @unchecked Sendable {
         }
         if let refusal { return refusal }
         enum Outcome { case answered(ControlResponse), waiting }
-        let outcome = queue.sync { () -> Outcome in
+        let outcome = core.sync { () -> Outcome in
             guard !launches.isShuttingDown else { return .answered(.failure(.unavailable, "the host is shutting down")) }
             switch start() {
             case .failure(let response): return .answered(response)
@@ -482,14 +481,14 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     /// Opens `app` in the foreground. On the queue.
-    private func open(_ app: String, event: String?) -> Started {
+    @HostActor private func open(_ app: String, event: String?) -> Started {
         guard let bundle = catalog.apps[app] else { return .failure(notInCatalog(app)) }
         if let refusal = clientLaunchRefusal() { return .failure(refusal) }
         return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: event))
     }
 
     /// Starts an extension in its own supervised process with `event`. On the queue.
-    private func runExtension(_ identifier: String, event: String?) -> Started {
+    @HostActor private func runExtension(_ identifier: String, event: String?) -> Started {
         guard let app = catalog.app(containingBundle: identifier),
               let appex = app.extensions.first(where: { $0.identifier == identifier }) else {
             return .failure(.failure(.notFound, "no app in \(core.configuration.pluginsDirectory.path) contains a valid extension \(identifier) (see bgtask apps)"))
@@ -500,7 +499,7 @@ final class ControlVerbs: @unchecked Sendable {
 
     /// Launches the app holding `identifier`'s request, or with `force` one that permits it.
     /// On the queue.
-    private func simulateLaunch(_ identifier: String, app: String?, force: Bool, kind: TaskKind?) -> Started {
+    @HostActor private func simulateLaunch(_ identifier: String, app: String?, force: Bool, kind: TaskKind?) -> Started {
         do {
             var stored = (try? store.pendingRequest(identifier: identifier)) ?? nil
             if let app, stored?.app != app { stored = (try? store.pending(app: app))?.first { $0.request.identifier == identifier } }
@@ -531,7 +530,7 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private func simulateExpire(_ identifier: String) -> ControlResponse {
-        return queue.sync {
+        return core.sync {
             guard let id = launches.expire(identifier: identifier, reason: "simulated") else {
                 return .failure(.notFound, "\(identifier) is not running in any launch")
             }
@@ -542,7 +541,7 @@ final class ControlVerbs: @unchecked Sendable {
     }
 
     private func cancelTask(_ identifier: String) -> ControlResponse {
-        return queue.sync {
+        return core.sync {
             guard let id = launches.cancelContinued(identifier) else {
                 return .failure(.notFound, "no continued-processing task \(identifier) is running or queued")
             }

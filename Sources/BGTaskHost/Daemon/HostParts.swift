@@ -25,6 +25,7 @@ struct HostCore: @unchecked Sendable {
 /// (the store's group commit and the launch threads are synchronous by design); adopting it
 /// would mean an async shell around each part for the same ordered start and reverse stop. It is
 /// worth its build when the host gains async parts (the push endpoint, background transfers).
+@HostActor
 protocol HostPart: AnyObject {
     /// A name for the log.
     var partName: String { get }
@@ -34,6 +35,7 @@ protocol HostPart: AnyObject {
 
 /// Parts started in order and stopped in reverse; a part that fails to start stops the ones
 /// started before it.
+@HostActor
 final class HostParts {
     private let parts: [HostPart]
     private var started: [HostPart] = []

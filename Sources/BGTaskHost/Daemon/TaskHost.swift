@@ -27,8 +27,10 @@ import _BGTaskSystemShims
 /// - `LocalNotifications`: apps' notification requests, delivered when due (its own queue);
 /// - `ControlVerbs` behind `ControlServer`: the control socket.
 ///
-/// Every part's mutable state is confined to one serial queue (`HostCore.queue`); control
-/// connections and launch threads hop onto it. The store is thread-safe on its own. The parts
+/// Every part's mutable state is confined to one serial queue (`HostCore.queue`), which is the
+/// executor of a global actor (`HostActor`): the parts on it are `@HostActor`, so the compiler
+/// refuses any touch of their state from elsewhere, and control connections and launch threads
+/// hop onto it with `HostCore.sync`/`async`. The store is thread-safe on its own. The parts
 /// start in order and stop in reverse (`HostParts`).
 public final class TaskHost: @unchecked Sendable {
     public struct Configuration: Sendable {
@@ -120,9 +122,9 @@ public final class TaskHost: @unchecked Sendable {
     private let notifications: LocalNotifications
     private let transfers: BackgroundTransfers
     private let verbs: ControlVerbs
-    private var parts: HostParts?
-    private var shuttingDown = false
-    private var finished = false
+    @HostActor private var parts: HostParts?
+    @HostActor private var shuttingDown = false
+    @HostActor private var finished = false
     private let stopped = DispatchSemaphore(value: 0)
 
     public init(configuration: Configuration, logger: Logger) throws(BGTaskError) {
@@ -137,7 +139,7 @@ public final class TaskHost: @unchecked Sendable {
         logger.info("disk quotas per app: \(configuration.diskQuota.isOn ? "\(RunRecord.mib(configuration.diskQuota.bytes)), \(configuration.diskQuota.inodes) files" : "none"); \(ProjectQuotas.cachedEnforcement(configuration.stateDirectory.path))")
         let clock = try HostClock(mode: configuration.clock, store: store)
         if let reason = clock.resetReason { logger.warning("virtual clock reset: \(reason)") }
-        core = HostCore(configuration: configuration, store: store, clock: clock, logger: logger, queue: DispatchQueue(label: "bgtask.host"))
+        core = HostCore(configuration: configuration, store: store, clock: clock, logger: logger, queue: HostActor.queue)
         catalog = AppCatalog(core: core)
         device = DeviceState(store: store)
         launches = LaunchCoordinator(core: core, device: device)
@@ -157,7 +159,6 @@ public final class TaskHost: @unchecked Sendable {
             identities: configuration.confine && geteuid() == 0 ? AppIdentities(stateDirectory: configuration.stateDirectory) : nil,
             conditions: { device.conditions() }, logger: logger,
             bounds: TransferBounds(diskReserveBytes: configuration.diskReserveBytes)))
-        scheduling.transfers = transfers
         // An app's disk quota counts what its transfers hold in the host's staging.
         DiskAccounting.stagingUse.withLock { [transfers] in
             $0 = DiskAccounting.StagingMeter { app in
@@ -171,10 +172,13 @@ public final class TaskHost: @unchecked Sendable {
         let scheduling = self.scheduling
         transfers.onChange = { scheduling.requestEvaluation() }
         // Events up: a catalog change or an ended launch is a reason to look at the schedule.
-        let (core, catalog, submissions, notifications, transfers) = (core, catalog, submissions, notifications, transfers)
-        catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }
-        launches.onEnded = { [weak self] in self?.launchesOrCatalogChanged() }
-        launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0, transfers: transfers) }
+        let (core, catalog, launches, submissions, notifications, transfers) = (core, catalog, launches, submissions, notifications, transfers)
+        core.sync {
+            scheduling.transfers = transfers
+            catalog.onChange = { [weak self] in self?.launchesOrCatalogChanged() }
+            launches.onEnded = { [weak self] in self?.launchesOrCatalogChanged() }
+            launches.makeBroker = { HostRequestBroker(core: core, catalog: catalog, submissions: submissions, notifications: notifications, launchID: $0, transfers: transfers) }
+        }
     }
 
     // MARK: Life cycle
@@ -201,7 +205,7 @@ public final class TaskHost: @unchecked Sendable {
                 var signalNumber: Int32 = 0
                 guard sigwait(&waitedFor, &signalNumber) == 0 else { continue }
                 core.logger.info("signal received: shutting down", metadata: ["signal": "\(signalNumber)"])
-                core.queue.async { self.beginShutdown() }
+                self.beginShutdown()
             }
         }
         waiter.name = "bgtask-signals"
@@ -265,10 +269,14 @@ public final class TaskHost: @unchecked Sendable {
         // scheduling and notification passes), and no verb reaches a part not yet started. It
         // also stops first, so no request reaches a part already stopped.
         list.append(server)
-        let parts = HostParts(list, logger: core.logger)
-        self.parts = parts
+        let logger = core.logger
         do {
-            try parts.start()
+            // On the queue, as the parts' state is: nothing else runs there yet.
+            try core.sync { [self] () throws(BGTaskError) in
+                let parts = HostParts(list, logger: logger)
+                self.parts = parts
+                try parts.start()
+            }
         } catch {
             // Bound and listening since `ControlServer.init`, but never started: a client
             // must not wait on a socket nobody will accept on.
@@ -283,7 +291,7 @@ public final class TaskHost: @unchecked Sendable {
 
     /// Begins a graceful shutdown; `run()` returns when it is complete.
     public func beginShutdown() {
-        core.queue.async { [self] in
+        core.async { [self] in
             guard !shuttingDown else { return }
             shuttingDown = true
             scheduling.stop()
@@ -292,12 +300,11 @@ public final class TaskHost: @unchecked Sendable {
         }
     }
 
-    /// On the queue.
-    private func launchesOrCatalogChanged() {
+    @HostActor private func launchesOrCatalogChanged() {
         if shuttingDown { finishShutdownIfIdle() } else { scheduling.evaluate() }
     }
 
-    private func finishShutdownIfIdle() {
+    @HostActor private func finishShutdownIfIdle() {
         guard shuttingDown, !finished, launches.isEmpty else { return }
         finished = true
         parts?.stop()

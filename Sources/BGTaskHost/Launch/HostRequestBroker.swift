@@ -30,7 +30,7 @@ struct HostRequestBroker: LaunchRequestBroker {
     /// The app an extension belongs to (the app itself for an app).
     private func owner(of bundle: PluginBundle) -> PluginBundle? {
         guard bundle.kind == .extension else { return bundle }
-        return core.queue.sync { catalog.app(containingBundle: bundle.identifier) }
+        return core.sync { catalog.app(containingBundle: bundle.identifier) }
     }
 
     func submit(_ request: TaskRequest, app: PluginBundle) -> SubmissionRules.Rejection? {

@@ -10,11 +10,12 @@ import Logging
 /// The running launches: starts each one (supervised by the host's supervision loops), records it in the store
 /// before its process exists and after it ends, relays commands to it (expire, shut down, start a
 /// continued-processing task, close), follows its events, and hands its record to whoever waits
-/// for it. Confined to the host queue (every method is called there); launch workers hop onto it.
+/// for it. On the host queue (`@HostActor`); launch workers hop onto it.
 ///
 /// It decides nothing about *when* to launch (`SchedulingLoop` does) and answers no client
 /// (`ControlVerbs` does); it tells the host a launch ended through `onEnded`.
-final class LaunchCoordinator: HostPart, @unchecked Sendable {
+@HostActor
+final class LaunchCoordinator: HostPart {
     struct RunningLaunch {
         var id: String
         var app: String
@@ -64,7 +65,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     /// The broker answering one launch's requests (submit, cancel, pending), by launch id.
     var makeBroker: (String) -> LaunchRequestBroker = { _ in InMemoryRequestBroker() }
 
-    init(core: HostCore, device: DeviceState) {
+    nonisolated init(core: HostCore, device: DeviceState) {
         self.core = core
         self.device = device
         let configuration = core.configuration
@@ -156,9 +157,9 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     func isBackingOff(_ app: String) -> Bool { retryAfter[app] != nil }
     /// Each app's process as the lifecycle keeps it (running, suspended, evicted); empty with
     /// `--app-lifecycle fresh`.
-    var processStates: [AppProcessState] { supervisor.suspendedApps?.states() ?? [] }
+    nonisolated var processStates: [AppProcessState] { supervisor.suspendedApps?.states() ?? [] }
     /// The suspended apps' jetsam (for the test kit and `bgtask apps --evict`).
-    var suspendedApps: SuspendedApps? { supervisor.suspendedApps }
+    nonisolated var suspendedApps: SuspendedApps? { supervisor.suspendedApps }
     /// The apps `isBackingOff` names, as a value.
     var backingOff: Set<String> { Set(retryAfter.keys) }
 
@@ -215,10 +216,10 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
         }
         let control = LaunchControl()
-        let queue = core.queue
+        let core = self.core
         control.onStart = { [weak self] pid in
             guard let self else { return }
-            queue.async { self.notePID(launchID, pid) }
+            core.async { self.notePID(launchID, pid) }
         }
         // What a launch says as it runs (entry returned, tasks begun and ended, progress) is
         // the host's business only in a foreground launch (its stay, its continued-processing
@@ -227,12 +228,12 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         if role == .foreground {
             control.onEvent = { [weak self] event in
                 guard let self else { return }
-                queue.async { self.launchEvent(launchID, event) }
+                core.async { self.launchEvent(launchID, event) }
             }
         } else if role == .background {
             control.onWorkOver = { [weak self] in
                 guard let self else { return }
-                queue.async {
+                core.async {
                     guard self.running[launchID] != nil else { return }
                     self.running[launchID]?.workOver = true
                     self.onEnded()
@@ -253,7 +254,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         // Records carry real time (the virtual clock only steers scheduling decisions).
         beginning.append((PendingRequestStore.LaunchBegin(id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks, at: Date()),
                           control))
-        if beginning.count == 1 { queue.async { [weak self] in self?.recordBegun() } }
+        if beginning.count == 1 { core.async { [weak self] in self?.recordBegun() } }
         let broker = makeBroker(launchID)
         supervisor.start(plan, broker: broker, control: control) { [weak self, plan] outcome in
             let record: RunRecord
@@ -262,7 +263,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             case .failure(let error): record = .notStarted(plan, error: error)
             }
             guard let self else { return }
-            queue.async { self.ended(record) }
+            core.async { self.ended(record) }
         }
         core.logger.info("launching", metadata: ["launch.id": "\(launchID)", "bundle.id": "\(bundle.identifier)", "reason": "\(reason)",
                                                "tasks": "\(tasks.map(\.identifier).joined(separator: ","))"])
@@ -311,7 +312,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     private func notePID(_ launchID: String, _ pid: Int32) {
         startedPIDs.append((launchID, pid))
         guard startedPIDs.count == 1 else { return }
-        core.queue.async { [weak self] in
+        core.async { [weak self] in
             guard let self else { return }
             let batch = startedPIDs
             startedPIDs = []
@@ -334,7 +335,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
     /// the queue (`recordEnded`), in one transaction.
     private func ended(_ record: RunRecord) {
         endedRecords.append(record)
-        if endedRecords.count == 1 { core.queue.async { [weak self] in self?.recordEnded() } }
+        if endedRecords.count == 1 { core.async { [weak self] in self?.recordEnded() } }
     }
 
     private func recordEnded() {
@@ -399,7 +400,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
         let pause = overQuota ? Self.diskQuotaBackoff : Self.startFailureBackoff
         retryAfter[record.app] = Date().addingTimeInterval(pause)
         startFailures[record.app] = (record.error ?? "the launch could not be started", overQuota)
-        core.queue.asyncAfter(deadline: .now() + pause + 0.01) { [weak self] in self?.onEnded() }
+        core.async(after: .now() + pause + 0.01) { [weak self] in self?.onEnded() }
         core.logger.error(overQuota ? "not launching an app over its disk quota; measuring again later" : "could not start a launch; retrying later",
                           metadata: ["bundle.id": "\(record.app)", "error": "\(record.error ?? "")"])
     }
@@ -465,7 +466,7 @@ final class LaunchCoordinator: HostPart, @unchecked Sendable {
             if running[launchID]?.role == .foreground {
                 let stay = core.configuration.foregroundStay.timeInterval
                 running[launchID]?.staysUntil = Date().addingTimeInterval(stay)
-                core.queue.asyncAfter(deadline: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
+                core.async(after: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
             }
         case .taskBegan:
             break

@@ -14,7 +14,7 @@ import Logging
 /// A part of its own, with its own serial queue: delivery writes the store (a sync per
 /// notification) and must not hold the host's queue, and nothing here needs the other parts'
 /// state. Any thread may call its methods.
-final class LocalNotifications: HostPart, @unchecked Sendable {
+final class LocalNotifications: @unchecked Sendable {
     private let core: HostCore
     private let queue = DispatchQueue(label: "bgtask.notifications")
     private let desktop: DesktopNotifier?
@@ -173,3 +173,5 @@ final class LocalNotifications: HostPart, @unchecked Sendable {
         self.timer = timer
     }
 }
+
+extension LocalNotifications: HostPart {}

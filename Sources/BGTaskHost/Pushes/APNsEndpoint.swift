@@ -48,7 +48,7 @@ public struct APNsEndpointLimits: Sendable, Equatable {
 /// Every refusal, reset and protocol error is logged with why (`APNsLog`).
 ///
 /// SwiftNIO's HTTP/2 (NIOHTTP2) does the protocol; nothing of HTTP/2 is written here.
-final class APNsEndpoint: HostPart, @unchecked Sendable {
+final class APNsEndpoint: @unchecked Sendable {
     struct Options: Sendable {
         var host: String
         var port: Int
@@ -66,7 +66,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
     private let options: Options
     private let core: HostCore
     private let pushes: PushDelivery
-    private let evaluate: @Sendable () -> Void
+    private let evaluate: @Sendable @HostActor () -> Void
     private var group: MultiThreadedEventLoopGroup?
     private var auth: APNsProviderAuth?
     private var channel: Channel?
@@ -76,7 +76,7 @@ final class APNsEndpoint: HostPart, @unchecked Sendable {
     /// A push is handled off the event loop (it writes the store and waits for the host's queue).
     private let work = DispatchQueue(label: "bgtask.apns", attributes: .concurrent)
 
-    init(options: Options, core: HostCore, pushes: PushDelivery, evaluate: @escaping @Sendable () -> Void) {
+    init(options: Options, core: HostCore, pushes: PushDelivery, evaluate: @escaping @Sendable @HostActor () -> Void) {
         self.options = options
         self.core = core
         self.pushes = pushes
@@ -386,3 +386,5 @@ final class APNsStreamHandler: ChannelInboundHandler, @unchecked Sendable {
         context.close(promise: nil)
     }
 }
+
+extension APNsEndpoint: HostPart {}

@@ -6,8 +6,9 @@ import Foundation
 /// Background pushes: received (checked as APNs checks them, kept, coalesced per app) and
 /// delivered as iOS delivers them, in a launch with reason `remote-notification` whose app
 /// delegate gets `application(_:didReceiveRemoteNotification:fetchCompletionHandler:)`.
-/// Confined to the host queue, except `receive`, which any thread may call.
-final class PushDelivery: @unchecked Sendable {
+/// On the host queue (`@HostActor`), except `receive`, which any thread may call.
+@HostActor
+final class PushDelivery {
     private let core: HostCore
     private let catalog: AppCatalog
     private let launches: LaunchCoordinator
@@ -16,7 +17,7 @@ final class PushDelivery: @unchecked Sendable {
     /// then costs no store read for pushes.
     private let mayHavePending = LockedValue(true)
 
-    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState) {
+    nonisolated init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState) {
         self.core = core
         self.catalog = catalog
         self.launches = launches
@@ -25,13 +26,13 @@ final class PushDelivery: @unchecked Sendable {
 
     /// Checks and keeps a push, then delivers what may be delivered (on the queue): the push's
     /// report after that pass, or APNs's refusal. An unknown app is APNs's `Unregistered`.
-    func receive(_ submission: PushSubmission, evaluate: () -> Void) -> Result<PushReport, PushRefusal> {
+    nonisolated func receive(_ submission: PushSubmission, evaluate: @HostActor () -> Void) -> Result<PushReport, PushRefusal> {
         let push: StoredPush
         switch PushRules.check(submission, now: Date()) {
         case .failure(let refusal): return .failure(refusal)
         case .success(let checked): push = checked
         }
-        guard core.queue.sync(execute: { catalog.apps[push.app] != nil }) else {
+        guard core.sync({ catalog.apps[push.app] != nil }) else {
             return .failure(PushRefusal(410, "Unregistered", "no app \(push.app.prefix(255)) is installed (no valid bundle in \(core.configuration.pluginsDirectory.path))"))
         }
         // A provider that got no answer sends the same push again with the same apns-id; APNs
@@ -43,7 +44,7 @@ final class PushDelivery: @unchecked Sendable {
                 return .failure(PushRefusal(400, "BadMessageId", "apns-id \(push.id) is a push for another app"))
             }
             core.logger.info("push retried", metadata: ["push.id": "\(push.id)", "bundle.id": "\(kept.app)", "state": "\(kept.state.rawValue)"])
-            return .success(core.queue.sync { report(kept) })
+            return .success(core.sync { report(kept) })
         }
         do {
             let coalesced = try core.store.enqueuePush(push)
@@ -53,7 +54,7 @@ final class PushDelivery: @unchecked Sendable {
         } catch {
             return .failure(PushRefusal(500, "InternalServerError", "the host could not keep the push: \(error)"))
         }
-        return .success(core.queue.sync {
+        return .success(core.sync {
             evaluate()
             return report(id: push.id) ?? PushReport(push)
         })

@@ -7,9 +7,10 @@ import Foundation
 /// When to launch: runs the scheduling pass (`Scheduler`) whenever something may have changed
 /// (a submission, a launch ending, the catalog, the clock, the device), starts what it decides,
 /// and arms the timers for the next decision: the next due date (real clock) and the device
-/// conditions while something waits on them. Confined to the host queue, except
+/// conditions while something waits on them. On the host queue (`@HostActor`), except
 /// `requestEvaluation`, which any thread may call.
-final class SchedulingLoop: HostPart, @unchecked Sendable {
+@HostActor
+final class SchedulingLoop: HostPart {
     private let core: HostCore
     private let catalog: AppCatalog
     private let launches: LaunchCoordinator
@@ -23,7 +24,7 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
     /// Background transfers: held ones re-evaluated, and launches for finished ones, in each pass.
     var transfers: BackgroundTransfers?
 
-    init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState, pushes: PushDelivery) {
+    nonisolated init(core: HostCore, catalog: AppCatalog, launches: LaunchCoordinator, device: DeviceState, pushes: PushDelivery) {
         self.core = core
         self.catalog = catalog
         self.launches = launches
@@ -33,7 +34,7 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
 
     var partName: String { "scheduling loop" }
 
-    func start() { core.queue.async { self.evaluate() } }
+    func start() { core.async { self.evaluate() } }
 
     /// No more passes and no more timers (shutdown). On the queue.
     func stop() {
@@ -50,13 +51,13 @@ final class SchedulingLoop: HostPart, @unchecked Sendable {
 
     /// Queues one `evaluate()` unless one is queued already: a burst of submissions costs one
     /// scheduling pass, not one each. Any thread.
-    func requestEvaluation() {
+    nonisolated func requestEvaluation() {
         let first = evaluationQueued.withLock { queued in
             defer { queued = true }
             return !queued
         }
         guard first else { return }
-        core.queue.async {
+        core.async {
             // Cleared before the pass: a submission committed during it queues another.
             self.evaluationQueued.withLock { $0 = false }
             self.evaluate()

@@ -63,6 +63,6 @@ final class Submissions: @unchecked Sendable {
     func submitContinued(_ request: TaskRequest, app bundle: PluginBundle, fromLaunch launchID: String?) -> SubmissionRules.Rejection? {
         let supported = device.conditions().supportedResources
         if let rejection = SubmissionRules.check(request, app: bundle, pending: [], supportedResources: supported, now: core.clock.now) { return rejection }
-        return core.queue.sync { launches.admitContinued(request, app: bundle.identifier, fromLaunch: launchID) }
+        return core.sync { launches.admitContinued(request, app: bundle.identifier, fromLaunch: launchID) }
     }
 }
