@@ -79,6 +79,36 @@ import Testing
         }
     }
 
+    /// Soft deadlines on the 5 ms grid against exact ones (`soft-deadline-grid.md`): launches
+    /// that are sampled, expired, killed by the watchdog and by jetsam end the same way.
+    @Test func softDeadlinesOnTheGridRecordWhatExactOnesRecord() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let grid = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        var exact = grid
+        exact.coalescesSoftDeadlines = false
+        for name in ["ok", "linger", "never", "noexpiry", "alloc"] {
+            func launch(_ supervisor: LaunchSupervisor) throws -> RunRecord {
+                let id = LaunchPlan.newLaunchID()
+                var limits = LaunchLimits.defaults(for: [.refresh])
+                limits.budget = .milliseconds(400)
+                limits.grace = .milliseconds(400)
+                limits.memoryLimitBytes = 96 << 20
+                let plan = LaunchPlan(
+                    bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.\(name)", kind: .refresh)],
+                    reason: "simulated", limits: limits, launchID: id,
+                    dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+                    logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+                return try supervisor.run(plan, broker: InMemoryRequestBroker())
+            }
+            let onGrid = try launch(grid)
+            let exactly = try launch(exact)
+            #expect(onGrid.behaviour == exactly.behaviour, "\(name):\ngrid:\n\(onGrid.behaviour)\nexact:\n\(exactly.behaviour)")
+            if name == "alloc" { #expect(onGrid.termination == .jetsam && exactly.termination == .jetsam) }
+        }
+    }
+
     @Test func deadlinesFireWhenDueAndOnlyOnce() throws {
         let loop = try #require(SupervisionLoop(name: "test.loop"))
         let start = bgtask_monotonic_ns() + 20_000_000

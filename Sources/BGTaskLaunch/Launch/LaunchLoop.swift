@@ -52,6 +52,7 @@ package struct LaunchLoop {
         self.broker = broker
         self.control = control
         self.logger = logger
+        coalesces = supervisor.coalescesSoftDeadlines
         expireAt = state.startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
         grace = UInt64(plan.limits.grace.nanoseconds)
         memory = MemorySampler(
@@ -278,7 +279,7 @@ package struct LaunchLoop {
         if disk.isOn { soft = min(soft, max(disk.nextCheckNs, now)) }
         if quota.isOn { soft = min(soft, max(quota.nextCheckNs, now)) }
         for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { hard = min(hard, deadline) }
-        if soft != UInt64.max, soft > now + Self.coalesceAfterNs {
+        if coalesces, soft != UInt64.max, soft > now + Self.coalesceAfterNs {
             soft = (soft + Self.coalesceGridNs - 1) / Self.coalesceGridNs * Self.coalesceGridNs
         }
         let next = min(hard, soft)
@@ -286,6 +287,8 @@ package struct LaunchLoop {
     }
 
     package static let coalesceGridNs: UInt64 = 5_000_000
+    /// Soft deadlines on the grid (`LaunchSupervisor.coalescesSoftDeadlines`); false: exact.
+    private let coalesces: Bool
     package static let coalesceAfterNs: UInt64 = 20_000_000
 
     // MARK: The host's commands

@@ -72,6 +72,9 @@ public struct LaunchSupervisor: Sendable {
     /// of its own (`SupervisedLaunch.superviseAlone`, the loops' plain reference, which the
     /// host falls back to when the kernel refuses an epoll set; tests compare the two).
     package var onLoops = true
+    /// Soft deadlines (memory samples, disk looks) more than 20 ms away on a shared 5 ms grid
+    /// (`LaunchLoop.nextWake`); false: each exactly when asked, the grid's plain reference.
+    package var coalescesSoftDeadlines = true
 
     public init(runnerPath: String, logger: Logger) {
         self.runnerPath = runnerPath
