@@ -51,6 +51,22 @@ import Testing
 
     /// Hundreds of deadlines on one loop, added in random order: each fires once, never before
     /// it is due, and the loop then forgets the source (retired once).
+    /// Runs the Misbehaving fixture's `name` behaviour as a refresh launch with short limits
+    /// (a 300 ms budget, a 400 ms grace, 96 MiB), through `supervisor`.
+    static func launch(_ name: String, of bundle: PluginBundle, by supervisor: LaunchSupervisor, scratch: Scratch) throws -> RunRecord {
+        let id = LaunchPlan.newLaunchID()
+        var limits = LaunchLimits.defaults(for: [.refresh])
+        limits.budget = .milliseconds(300)
+        limits.grace = .milliseconds(400)
+        limits.memoryLimitBytes = 96 << 20
+        let plan = LaunchPlan(
+            bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.\(name)", kind: .refresh)],
+            reason: "simulated", limits: limits, launchID: id,
+            dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
+            logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
+        return try supervisor.run(plan, broker: InMemoryRequestBroker())
+    }
+
     /// The loops against their plain reference, a thread per launch (`superviseAlone`,
     /// `supervision-event-loops.md`): the same plugin behaviours end in the same records.
     @Test func launchesOnTheLoopsRecordWhatLaunchesAloneRecord() throws {
@@ -61,20 +77,8 @@ import Testing
         var alone = onLoops
         alone.onLoops = false
         for name in RunRecord.behaviours {
-            func launch(_ supervisor: LaunchSupervisor) throws -> RunRecord {
-                let id = LaunchPlan.newLaunchID()
-                var limits = LaunchLimits.defaults(for: [.refresh])
-                limits.budget = .milliseconds(300)
-                limits.grace = .milliseconds(400)
-                let plan = LaunchPlan(
-                    bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.\(name)", kind: .refresh)],
-                    reason: "simulated", limits: limits, launchID: id,
-                    dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
-                    logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
-                return try supervisor.run(plan, broker: InMemoryRequestBroker())
-            }
-            let looped = try launch(onLoops)
-            let threaded = try launch(alone)
+            let looped = try Self.launch(name, of: bundle, by: onLoops, scratch: scratch)
+            let threaded = try Self.launch(name, of: bundle, by: alone, scratch: scratch)
             #expect(looped.behaviour == threaded.behaviour, "\(name):\nloops:\n\(looped.behaviour)\nalone:\n\(threaded.behaviour)")
         }
     }
@@ -89,21 +93,8 @@ import Testing
         var exact = grid
         exact.coalescesSoftDeadlines = false
         for name in ["ok", "linger", "never", "noexpiry", "alloc"] {
-            func launch(_ supervisor: LaunchSupervisor) throws -> RunRecord {
-                let id = LaunchPlan.newLaunchID()
-                var limits = LaunchLimits.defaults(for: [.refresh])
-                limits.budget = .milliseconds(400)
-                limits.grace = .milliseconds(400)
-                limits.memoryLimitBytes = 96 << 20
-                let plan = LaunchPlan(
-                    bundle: bundle, tasks: [TaskAssignment(task: 1, identifier: "com.example.misbehaving.\(name)", kind: .refresh)],
-                    reason: "simulated", limits: limits, launchID: id,
-                    dataDirectory: scratch.state.appendingPathComponent("containers/\(bundle.identifier)"),
-                    logFile: scratch.state.appendingPathComponent("logs/\(id).log"))
-                return try supervisor.run(plan, broker: InMemoryRequestBroker())
-            }
-            let onGrid = try launch(grid)
-            let exactly = try launch(exact)
+            let onGrid = try Self.launch(name, of: bundle, by: grid, scratch: scratch)
+            let exactly = try Self.launch(name, of: bundle, by: exact, scratch: scratch)
             #expect(onGrid.behaviour == exactly.behaviour, "\(name):\ngrid:\n\(onGrid.behaviour)\nexact:\n\(exactly.behaviour)")
             if name == "alloc" { #expect(onGrid.termination == .jetsam && exactly.termination == .jetsam) }
         }
