@@ -27,7 +27,7 @@ final class AppDelegate: UIResponder, UIApplicationDelegate {
     /// The session's transfers ended while the app was not running: make the session again to
     /// receive its events, and keep the handler for when they are delivered.
     func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
-                     completionHandler: @escaping () -> Void) {
+                     completionHandler: @escaping @Sendable () -> Void) {
         print("episodes: woken for the events of \(identifier)")
         backgroundCompletionHandler = completionHandler
         _ = EpisodeDownloads.session

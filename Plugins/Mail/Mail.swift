@@ -29,7 +29,7 @@ final class AppDelegate: UIResponder, UIApplicationDelegate {
     /// A background push: fetch what changed, then say whether there was new data. The launch
     /// lasts until the completion handler is called (at most 30 s).
     func application(_ application: UIApplication, didReceiveRemoteNotification userInfo: [AnyHashable: Any],
-                     fetchCompletionHandler completionHandler: @escaping (UIBackgroundFetchResult) -> Void) {
+                     fetchCompletionHandler completionHandler: @escaping @Sendable (UIBackgroundFetchResult) -> Void) {
         let mailbox = userInfo["mailbox"] as? String ?? "INBOX"
         MailServer.fetchNewMessages(in: mailbox) { messages in
             print("mail: fetched \(messages.count) new message(s) in \(mailbox): \(messages.joined(separator: ", "))")

@@ -119,6 +119,18 @@ open class BGProcessingTaskRequest: BGTaskRequest, @unchecked Sendable {
     }
 }
 
+/// `FileProtectionType`'s classes as the `NSString` that `protectionTypeOfRequiredData` is (as
+/// Apple declares it), so that the spelling tutorials teach,
+/// `request.protectionTypeOfRequiredData = .completeUntilFirstUserAuthentication`, compiles and
+/// sets Apple's value (`FileProtectionType.completeUntilFirstUserAuthentication.rawValue`).
+extension NSString {
+    public static var complete: NSString { NSString(string: FileProtectionType.complete.rawValue) }
+    public static var completeUnlessOpen: NSString { NSString(string: FileProtectionType.completeUnlessOpen.rawValue) }
+    public static var completeUntilFirstUserAuthentication: NSString {
+        NSString(string: FileProtectionType.completeUntilFirstUserAuthentication.rawValue)
+    }
+}
+
 /// A processing request for health research; needs the health-research entitlement.
 open class BGHealthResearchTaskRequest: BGProcessingTaskRequest, @unchecked Sendable {
     private let protectionLock = NSLock()

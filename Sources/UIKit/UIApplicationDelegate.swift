@@ -13,14 +13,14 @@ public protocol UIApplicationDelegate: NSObjectProtocol {
     func application(_ application: UIApplication, didFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool
     /// A background push (`"content-available": 1`): call `completionHandler` when done.
     func application(_ application: UIApplication, didReceiveRemoteNotification userInfo: [AnyHashable: Any],
-                     fetchCompletionHandler completionHandler: @escaping (UIBackgroundFetchResult) -> Void)
+                     fetchCompletionHandler completionHandler: @escaping @Sendable (UIBackgroundFetchResult) -> Void)
     /// The app's device token for pushes, after `registerForRemoteNotifications()`.
     func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data)
     func application(_ application: UIApplication, didFailToRegisterForRemoteNotificationsWithError error: any Error)
     /// Events of a background URL session are waiting: keep `completionHandler`, recreate the
     /// session with `identifier`, and call it from `urlSessionDidFinishEvents(forBackgroundURLSession:)`.
     func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
-                     completionHandler: @escaping () -> Void)
+                     completionHandler: @escaping @Sendable () -> Void)
     /// A foreground launch (`bgtask open`) became active, after launching (or after
     /// `applicationWillEnterForeground`, when it resumed the app's suspended process).
     func applicationDidBecomeActive(_ application: UIApplication)
@@ -40,7 +40,7 @@ extension UIApplicationDelegate {
     public func application(_ application: UIApplication, willFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool { true }
     public func application(_ application: UIApplication, didFinishLaunchingWithOptions launchOptions: [UIApplication.LaunchOptionsKey: Any]?) -> Bool { true }
     public func application(_ application: UIApplication, didReceiveRemoteNotification userInfo: [AnyHashable: Any],
-                            fetchCompletionHandler completionHandler: @escaping (UIBackgroundFetchResult) -> Void) {
+                            fetchCompletionHandler completionHandler: @escaping @Sendable (UIBackgroundFetchResult) -> Void) {
         completionHandler(.noData)
     }
     public func application(_ application: UIApplication, didRegisterForRemoteNotificationsWithDeviceToken deviceToken: Data) {}
@@ -53,7 +53,7 @@ extension UIApplicationDelegate {
     /// Without it, the launch ends once the session's waiting events are delivered (when the app
     /// makes the session) or when its time runs out.
     public func application(_ application: UIApplication, handleEventsForBackgroundURLSession identifier: String,
-                            completionHandler: @escaping () -> Void) {}
+                            completionHandler: @escaping @Sendable () -> Void) {}
 }
 
 extension UIApplication {

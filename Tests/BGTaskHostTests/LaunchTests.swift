@@ -126,6 +126,8 @@ import Testing
             "patterns: requests continued: same true, strategy differs false, title differs false",
             "patterns: requests health: default NSFileProtectionCompleteUntilFirstUserAuthentication, raw value NSFileProtectionComplete, "
                 + "literal NSFileProtectionComplete, string true, protection differs false, same true",
+            "patterns: requests health taught: complete NSFileProtectionComplete, until first authentication "
+                + "NSFileProtectionCompleteUntilFirstUserAuthentication, unless open NSFileProtectionCompleteUnlessOpen, as the raw value true",
         ] {
             #expect(lines.contains(line), "missing from the log: \(line)\nlog:\n\(lines.sorted().joined(separator: "\n"))")
         }

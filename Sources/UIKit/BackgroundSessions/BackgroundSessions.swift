@@ -400,7 +400,7 @@ final class BackgroundSessions: @unchecked Sendable {
         let url = URL(string: info.url)
         if let response = info.response, let url, let urlProtocol {
             let fields = Dictionary(response.headers.map { ($0.name, $0.value) }) { first, second in "\(first), \(second)" }
-            if let http = HTTPURLResponse(url: url, statusCode: response.status, httpVersion: "HTTP/1.1", headerFields: fields) {
+            if let http = TransferResponse(url: url, statusCode: response.status, httpVersion: "HTTP/1.1", headerFields: fields) {
                 urlProtocol.client?.urlProtocol(urlProtocol, didReceive: http, cacheStoragePolicy: .notAllowed)
             }
         }
@@ -580,4 +580,16 @@ protocol EarliestBeginDateReading {
 extension URLSessionTask: EarliestBeginDateReading {
     @available(*, deprecated, message: "reads Foundation's deprecated earliestBeginDate")
     var taskEarliestBeginDate: Date? { earliestBeginDate }
+}
+
+/// The response the host's transfer got, as the app's task sees it. Its `suggestedFilename`
+/// falls back as Apple's does: the Content-Disposition filename, else the URL's last path
+/// component (Linux's Foundation says "Unknown" there).
+final class TransferResponse: HTTPURLResponse, @unchecked Sendable {
+    override var suggestedFilename: String? {
+        let named = super.suggestedFilename
+        if let named, named != "Unknown" { return named }
+        let last = url?.lastPathComponent ?? ""
+        return last.isEmpty || last == "/" ? named : last
+    }
 }

@@ -404,6 +404,13 @@ final class PatternsApp {
         let asString = h.protectionTypeOfRequiredData as String
         print("patterns: requests health: default \(defaultProtection), raw value \(fromRawValue), literal \(fromLiteral), "
               + "string \(asString == FileProtectionType.complete.rawValue), protection differs \(protectionDiffers), same \(h == i)")
+        // The spelling tutorials teach: a member of the class, as if the property were a FileProtectionType.
+        let taught = BGHealthResearchTaskRequest(identifier: "h")
+        taught.protectionTypeOfRequiredData = .complete
+        let complete = taught.protectionTypeOfRequiredData
+        taught.protectionTypeOfRequiredData = .completeUntilFirstUserAuthentication
+        print("patterns: requests health taught: complete \(complete), until first authentication \(taught.protectionTypeOfRequiredData), "
+              + "unless open \(NSString.completeUnlessOpen), as the raw value \(complete as String == FileProtectionType.complete.rawValue)")
         task.setTaskCompleted(success: same && !dateDiffers && a == b && set.count == 2 && h == i)
     }
 }

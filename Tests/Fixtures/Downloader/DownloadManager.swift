@@ -140,7 +140,8 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
         do {
             try FileManager.default.moveItem(at: location, to: destination)
             let data = try Data(contentsOf: destination)
-            say("finished \(downloadTask.taskDescription ?? "") status \(status) bytes \(data.count) fnv \(fnv(data)) in \(destination.path)")
+            say("finished \(downloadTask.taskDescription ?? "") status \(status) bytes \(data.count) fnv \(fnv(data)) in \(destination.path)"
+                + " suggested \(downloadTask.response?.suggestedFilename ?? "none")")
         } catch {
             say("finished \(downloadTask.taskDescription ?? "") status \(status) but the move failed: \(error)")
         }
