@@ -54,10 +54,6 @@ package struct TransferBounds: Sendable {
     package static let diskReserveName = "under the host's disk reserve"
     package static let tooManyQueuedName = "too many transfers"
 
-    /// The host's RLIMIT_NOFILE (soft), asked each time: an operator's `prlimit` on the running
-    /// host counts at once.
-    package static func descriptorLimit() -> Int { Descriptors.limit() }
-
     /// The host's open descriptors now (counted in /proc/self/fd; without a descriptor to
     /// spare, by asking each number).
     package static func openDescriptors(limit: Int) -> Int {
@@ -75,7 +71,7 @@ package struct TransferBounds: Sendable {
     /// (/proc/self/fd: pooled idle connections, launches, logs, everything) against 3/4 of
     /// RLIMIT_NOFILE — past it no transfer starts, so the last quarter stays the host's.
     package func descriptorHold(running: Int) -> String? {
-        let limit = Self.descriptorLimit()
+        let limit = Descriptors.limit()
         let most = runningLimit(descriptorLimit: limit)
         if running >= most {
             return "queued: transfers of all apps run \(running) attempts, the most the host's descriptors allow (1/\(descriptorShareDivisor) of RLIMIT_NOFILE \(limit), \(Self.descriptorsPerAttempt) each)"

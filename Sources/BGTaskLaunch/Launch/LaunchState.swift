@@ -196,7 +196,7 @@ package struct LaunchState {
             }
             backgroundTimeHeld.insert(id)
             if backgroundTime.count < InputLimits.recordListEntries {
-                backgroundTime.append(.init(id: id, name: name.map { Self.bounded($0, InputLimits.titleBytes) }, outcome: .notEnded, beganMs: ms(at) ?? 0))
+                backgroundTime.append(.init(id: id, name: name.map { RunRecord.bounded($0, InputLimits.titleBytes) }, outcome: .notEnded, beganMs: ms(at) ?? 0))
             } else {
                 listEntriesOmitted["background_time", default: 0] += 1
             }
@@ -227,8 +227,6 @@ package struct LaunchState {
         }
     }
 
-    /// `text` cut to at most `bytes` UTF-8 bytes (at a character's boundary).
-    package static func bounded(_ text: String, _ bytes: Int) -> String { RunRecord.bounded(text, bytes) }
 
     /// The launch's peak resident memory. ru_maxrss of a posix_spawned child starts at its
     /// parent's size (the vfork shares the parent's memory until exec), so it counts only for
