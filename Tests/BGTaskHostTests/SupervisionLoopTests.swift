@@ -67,39 +67,6 @@ import Testing
         return try supervisor.run(plan, broker: InMemoryRequestBroker())
     }
 
-    /// The loops against their plain reference, a thread per launch (`superviseAlone`,
-    /// `supervision-event-loops.md`): the same plugin behaviours end in the same records.
-    @Test func launchesOnTheLoopsRecordWhatLaunchesAloneRecord() throws {
-        let scratch = try Scratch()
-        defer { scratch.remove() }
-        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
-        let onLoops = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
-        var alone = onLoops
-        alone.onLoops = false
-        for name in RunRecord.behaviours {
-            let looped = try Self.launch(name, of: bundle, by: onLoops, scratch: scratch)
-            let threaded = try Self.launch(name, of: bundle, by: alone, scratch: scratch)
-            #expect(looped.behaviour == threaded.behaviour, "\(name):\nloops:\n\(looped.behaviour)\nalone:\n\(threaded.behaviour)")
-        }
-    }
-
-    /// Soft deadlines on the 5 ms grid against exact ones (`soft-deadline-grid.md`): launches
-    /// that are sampled, expired, killed by the watchdog and by jetsam end the same way.
-    @Test func softDeadlinesOnTheGridRecordWhatExactOnesRecord() throws {
-        let scratch = try Scratch()
-        defer { scratch.remove() }
-        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
-        let grid = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
-        var exact = grid
-        exact.coalescesSoftDeadlines = false
-        for name in ["ok", "linger", "never", "noexpiry", "alloc"] {
-            let onGrid = try Self.launch(name, of: bundle, by: grid, scratch: scratch)
-            let exactly = try Self.launch(name, of: bundle, by: exact, scratch: scratch)
-            #expect(onGrid.behaviour == exactly.behaviour, "\(name):\ngrid:\n\(onGrid.behaviour)\nexact:\n\(exactly.behaviour)")
-            if name == "alloc" { #expect(onGrid.termination == .jetsam && exactly.termination == .jetsam) }
-        }
-    }
-
     @Test func deadlinesFireWhenDueAndOnlyOnce() throws {
         let loop = try #require(SupervisionLoop(name: "test.loop"))
         let start = bgtask_monotonic_ns() + 20_000_000
@@ -186,8 +153,43 @@ import Testing
 
 /// In `SupervisorTests` (serialized): its forty launches' sockets live in this process for
 /// seconds, and `aLaunchLeaksNoDescriptorAndNoChildAndInheritsNothing` counts this process's
-/// sockets; in a suite of its own it ran beside that test and was counted as a leak.
+/// sockets; in a suite of its own it ran beside that test and was counted as a leak. The two
+/// equivalence tests are here too: their launches (a jetsam kill, a lingering computation) ran
+/// beside the forty and left one of them short of CPU on a loaded CI machine.
 extension SupervisorTests {
+    /// The loops against their plain reference, a thread per launch (`superviseAlone`,
+    /// `supervision-event-loops.md`): the same plugin behaviours end in the same records.
+    @Test func launchesOnTheLoopsRecordWhatLaunchesAloneRecord() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let onLoops = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        var alone = onLoops
+        alone.onLoops = false
+        for name in RunRecord.behaviours {
+            let looped = try SupervisionLoopTests.launch(name, of: bundle, by: onLoops, scratch: scratch)
+            let threaded = try SupervisionLoopTests.launch(name, of: bundle, by: alone, scratch: scratch)
+            #expect(looped.behaviour == threaded.behaviour, "\(name):\nloops:\n\(looped.behaviour)\nalone:\n\(threaded.behaviour)")
+        }
+    }
+
+    /// Soft deadlines on the 5 ms grid against exact ones (`soft-deadline-grid.md`): launches
+    /// that are sampled, expired, killed by the watchdog and by jetsam end the same way.
+    @Test func softDeadlinesOnTheGridRecordWhatExactOnesRecord() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let bundle = try BundleReader.read(try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app"))
+        let grid = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
+        var exact = grid
+        exact.coalescesSoftDeadlines = false
+        for name in ["ok", "linger", "never", "noexpiry", "alloc"] {
+            let onGrid = try SupervisionLoopTests.launch(name, of: bundle, by: grid, scratch: scratch)
+            let exactly = try SupervisionLoopTests.launch(name, of: bundle, by: exact, scratch: scratch)
+            #expect(onGrid.behaviour == exactly.behaviour, "\(name):\ngrid:\n\(onGrid.behaviour)\nexact:\n\(exactly.behaviour)")
+            if name == "alloc" { #expect(onGrid.termination == .jetsam && exactly.termination == .jetsam) }
+        }
+    }
+
     /// Forty launches at once, each sleeping in its handler past its budget, are supervised by
     /// the loops and a few workers: no thread per launch. Every one is expired and ends with a
     /// record.
