@@ -100,15 +100,21 @@ public enum ProcessTree {
 
     /// CPU time `pid` has used, all its threads, user and system (`/proc/PID/stat` fields 14
     /// and 15, in clock ticks: 10 ms steps), in nanoseconds; nil when it cannot be read.
-    public static func cpuNanoseconds(of pid: pid_t) -> UInt64? {
+    /// With `reapedChildren`, the CPU of the children it has waited for too (fields 16 and 17).
+    public static func cpuNanoseconds(of pid: pid_t, reapedChildren: Bool = false) -> UInt64? {
         let bytes = readFile("/proc/\(pid)/stat")
         // The command (field 2) may hold spaces and parentheses: fields count from its last ')'.
         guard let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
         let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
-        // fields[0] is the state (field 3): utime is field 14, stime field 15.
-        guard fields.count > 12, let user = UInt64(String(decoding: fields[11], as: UTF8.self)),
-              let system = UInt64(String(decoding: fields[12], as: UTF8.self)) else { return nil }
-        return (user + system) * (1_000_000_000 / UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1)))
+        // fields[0] is the state (field 3): utime is field 14, stime field 15, cutime 16, cstime 17.
+        let used = reapedChildren ? 11...14 : 11...12
+        guard fields.count > used.upperBound else { return nil }
+        var ticks: UInt64 = 0
+        for index in used {
+            guard let value = UInt64(String(decoding: fields[index], as: UTF8.self)) else { return nil }
+            ticks += value
+        }
+        return ticks * (1_000_000_000 / UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1)))
     }
 
     /// The resident bytes /proc/PID/statm says (its second field, in pages).
@@ -291,5 +297,58 @@ extension ProcessTree {
             return String(decoding: entry.dropFirst("BGTASK_LAUNCH_ID=".count), as: UTF8.self)
         }
         return nil
+    }
+}
+
+/// What a process cost the device beside its CPU time, as the kernel counts it: storage bytes
+/// written and read (pages dirtied in files, reads that reached the device) and wake-ups
+/// (voluntary context switches: each a sleep its thread was woken from).
+public struct EnergyCounters: Sendable, Equatable {
+    public var diskWrittenBytes: UInt64
+    public var diskReadBytes: UInt64
+    public var wakeups: UInt64
+
+    public init(diskWrittenBytes: UInt64 = 0, diskReadBytes: UInt64 = 0, wakeups: UInt64 = 0) {
+        self.diskWrittenBytes = diskWrittenBytes
+        self.diskReadBytes = diskReadBytes
+        self.wakeups = wakeups
+    }
+
+    /// From a reaped process's rusage: its whole life and that of the children it reaped
+    /// (`ru_oublock` and `ru_inblock` are the kernel's `write_bytes` and `read_bytes` in 512-byte
+    /// blocks).
+    public init(usage: rusage) {
+        self.init(diskWrittenBytes: UInt64(max(usage.ru_oublock, 0)) * 512, diskReadBytes: UInt64(max(usage.ru_inblock, 0)) * 512,
+                  wakeups: UInt64(max(usage.ru_nvcsw, 0)))
+    }
+
+    /// What was counted since `earlier` (a counter that went back counts as 0).
+    public func since(_ earlier: EnergyCounters) -> EnergyCounters {
+        EnergyCounters(diskWrittenBytes: diskWrittenBytes > earlier.diskWrittenBytes ? diskWrittenBytes - earlier.diskWrittenBytes : 0,
+                       diskReadBytes: diskReadBytes > earlier.diskReadBytes ? diskReadBytes - earlier.diskReadBytes : 0,
+                       wakeups: wakeups > earlier.wakeups ? wakeups - earlier.wakeups : 0)
+    }
+
+    /// A living process's counters: /proc/PID/io (all its threads, and the children it reaped)
+    /// and the voluntary switches of each of its threads (/proc/PID/task/*/status). Nil when
+    /// its io cannot be read (gone, or not ours to read).
+    public static func of(_ pid: pid_t) -> EnergyCounters? {
+        let io = ProcessTree.readFile("/proc/\(pid)/io")
+        guard !io.isEmpty else { return nil }
+        var counters = EnergyCounters()
+        for line in io.split(separator: UInt8(ascii: "\n")) {
+            let text = String(decoding: line, as: UTF8.self)
+            if text.hasPrefix("write_bytes: ") { counters.diskWrittenBytes = UInt64(text.dropFirst(13)) ?? 0 }
+            if text.hasPrefix("read_bytes: ") { counters.diskReadBytes = UInt64(text.dropFirst(12)) ?? 0 }
+        }
+        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        for thread in threads.prefix(4096) {
+            let status = ProcessTree.readFile("/proc/\(pid)/task/\(thread)/status", limit: 8192)
+            for line in status.split(separator: UInt8(ascii: "\n")) where line.starts(with: "voluntary_ctxt_switches:".utf8) {
+                let value = String(decoding: line.dropFirst(24), as: UTF8.self).trimmingCharacters(in: .whitespaces)
+                counters.wakeups += UInt64(value) ?? 0
+            }
+        }
+        return counters
     }
 }

@@ -36,6 +36,10 @@ public struct LaunchAssignment: Codable, Sendable {
     /// The app's process is kept between launches (`AppLifecycle.ios`): when the launch's work
     /// is over the runner says `idle` and waits to be suspended, instead of exiting.
     public var suspendable = false
+    /// `ProcessInfo.thermalState` (its raw value: 0 nominal … 3 critical) and
+    /// `isLowPowerModeEnabled` when the launch starts; `ParentMessage.device` tells of changes.
+    public var thermalState: UInt32 = 0
+    public var lowPowerMode = false
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,
@@ -148,6 +152,8 @@ public enum ParentMessage: Sendable, Equatable {
     /// The launch's time now runs out at `expiresAtNs` (a foreground launch left the foreground:
     /// it has the background time iOS gives an app that enters the background).
     case deadline(expiresAtNs: UInt64)
+    /// The device's thermal state or Low Power Mode changed during the launch.
+    case device(thermalState: UInt32, lowPowerMode: Bool)
     /// The answer to a notification request: a status (BGTASK_OK, or BGTASK_E_* with
     /// `message`), the app's authorization (BGTASK_NOTIFICATION_AUTH_*), and for a list its
     /// entries.

@@ -196,6 +196,8 @@ extension LaunchAssignment {
         writer.u32(backgroundRefreshStatus)
         writer.string(reason)
         writer.bool(suspendable)
+        writer.u32(thermalState)
+        writer.bool(lowPowerMode)
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -222,6 +224,8 @@ extension LaunchAssignment {
         backgroundRefreshStatus = try reader.u32("backgroundRefreshStatus")
         reason = try reader.string("reason")
         suspendable = try reader.bool("suspendable")
+        thermalState = try reader.u32("thermalState")
+        lowPowerMode = try reader.bool("lowPowerMode")
     }
 }
 
@@ -467,6 +471,7 @@ extension ParentMessage: WireMessage {
         case .close: writer.u8(4)
         case .probeChildren: writer.u8(5)
         case let .deadline(expiresAtNs): writer.u8(6); writer.u64(expiresAtNs)
+        case let .device(thermalState, lowPowerMode): writer.u8(8); writer.u32(thermalState); writer.bool(lowPowerMode)
         case let .notificationReply(seq, status, message, authorization, notifications):
             writer.u8(10)
             writer.u64(seq)
@@ -501,6 +506,7 @@ extension ParentMessage: WireMessage {
         case 4: self = .close
         case 5: self = .probeChildren
         case 6: self = .deadline(expiresAtNs: try reader.u64("expiresAtNs"))
+        case 8: self = .device(thermalState: try reader.u32("thermalState"), lowPowerMode: try reader.bool("lowPowerMode"))
         case 10:
             self = .notificationReply(
                 seq: try reader.u64("seq"), status: try reader.i32("status"),

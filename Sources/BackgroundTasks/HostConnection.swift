@@ -31,6 +31,7 @@ package final class HostConnection: @unchecked Sendable {
             self.host = host
             self.role = role
         }
+        DeviceNotifications.follow(api: api, host: host)
     }
 
     /// The table and handle, or nil when this code is not running inside a bgtask launch.

@@ -198,6 +198,9 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.transfer_events = { _, handler, context in runner.setTransferEvents(handler, context) }
     api.set_state_handler = { _, handler, context in runner.setStateHandler(handler, context) }
     api.set_resume_handler = { _, handler, context in runner.setResumeHandler(handler, context) }
+    api.thermal_state = { _ in runner.device.thermalState }
+    api.low_power_mode = { _ in runner.device.lowPowerMode }
+    api.set_device_handler = { _, handler, context in runner.setDeviceHandler(handler, context) }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

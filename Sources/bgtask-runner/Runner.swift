@@ -100,6 +100,10 @@ final class Runner: @unchecked Sendable {
     var remoteNotificationDone = false
     /// Called on the main thread with a resumed launch's info, before its tasks start.
     var resumeHandler: (bgtask_resume_handler, UnsafeMutableRawPointer?)?
+    /// The plugin's receiver of device changes (`set_device_handler`), and whether the device
+    /// changed while the process was suspended (told as it resumes).
+    var deviceHandler: (bgtask_device_handler, UnsafeMutableRawPointer?)?
+    var deviceChangedWhileSuspended = false
     /// Foreground launches end only when the parent says no more tasks will come.
     var closed = false
     /// Tasks the parent added before the launch entry returned.

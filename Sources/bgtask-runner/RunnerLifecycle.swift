@@ -37,6 +37,10 @@ extension Runner {
                 task.info.deallocate()
             }
             tasks = [:]
+            // The device changed while the app slept: it hears so as it resumes.
+            if next.thermalState != current.thermalState || next.lowPowerMode != current.lowPowerMode {
+                deviceChangedWhileSuspended = true
+            }
             current = next
             closed = next.role != .foreground
             expiresAtNs = next.expiresAtNs
@@ -53,6 +57,9 @@ extension Runner {
         }
         guard resumed else { return false }
         _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
+        if lock.withLock({ () -> Bool in defer { deviceChangedWhileSuspended = false }; return deviceChangedWhileSuspended }) {
+            tellDevice()
+        }
         scheduleHandler { [self] in
             if let (handler, context) = lock.withLock({ resumeHandler }) {
                 let reason = strdup(next.reason)

@@ -132,6 +132,8 @@ startThread {
             runner.report(.children(bgtask_has_children() != 0))
         case let .deadline(expiresAtNs):
             runner.setDeadline(expiresAtNs)
+        case let .device(thermalState, lowPowerMode):
+            runner.deviceChanged(thermalState: thermalState, lowPowerMode: lowPowerMode)
         }
     }
 }

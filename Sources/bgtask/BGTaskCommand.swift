@@ -120,6 +120,9 @@ struct LimitOptions: ParsableArguments {
     @Option(name: .customLong("disk-quota"), help: ArgumentHelp("What each app's containers (its own and its app groups') and transfer staging may hold (e.g. 500MB, 0 for no limit): an app over it is not launched, a launch that passes it is killed (disk-quota), and records say so. Default: 1 GiB.", valueName: "size"))
     var diskQuota: ByteCountArgument?
 
+    @Option(name: .customLong("cpu-limit"), help: ArgumentHelp("The background CPU limit: a launch that uses more than PERCENT of a core over any trailing DURATION is killed (cpu-limit), as iOS's CPU monitor kills a background app; processing tasks on external power and foreground launches are exempt. off: none. Default: 80%/60s, iOS's.", valueName: "percent/duration"), transform: CPULimitArgument.parse)
+    var cpuLimit: CPULimitArgument?
+
     @Option(name: .customLong("disk-quota-inodes"), help: ArgumentHelp("How many files and directories each app's containers and staging may hold (0 for no limit), enforced as --disk-quota is. Default: 100000.", valueName: "count"))
     var diskQuotaInodes: UInt64?
 

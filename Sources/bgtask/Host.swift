@@ -195,6 +195,7 @@ extension BGTaskCommand {
             configuration.memoryLimitBytes = limits.memoryLimit?.bytes
             if let logLimit = limits.logLimit { configuration.logLimitBytes = logLimit.bytes }
             if let reserve = limits.diskReserve { configuration.diskReserveBytes = reserve.bytes }
+            if let cpuLimit = limits.cpuLimit { configuration.cpuLimit = cpuLimit.limit }
             configuration.diskQuota = limits.quota
             if let storeReserve { configuration.storeReserveBytes = storeReserve.bytes }
             configuration.appLifecycle = appLifecycle

@@ -52,6 +52,20 @@ struct ByteCountArgument: ExpressibleByArgument {
     }
 }
 
+/// `--cpu-limit 80%/60s`, or `off`.
+struct CPULimitArgument {
+    /// Nil: off.
+    var limit: CPULimit?
+
+    @Sendable static func parse(_ text: String) throws -> CPULimitArgument {
+        if text == "off" { return CPULimitArgument(limit: nil) }
+        guard let limit = CPULimit.parse(text) else {
+            throw ValidationError("'\(text)' is not PERCENT%/DURATION (e.g. 80%/60s: more than 80 % of a core over any 60 s), with a percent over 0 and up to 6400 and a duration from 100ms to 1d, nor off")
+        }
+        return CPULimitArgument(limit: limit)
+    }
+}
+
 extension TaskKind: ExpressibleByArgument {}
 
 /// `--task IDENTIFIER` or `--task IDENTIFIER:TYPE`.

@@ -99,6 +99,10 @@ extension BGTaskCommand {
             if let memoryLimit = limitOptions.memoryLimit { limits.memoryLimitBytes = memoryLimit.bytes }
             if let logLimit = limitOptions.logLimit { limits.logLimitBytes = logLimit.bytes }
             if let reserve = limitOptions.diskReserve { limits.diskReserveBytes = reserve.bytes }
+            if let cpuLimit = limitOptions.cpuLimit {
+                limits.cpuLimit = cpuLimit.limit
+                if cpuLimit.limit == nil { limits.cpuLimitExemption = "--cpu-limit off" }
+            }
             limits.diskQuota = limitOptions.quota
 
             let state = options.stateDirectory

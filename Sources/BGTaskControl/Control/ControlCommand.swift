@@ -112,6 +112,8 @@ public enum DeviceCondition: String, Sendable, CaseIterable, Codable, Comparable
 public struct DeviceChanges: Sendable, Equatable {
     /// Overrides of the whole device's conditions.
     public var conditions: [DeviceCondition: DeviceSetting]
+    /// The thermal state to hold the device at (`auto`: the machine's again).
+    public var thermal: ThermalSetting?
     /// One app's switches, as iOS's Settings shows them per app.
     public var app: AppSwitches?
 
@@ -129,12 +131,21 @@ public struct DeviceChanges: Sendable, Equatable {
         }
     }
 
-    public init(_ conditions: [DeviceCondition: DeviceSetting] = [:], app: AppSwitches? = nil) {
+    public init(_ conditions: [DeviceCondition: DeviceSetting] = [:], thermal: ThermalSetting? = nil, app: AppSwitches? = nil) {
         self.conditions = conditions
+        self.thermal = thermal
         self.app = app
     }
 
-    public var isEmpty: Bool { conditions.isEmpty && app == nil }
+    public var isEmpty: Bool { conditions.isEmpty && thermal == nil && app == nil }
+}
+
+/// A thermal state to hold the device at, or `auto` for the machine's.
+public enum ThermalSetting: String, Sendable, CaseIterable, Codable {
+    case nominal, fair, serious, critical, auto
+
+    /// The override it stands for (nil: none).
+    public var override: ThermalState? { ThermalState(name: rawValue) }
 }
 
 /// A refusal: the host's error code and a message in its own terms (naming the command, the
@@ -255,6 +266,7 @@ extension DeviceChanges {
     package var wire: [String: String] {
         var wire: [String: String] = [:]
         for (condition, setting) in conditions { wire[condition.rawValue] = setting.rawValue }
+        if let thermal { wire["thermal"] = thermal.rawValue }
         if let app {
             wire["app"] = app.app
             if let refresh = app.refresh { wire["refresh"] = refresh ? "on" : "off" }
@@ -287,9 +299,15 @@ extension DeviceChanges {
         } else if changes["notifications"] != nil {
             throw .badRequest("device: notifications are an app's switch: a change of them names the app")
         }
+        if let thermal = changes.removeValue(forKey: "thermal") {
+            guard let setting = ThermalSetting(rawValue: thermal) else {
+                throw .badRequest("device: thermal is nominal, fair, serious, critical or auto, not '\(ControlWords.quoted(String(thermal.prefix(64))))'")
+            }
+            self.thermal = setting
+        }
         for (key, value) in changes.sorted(by: { $0.key < $1.key }) {
             guard let condition = DeviceCondition(rawValue: key) else {
-                throw .badRequest("device: unknown condition '\(ControlWords.quoted(String(key.prefix(64))))' (known: \(DeviceCondition.allCases.map(\.rawValue).joined(separator: ", ")))")
+                throw .badRequest("device: unknown condition '\(ControlWords.quoted(String(key.prefix(64))))' (known: \((DeviceCondition.allCases.map(\.rawValue) + ["thermal"]).joined(separator: ", ")))")
             }
             guard let setting = DeviceSetting(rawValue: value) else {
                 throw .badRequest("device: \(key) is on, off or auto, not '\(ControlWords.quoted(String(value.prefix(64))))'")

@@ -23,12 +23,15 @@ public struct DeviceConditions: Sendable, Equatable, Codable {
     public var unlockedSinceBoot: Bool
     /// BGTASK_RESOURCE_* bits (GPU detected from /dev/dri/renderD* or /dev/nvidia*).
     public var supportedResources: UInt32
+    /// The thermal state, as `ProcessInfo.thermalState` (from the machine's thermal zones; a
+    /// machine without any, such as most VMs, is nominal).
+    public var thermalState: ThermalState
     /// For each field, where its value came from: "machine", "override" or "default".
     public var sources: [String: String]
 
     public init(externalPower: Bool = true, network: Bool = true, idle: Bool = true, lowPowerMode: Bool = false,
                 backgroundRefresh: Bool = true, locked: Bool = false, unlockedSinceBoot: Bool = true,
-                supportedResources: UInt32 = 0, sources: [String: String] = [:]) {
+                supportedResources: UInt32 = 0, thermalState: ThermalState = .nominal, sources: [String: String] = [:]) {
         self.externalPower = externalPower
         self.network = network
         self.idle = idle
@@ -37,7 +40,38 @@ public struct DeviceConditions: Sendable, Equatable, Codable {
         self.locked = locked
         self.unlockedSinceBoot = unlockedSinceBoot
         self.supportedResources = supportedResources
+        self.thermalState = thermalState
         self.sources = sources
+    }
+}
+
+/// How hot the device runs, as `ProcessInfo.ThermalState` (same raw values). What the realistic
+/// policy makes of each is in `Eligibility`: processing work waits at `serious`, nothing is
+/// launched at `critical`, and running background launches are expired when it turns critical.
+public enum ThermalState: Int, Sendable, Codable, CaseIterable, Comparable {
+    case nominal, fair, serious, critical
+
+    public var name: String { ["nominal", "fair", "serious", "critical"][rawValue] }
+
+    public init?(name: String) {
+        guard let state = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = state
+    }
+
+    public static func < (lhs: Self, rhs: Self) -> Bool { lhs.rawValue < rhs.rawValue }
+
+    /// By name in JSON (`"thermalState": "serious"`), as people and scripts read it.
+    public init(from decoder: any Decoder) throws {
+        let name = try decoder.singleValueContainer().decode(String.self)
+        guard let state = Self(name: name) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "thermal state '\(name)' is not nominal, fair, serious or critical"))
+        }
+        self = state
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(name)
     }
 }
 
@@ -48,6 +82,7 @@ public struct MachineConditionsReader: Sendable {
     public var ipv6RouteFile: URL = URL(fileURLWithPath: "/proc/net/ipv6_route")
     public var netClassDirectory: URL = URL(fileURLWithPath: "/sys/class/net")
     public var devDirectory: URL = URL(fileURLWithPath: "/dev")
+    public var thermalDirectory: URL = URL(fileURLWithPath: "/sys/class/thermal")
 
     public init() {}
 
@@ -140,6 +175,51 @@ public struct MachineConditionsReader: Sendable {
         return renderNode || nvidia ? Self.resourceGPU : 0
     }
 
+    /// The hottest of the machine's thermal zones, or nil when it has none (most VMs). Per zone
+    /// (`thermal_zone*` with `mode` not `disabled`), from its temperature and its trip points,
+    /// which the kernel and firmware set for that sensor:
+    /// - critical: at or over its lowest `hot` or `critical` trip (the kernel shuts down or
+    ///   reboots past these);
+    /// - serious: at or over its lowest `passive` trip (the kernel throttles the CPU there), or
+    ///   10 °C under critical when it has none;
+    /// - fair: at or over its lowest `active` trip (a fan starts), or 10 °C under serious
+    ///   when it has none;
+    /// - nominal below. A zone without trip points, or with an unreadable temperature, counts
+    ///   as nominal.
+    public func thermalState() -> ThermalState? {
+        let zones = SysFS.entries(of: thermalDirectory).filter { $0.hasPrefix("thermal_zone") }
+        guard !zones.isEmpty else { return nil }
+        var hottest = ThermalState.nominal
+        for zone in zones {
+            let directory = thermalDirectory.appendingPathComponent(zone)
+            if SysFS.firstLine(of: directory.appendingPathComponent("mode")) == "disabled" { continue }
+            guard let text = SysFS.firstLine(of: directory.appendingPathComponent("temp")), let temperature = Int(text) else { continue }
+            var trips: [String: Int] = [:]
+            for entry in SysFS.entries(of: directory) where entry.hasPrefix("trip_point_") && entry.hasSuffix("_type") {
+                let stem = entry.dropLast("_type".count)
+                guard let type = SysFS.firstLine(of: directory.appendingPathComponent(entry)),
+                      let value = SysFS.firstLine(of: directory.appendingPathComponent(stem + "_temp")).flatMap({ Int($0) }),
+                      value > 0 else { continue }
+                let kind = type == "hot" ? "critical" : type
+                trips[kind] = min(trips[kind] ?? .max, value)
+            }
+            hottest = max(hottest, Self.thermalState(temperature: temperature, trips: trips))
+        }
+        return hottest
+    }
+
+    /// One zone's state from its temperature and lowest trip of each kind (`critical` (with
+    /// `hot`), `passive`, `active`), all in millidegrees Celsius.
+    package static func thermalState(temperature: Int, trips: [String: Int]) -> ThermalState {
+        let critical = trips["critical"]
+        guard let serious = trips["passive"] ?? critical.map({ $0 - 10_000 }) else { return .nominal }
+        let fair = trips["active"].map { min($0, serious) } ?? serious - 10_000
+        if let critical, temperature >= critical { return .critical }
+        if temperature >= serious { return .serious }
+        if temperature >= fair { return .fair }
+        return .nominal
+    }
+
     /// BGTASK_RESOURCE_GPU in bgtask/plugin.h (BGTaskHost does not import the ABI module).
     package static let resourceGPU: UInt32 = 1
 }
@@ -148,7 +228,8 @@ public struct MachineConditionsReader: Sendable {
 /// `device.low-power`, `device.refresh`, `device.locked`, `device.gpu`; values "on"/"off",
 /// absent = machine or default) combined with the machine's values.
 public enum DeviceOverrides {
-    public static let keys = DeviceCondition.allCases.map(\.rawValue)
+    /// `thermal` holds a state's name (`ThermalState.name`) rather than on or off.
+    public static let keys = DeviceCondition.allCases.map(\.rawValue) + ["thermal"]
 
     /// Combines `overrides` (key without the "device." prefix → "on"/"off") with the machine.
     public static func resolve(overrides: [String: String], machine: MachineConditionsReader,
@@ -200,12 +281,24 @@ public enum DeviceOverrides {
             sources["supportedResources"] = "machine"
             resources = machine.supportedResources()
         }
+        let thermal: ThermalState
+        if let name = overrides["thermal"], let state = ThermalState(name: name) {
+            sources["thermalState"] = "override"
+            thermal = state
+        } else if let state = machine.thermalState() {
+            sources["thermalState"] = "machine"
+            thermal = state
+        } else {
+            // No thermal zone to read (a VM): nominal, as a device at rest.
+            sources["thermalState"] = "default"
+            thermal = .nominal
+        }
         return DeviceConditions(
             externalPower: externalPower, network: network, idle: idle, lowPowerMode: lowPowerMode,
             backgroundRefresh: backgroundRefresh, locked: locked,
             // A device that is unlocked now has been unlocked since boot.
             unlockedSinceBoot: locked ? unlockedSinceBoot : true,
-            supportedResources: resources, sources: sources)
+            supportedResources: resources, thermalState: thermal, sources: sources)
     }
 }
 

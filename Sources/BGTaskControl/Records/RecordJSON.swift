@@ -196,8 +196,18 @@ extension RecordJSON {
                     json.key("quota_inodes"); json.integer(disk.quotaInodes)
                 }
             }
+            if let energy = record.energy {
+                json.key("energy")
+                json.object { json in
+                    json.field("cpu_limit", energy.cpuLimit)
+                    json.key("disk_read_bytes"); json.integer(energy.diskReadBytes)
+                    json.key("disk_written_bytes"); json.integer(energy.diskWrittenBytes)
+                    json.key("wakeups"); json.integer(energy.wakeups)
+                }
+            }
             json.field("error", record.error)
             json.field("exit_status", record.exitStatus)
+            json.field("expiration_reason", record.expirationReason)
             json.field("expired_at_ms", record.expiredAtMs)
             json.key("grace_ms"); json.number(record.graceMs)
             json.key("launch_id"); json.string(record.launchID)

@@ -20,6 +20,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
         /// Killed while its app's containers (its own, its groups', its staging) held more than
         /// its disk quota (`--disk-quota`, `--disk-quota-inodes`); `disk` says how much.
         case diskQuota = "disk-quota"
+        /// Killed for using more CPU than a background launch may (`--cpu-limit`, by default
+        /// iOS's 80 % of a core over 60 s); `error` says how much it used.
+        case cpuLimit = "cpu-limit"
         /// Died by a signal or exited abnormally (`signal`, `exit_status`, `error` say how).
         case crashed
         /// The bundle, dlopen, entry symbol, ABI or launch entry failed (`error` says which).
@@ -132,6 +135,11 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var graceMs: Double
     /// When expiration was sent to the launch (budget reached or simulated).
     public var expiredAtMs: Double?
+    /// Why the host expired the launch, or one of its tasks, before its budget ran out
+    /// (simulated, a condition lost, the device too hot); nil when it did not.
+    public var expirationReason: String? = nil
+    /// What the launch cost the device (nil: not measured, as in a record of a host that died).
+    public var energy: EnergyRecord? = nil
     public var pid: Int32
     public var startedAt: Date
     public var bundlePath: String
@@ -254,6 +262,35 @@ public struct RunRecord: Codable, Sendable, Equatable {
         }
     }
 
+    /// What a launch cost the device beside its CPU time (`cpu_ms`), as iOS's energy
+    /// accounting and MetricKit count it. Counted by the kernel for the launch's processes (its
+    /// rusage once reaped, its /proc counters when it is suspended); a resumed process counts
+    /// from its resume.
+    public struct EnergyRecord: Codable, Sendable, Equatable {
+        /// Bytes the launch caused to be written to storage (pages it dirtied in files:
+        /// `write_bytes`, `ru_oublock`); what a tmpfs holds is memory, not counted.
+        public var diskWrittenBytes: UInt64
+        /// Bytes it caused to be read from storage (not from the page cache).
+        public var diskReadBytes: UInt64
+        /// Times its threads went to sleep and were woken (voluntary context switches): what
+        /// iOS counts as wake-ups.
+        public var wakeups: UInt64
+        /// The CPU limit it ran under ("80% of a core over 1m"), or why it had none.
+        public var cpuLimit: String?
+
+        public init(diskWrittenBytes: UInt64 = 0, diskReadBytes: UInt64 = 0, wakeups: UInt64 = 0, cpuLimit: String? = nil) {
+            self.diskWrittenBytes = diskWrittenBytes
+            self.diskReadBytes = diskReadBytes
+            self.wakeups = wakeups
+            self.cpuLimit = cpuLimit
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case wakeups
+            case diskWrittenBytes = "disk_written_bytes", diskReadBytes = "disk_read_bytes", cpuLimit = "cpu_limit"
+        }
+    }
+
     public struct TransfersRecord: Codable, Sendable, Equatable {
         /// Transfer ids delivered (`delivered` calls), at most `InputLimits.recordListEntries`.
         public var delivered: [String]
@@ -272,6 +309,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
+        case expirationReason = "expiration_reason", energy
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
         case notificationsAdded = "notifications_added", transfers, disk
         case listEntriesOmitted = "list_entries_omitted", messagesRefused = "messages_refused"
@@ -443,6 +481,7 @@ extension RunRecord: CustomStringConvertible {
         if let exitStatus, termination != .exited, termination != .suspended { how += " (exit status \(exitStatus))" }
         lines.append("launch \(launchID) of \(app) (\(reason)): \(how) after \(Self.ms(wallMs))")
         if let error { lines.append("  error: \(error)") }
+        if let expirationReason { lines.append("  expired early: \(expirationReason)") }
         if resumed == true {
             lines.append("  resumed the app's process after \(DurationText.format(seconds: (suspendedMs ?? 0) / 1000)) suspended (its launch \(processLaunches ?? 0))")
         } else if let previousProcess {
@@ -468,6 +507,9 @@ extension RunRecord: CustomStringConvertible {
         let limit = memoryLimitBytes > 0 ? " of \(Self.mib(memoryLimitBytes)) (\(memoryMechanism))" : ""
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(DurationText.format(seconds: budgetMs / 1000)) + grace \(DurationText.format(seconds: graceMs / 1000)), pid \(pid)")
         if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
+        if let energy {
+            lines.append("  energy: \(energy.wakeups) wake-ups, \(Self.bytesText(energy.diskWrittenBytes)) written, \(Self.bytesText(energy.diskReadBytes)) read from storage; cpu limit \(energy.cpuLimit ?? "none")")
+        }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }
         if let refused = appGroupsRefused {
@@ -513,6 +555,10 @@ extension RunRecord: CustomStringConvertible {
     }
 
     package static func mib(_ bytes: UInt64) -> String { String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
+    /// Bytes for people: "512 B", "12.0 KiB", "3.4 MiB".
+    package static func bytesText(_ bytes: UInt64) -> String {
+        bytes < 1024 ? "\(bytes) B" : bytes < 1_048_576 ? String(format: "%.1f KiB", Double(bytes) / 1024) : mib(bytes)
+    }
 }
 
 extension RunRecord {

@@ -23,7 +23,7 @@ public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
     /// True when a launch ended in a way that earns a penalty.
     public static func isBad(_ record: RunRecord) -> Bool {
         switch record.termination {
-        case .watchdog, .jetsam, .disk, .diskQuota, .crashed: return true
+        case .watchdog, .jetsam, .disk, .diskQuota, .cpuLimit, .crashed: return true
         case .exited, .suspended, .launchFailed, .hostLost: return record.tasks.contains { $0.outcome == .unfinished }
         }
     }
@@ -62,6 +62,9 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     case noExternalPower = "no-external-power"
     case noNetwork = "no-network"
     case dataProtected = "data-protected"
+    /// The device runs hot: nothing is launched at critical; processing work waits at serious
+    /// (realistic policy).
+    case thermalState = "thermal-state"
     case penalty
     case rateLimit = "rate-limit"
     case appRunning = "app-running"
@@ -77,7 +80,7 @@ public enum BlockerCode: String, CaseIterable, Sendable {
 
     /// Lifts when the machine's power or network comes back, which the host learns only by
     /// looking again (it re-reads device conditions while such a request waits).
-    package var liftsWithDeviceConditions: Bool { self == .noExternalPower || self == .noNetwork }
+    package var liftsWithDeviceConditions: Bool { self == .noExternalPower || self == .noNetwork || self == .thermalState }
 }
 
 /// Decides, for one request, everything that holds it back. A pure function of its inputs, so
@@ -138,6 +141,14 @@ public struct Eligibility: Sendable {
             }
         case .continuedProcessing:
             break
+        }
+        let thermal = conditions.thermalState
+        let thermalSource = conditions.sources["thermalState"] ?? "machine"
+        if thermal == .critical {
+            // As iOS: a device this hot runs no background work at all, whatever the policy.
+            result.append(Blocker(.thermalState, "the device's thermal state is critical (\(thermalSource)): nothing is launched until it cools to serious or below (bgtask device --thermal auto)"))
+        } else if thermal == .serious && policy == .realistic && (request.kind == .processing || request.kind == .healthResearch) {
+            result.append(Blocker(.thermalState, "the device's thermal state is serious (\(thermalSource)): processing work waits until it cools to fair or below (bgtask device --thermal auto)"))
         }
         if policy == .realistic {
             if let until = state.penaltyUntil, until > now {

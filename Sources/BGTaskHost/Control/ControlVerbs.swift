@@ -378,6 +378,11 @@ final class ControlVerbs: @unchecked Sendable {
                 return .failure(.internalError, "\(error)")
             }
         }
+        if let thermal = changes.thermal {
+            do { try device.setThermalOverride(thermal.override) } catch {
+                return .failure(.internalError, "\(error)")
+            }
+        }
         return core.sync {
             device.note(device.conditions())
             if !changes.isEmpty { scheduling.evaluate() }

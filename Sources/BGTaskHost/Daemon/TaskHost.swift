@@ -81,6 +81,8 @@ public final class TaskHost: @unchecked Sendable {
         public var logLimitBytes: UInt64 = LaunchLimits.defaultLogLimitBytes
         /// Free space kept on the containers' filesystem (see LaunchLimits.diskReserveBytes).
         public var diskReserveBytes: UInt64 = LaunchLimits.defaultDiskReserveBytes
+        /// The background CPU limit (`--cpu-limit`; nil: off).
+        public var cpuLimit: CPULimit? = .ios
         /// Each app's disk quota (`--disk-quota`, `--disk-quota-inodes`; see DiskQuota).
         public var diskQuota = DiskQuota()
         /// The host's reserve in its state directory for records and acknowledged requests

@@ -56,6 +56,12 @@ final class DeviceState: @unchecked Sendable {
         if !conditions.locked { unlocked.withLock { $0 = true } }
     }
 
+    /// Holds the thermal state at `state`, or with nil clears the override.
+    func setThermalOverride(_ state: ThermalState?) throws(BGTaskError) {
+        try store.setSetting("device.thermal", state?.name)
+        invalidate()
+    }
+
     /// Forces `condition` on or off, or with nil clears its override.
     func setOverride(_ condition: DeviceCondition, _ value: Bool?) throws(BGTaskError) {
         try store.setSetting("device.\(condition.rawValue)", value.map { $0 ? "on" : "off" })

@@ -37,6 +37,10 @@ final class LaunchCoordinator: HostPart {
         /// launch only settles: it holds no launch slot (`busyCount`).
         var workOver = false
         var nextTaskID: UInt64 = 1
+        /// The thermal state and Low Power Mode the launch was last told of.
+        var device: (thermalState: UInt32, lowPowerMode: Bool) = (0, false)
+        /// Expired whole because the device turned critical.
+        var thermalExpired = false
     }
 
     let core: HostCore
@@ -148,6 +152,8 @@ final class LaunchCoordinator: HostPart {
     /// Foreground and extension launches: the ones clients start by hand.
     var clientStartedCount: Int { running.values.filter { $0.role == .foreground || $0.role == .extension }.count }
     /// A processing task runs: device conditions must be watched while it does.
+    /// A background launch runs: the machine's thermal state is watched (it is expired at critical).
+    var runsBackgroundLaunches: Bool { running.values.contains { $0.role != .foreground } }
     var runsProcessingTasks: Bool { running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } } }
     func launch(of app: String) -> RunningLaunch? { running.values.first { $0.app == app } }
     /// The launch running task `identifier` (of `app`, when given).
@@ -215,6 +221,22 @@ final class LaunchCoordinator: HostPart {
         if !conditions.backgroundRefresh || device.isAppRefreshOff(bundle.containingApp ?? bundle.identifier) {
             plan.backgroundRefreshStatus = LaunchPlan.refreshStatusDenied
         }
+        // The CPU monitor, as iOS runs it: for background work, but not for the app in the
+        // foreground, nor for processing tasks while the device is on external power.
+        if configuration.cpuLimit == nil {
+            plan.limits.cpuLimit = nil
+            plan.limits.cpuLimitExemption = "the host runs with --cpu-limit off"
+        } else if role == .foreground {
+            plan.limits.cpuLimit = nil
+            plan.limits.cpuLimitExemption = "the app is in the foreground"
+        } else if conditions.externalPower, tasks.contains(where: { $0.kind == .processing || $0.kind == .healthResearch }) {
+            plan.limits.cpuLimit = nil
+            plan.limits.cpuLimitExemption = "a processing task on external power"
+        } else {
+            plan.limits.cpuLimit = configuration.cpuLimit
+        }
+        plan.thermalState = UInt32(conditions.thermalState.rawValue)
+        plan.lowPowerMode = conditions.lowPowerMode
         let control = LaunchControl()
         let core = self.core
         control.onStart = { [weak self] pid in
@@ -243,7 +265,7 @@ final class LaunchCoordinator: HostPart {
         running[launchID] = RunningLaunch(
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
-            control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1))
+            control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1), device: (plan.thermalState, plan.lowPowerMode))
         // The launch's preparation (containers, channel, log) starts on a launch worker while
         // the launch is recorded here; its process starts only once admitted, so the record
         // still comes before the process. It is then supervised by a supervision loop, and its
@@ -427,9 +449,25 @@ final class LaunchCoordinator: HostPart {
     }
 
     /// Expires running tasks whose conditions no longer hold: processing tasks that require
-    /// power when power goes away, and processing tasks when the device stops being idle.
+    /// power when power goes away, and processing tasks when the device stops being idle; and
+    /// every background launch when the device turns critically hot. Tells each running launch
+    /// of a new thermal state or Low Power Mode (`ProcessInfo`'s, and its notifications).
     func enforce(_ conditions: DeviceConditions) {
+        let device = (thermalState: UInt32(conditions.thermalState.rawValue), lowPowerMode: conditions.lowPowerMode)
         for (id, launch) in running {
+            if launch.device != device {
+                running[id]?.device = device
+                launch.control.device(thermalState: device.thermalState, lowPowerMode: device.lowPowerMode)
+            }
+            // As iOS at a critical thermal state: background work is expired (its expiration
+            // handlers run, then the grace); the foreground app is left alone.
+            if conditions.thermalState == .critical && launch.role != .foreground && !launch.thermalExpired {
+                running[id]?.thermalExpired = true
+                let reason = "the device's thermal state turned critical (\(conditions.sources["thermalState"] ?? "machine"))"
+                launch.control.expire(task: nil, reason: reason)
+                core.logger.info("expiring a launch: \(reason)", metadata: ["launch.id": "\(id)", "bundle.id": "\(launch.app)"])
+                continue
+            }
             for task in launch.tasks where !launch.expiredTasks.contains(task.task) {
                 guard let request = launch.requests[task.identifier] else { continue }
                 var reason: String?

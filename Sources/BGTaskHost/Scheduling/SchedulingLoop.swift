@@ -74,6 +74,8 @@ final class SchedulingLoop: HostPart {
         // A running processing task is expired when the device stops being idle or loses the
         // power or network it requires: conditions are watched while one runs.
         var watchConditions = launches.runsProcessingTasks
+            // A machine with thermal zones: a background launch is expired when it turns critical.
+            || (conditions.sources["thermalState"] == "machine" && launches.runsBackgroundLaunches)
         var wakeAt: Date?
         launches.pruneBackoffs()
         do {

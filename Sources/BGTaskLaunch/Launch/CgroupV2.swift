@@ -146,6 +146,16 @@ package enum CgroupV2 {
             _ = try? write("cgroup.freeze", frozen ? "1" : "0")
         }
 
+        /// CPU time of everything in the cgroup, alive or gone (`cpu.stat`'s `usage_usec`, kept
+        /// by every cgroup v2 whatever its controllers), in nanoseconds.
+        package var cpuUsageNs: UInt64? {
+            let text = (try? String(contentsOf: url.appendingPathComponent("cpu.stat"), encoding: .utf8)) ?? ""
+            for line in text.split(separator: "\n") where line.hasPrefix("usage_usec ") {
+                return UInt64(line.dropFirst("usage_usec ".count)).map { $0 * 1000 }
+            }
+            return nil
+        }
+
         package var processes: [pid_t] {
             ((try? String(contentsOf: url.appendingPathComponent("cgroup.procs"), encoding: .utf8)) ?? "")
                 .split(separator: "\n").compactMap { pid_t($0) }

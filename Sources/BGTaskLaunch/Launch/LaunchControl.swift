@@ -18,6 +18,9 @@ public final class LaunchControl: @unchecked Sendable {
         case close
         /// Background URL sessions: a `TransferEvent`'s JSON for the launch (`ParentMessage.transferEvent`).
         case transferEvent(json: String)
+        /// The device's thermal state (`ProcessInfo.ThermalState`'s raw value) or Low Power Mode
+        /// changed (`ParentMessage.device`).
+        case device(thermalState: UInt32, lowPowerMode: Bool)
     }
 
     /// What a running launch reports, for its host's live views and decisions.
@@ -95,6 +98,7 @@ public final class LaunchControl: @unchecked Sendable {
     public func startTask(_ task: TaskAssignment) { post(.startTask(task)) }
     public func close() { post(.close) }
     public func sendTransferEvent(_ json: String) { post(.transferEvent(json: json)) }
+    public func device(thermalState: UInt32, lowPowerMode: Bool) { post(.device(thermalState: thermalState, lowPowerMode: lowPowerMode)) }
 
     private func post(_ command: Command) {
         lock.withLock { commands.append(command) }

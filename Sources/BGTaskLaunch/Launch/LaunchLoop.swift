@@ -34,6 +34,8 @@ package struct LaunchLoop {
     private var memory: MemorySampler
     private let sampling: Bool
     private var disk: DiskReserveWatch
+    /// The background CPU limit (`LaunchLimits.cpuLimit`), nil without one.
+    private var cpu: CPUMonitor?
     /// The app's disk quota (its use measured before the launch: `LaunchState.diskUseAtStart`).
     package private(set) var quota: DiskQuotaWatch
 
@@ -64,6 +66,7 @@ package struct LaunchLoop {
             reserve: plan.limits.diskReserveBytes,
             containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
             startNs: state.startNs, checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
+        cpu = plan.limits.cpuLimit.map { CPUMonitor(limit: $0, startNs: state.startNs) }
         quota = DiskQuotaWatch(
             quota: state.diskUseAtStart == nil ? .none : plan.limits.diskQuota, directories: DiskAccounting.directories(of: plan),
             app: plan.bundle.identifier, startNs: state.startNs, use: state.diskUseAtStart ?? DiskUse(),
@@ -191,11 +194,29 @@ package struct LaunchLoop {
         } else if let exceeded = quota.check(at: now) {
             state.diskQuotaExceeded = "\(exceeded) while it ran"
             kill(.diskQuota, &state, "disk quota kill", ["bytes": "\(quota.use.bytes)", "inodes": "\(quota.use.inodes)"])
+        } else if let exceeded = checkCPU(at: now, state) {
+            state.cpuLimitExceeded = exceeded
+            kill(.cpuLimit, &state, "cpu limit kill")
         } else if sampling,
                   let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }),
                   rss > plan.limits.memoryLimitBytes {
             kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
         }
+    }
+
+    /// The launch's CPU time so far: its cgroup's, else its app process's with the children it
+    /// reaped (nil while the app's process is not known yet).
+    private mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {
+        guard var monitor = cpu else { return nil }
+        defer { cpu = monitor }
+        let (pid, app, cgroup) = (pid, memory.app, state.cgroup)
+        return monitor.check(at: now) { Self.cpuNs(pid: pid, app: app, cgroup: cgroup) }
+    }
+
+    private static func cpuNs(pid: pid_t, app: pid_t?, cgroup: CgroupV2.LaunchGroup?) -> UInt64? {
+        if let cgroup { return cgroup.cpuUsageNs }
+        guard let app = app ?? ProcessTree.appProcess(of: pid) else { return nil }
+        return ProcessTree.cpuNanoseconds(of: app, reapedChildren: true)
     }
 
     // MARK: Disk walks, off the loop
@@ -278,6 +299,7 @@ package struct LaunchLoop {
         if let finishedNs = state.finishedNs { hard = min(hard, finishedNs + Self.exitAfterFinished) }
         if disk.isOn { soft = min(soft, max(disk.nextCheckNs, now)) }
         if quota.isOn { soft = min(soft, max(quota.nextCheckNs, now)) }
+        if let cpu { soft = min(soft, max(cpu.nextCheckNs, now)) }
         for (task, deadline) in state.taskKillAt where state.tasks[task]?.completedNs == nil { hard = min(hard, deadline) }
         if coalesces, soft != UInt64.max, soft > now + Self.coalesceAfterNs {
             soft = (soft + Self.coalesceGridNs - 1) / Self.coalesceGridNs * Self.coalesceGridNs
@@ -297,6 +319,7 @@ package struct LaunchLoop {
         for command in commands {
             switch command {
             case let .expire(task, reason):
+                if state.expirationReason == nil { state.expirationReason = reason }
                 if state.expiredAtNs == nil && task == nil {
                     // Expiring the whole launch early starts its grace, as the budget would.
                     let now = bgtask_monotonic_ns()
@@ -322,6 +345,7 @@ package struct LaunchLoop {
                 }
                 try? send(ParentMessage.close)
             case let .shutdown(reason):
+                if state.expirationReason == nil { state.expirationReason = reason }
                 let now = bgtask_monotonic_ns()
                 if state.expiredAtNs == nil { state.expiredAtNs = now }
                 try? send(ParentMessage.expire(task: nil, reason: reason))
@@ -330,6 +354,8 @@ package struct LaunchLoop {
                 do { try send(ParentMessage.transferEvent(json: json)) } catch {
                     logger.warning("a transfer event did not fit the launch channel", metadata: ["error": "\(error)"])
                 }
+            case let .device(thermalState, lowPowerMode):
+                try? send(ParentMessage.device(thermalState: thermalState, lowPowerMode: lowPowerMode))
             }
         }
     }

@@ -18,6 +18,9 @@ public struct LaunchLimits: Sendable, Equatable {
     /// What its app's containers (its own, its groups') and staging may hold: a launch of an
     /// app over it is refused, one that passes it while running is killed (`disk-quota`).
     public var diskQuota = DiskQuota()
+    /// The background CPU limit (`cpu-limit`); nil: none, `cpuLimitExemption` says why.
+    public var cpuLimit: CPULimit? = .ios
+    public var cpuLimitExemption: String?
 
     public init(budget: Duration, grace: Duration, memoryLimitBytes: UInt64) {
         self.budget = budget
@@ -84,6 +87,10 @@ public struct LaunchPlan: Sendable {
     /// `UIApplication.backgroundRefreshStatus` for the launch (BGTASK_REFRESH_STATUS_*: 2,
     /// available; 1, denied by the device's or the app's switch).
     public var backgroundRefreshStatus: UInt32 = LaunchPlan.refreshStatusAvailable
+    /// `ProcessInfo.thermalState` (its raw value) and `isLowPowerModeEnabled` when the launch
+    /// starts; `LaunchControl.device` tells a running launch of changes.
+    public var thermalState: UInt32 = 0
+    public var lowPowerMode = false
     /// The push a `remote-notification` launch delivers.
     public var push: PushDelivered?
 

@@ -72,6 +72,11 @@ package struct LaunchState {
     package var diskExhaustion: String?
     /// Why the launch was killed over its app's disk quota (`disk-quota`).
     package var diskQuotaExceeded: String?
+    /// Why the launch was killed over the background CPU limit (`cpu-limit`).
+    package var cpuLimitExceeded: String?
+    /// Why the host expired the launch or one of its tasks before its budget ran out (the
+    /// first reason: simulated, conditions lost, the device too hot); nil: the budget ran out.
+    package var expirationReason: String?
     /// What the app's containers and staging held before the launch (nil: no quota).
     package var diskUseAtStart: DiskUse?
     package var fatal: String?
@@ -120,6 +125,10 @@ package struct LaunchState {
     /// Whether the host keeps this launch's process afterwards (`resumed`, `process_launches`
     /// are recorded).
     package var keepsProcess = false
+    /// The energy counters of the process when the launch began (a resumed one's at its
+    /// suspension; zero for a new process) and what the launch used (set before `record`).
+    package var energyAtStart = EnergyCounters()
+    package var energy: EnergyCounters?
     /// The push's completion handler: its result (BGTASK_FETCH_RESULT_*) and when.
     package var pushCompletion: (result: UInt32, at: UInt64)?
 
@@ -257,10 +266,12 @@ package struct LaunchState {
         if bgtask_wifexited(status) != 0 { exitStatus = bgtask_wexitstatus(status) }
         let openTasks = openTaskCount > 0
 
-        if let killed, killed == .watchdog || killed == .jetsam || killed == .disk || killed == .diskQuota {
+        if let killed, killed == .watchdog || killed == .jetsam || killed == .disk || killed == .diskQuota || killed == .cpuLimit {
             termination = killed
             signal = "SIGKILL"
-            if killed == .disk {
+            if killed == .cpuLimit {
+                error = cpuLimitExceeded
+            } else if killed == .disk {
                 error = diskExhaustion
             } else if killed == .diskQuota {
                 error = diskQuotaExceeded
@@ -335,6 +346,12 @@ package struct LaunchState {
             log: log.written ? plan.logFile.path : nil, registered: registered, refusedRegistrations: refused, submitted: submitted,
             launcher: launcher)
         record.sandbox = sandbox
+        record.expirationReason = expirationReason
+        if let energy {
+            record.energy = RunRecord.EnergyRecord(
+                diskWrittenBytes: energy.diskWrittenBytes, diskReadBytes: energy.diskReadBytes, wakeups: energy.wakeups,
+                cpuLimit: plan.limits.cpuLimit.map(\.description) ?? plan.limits.cpuLimitExemption.map { "none: \($0)" } ?? "none")
+        }
         if keepsProcess {
             record.resumed = resumed != nil
             record.suspendedMs = resumed.map { (Double($0.suspendedNs) / 1_000).rounded() / 1000 }

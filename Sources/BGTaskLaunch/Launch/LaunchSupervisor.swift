@@ -299,6 +299,8 @@ public struct LaunchSupervisor: Sendable {
             var start = assignment(plan, cgroup: cgroup, groups: fresh.groups, identity: fresh.identity)
             start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
             start.backgroundRefreshStatus = plan.backgroundRefreshStatus
+            start.thermalState = plan.thermalState
+            start.lowPowerMode = plan.lowPowerMode
             start.reason = plan.reason.rawValue
             start.suspendable = fresh.keeps
             do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
@@ -420,9 +422,12 @@ public struct LaunchSupervisor: Sendable {
         state.cgroup = process.cgroup
         state.keepsProcess = true
         state.resumed = (startNs > process.suspendedAtNs ? startNs - process.suspendedAtNs : 0, process.launches + 1)
+        state.energyAtStart = process.energy
         var start = assignment(plan, cgroup: process.cgroup, groups: [], identity: nil)
         start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
         start.backgroundRefreshStatus = plan.backgroundRefreshStatus
+        start.thermalState = plan.thermalState
+        start.lowPowerMode = plan.lowPowerMode
         start.reason = plan.reason.rawValue
         start.suspendable = true
         process.cgroup?.freeze(false)
@@ -465,6 +470,8 @@ public struct LaunchSupervisor: Sendable {
         // or a crash report after it said so) is ended before the reap waits for it.
         if bgtask_has_exited(pid) == 0 { Self.terminate(pid, cgroup: launch.cgroup) }
         let (status, usage, endNs) = reap(pid, cgroup: launch.cgroup, &launch.loop, &launch.state, log: log, exitedAtNs: launch.exitedAtNs)
+        // rusage covers the process's whole life; a resumed launch counts from its resume.
+        launch.state.energy = EnergyCounters(usage: usage).since(launch.state.energyAtStart)
         var record: RunRecord
         if ending.resumed {
             // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
@@ -512,15 +519,18 @@ public struct LaunchSupervisor: Sendable {
         let ticks = ProcessTree.cpuNanoseconds(of: app) ?? cpuAtStartNs
         let cpuNs = max(ticks, state.reportedCPUNs ?? 0)
         let unique = ProcessTree.uniqueBytes(ofProcess: app)
+        let energy = EnergyCounters.of(app) ?? state.energyAtStart
+        state.energy = energy.since(state.energyAtStart)
         state.suspendedAfter = true
         state.peakRSS = max(state.peakRSS, ProcessTree.residentBytes(ofProcess: app))
         var record = state.record(status: 0, usage: Self.usage(cpuNs: cpuNs > cpuAtStartNs ? cpuNs - cpuAtStartNs : 0), pid: pid,
                                   wallNs: endNs - state.startNs, startedAt: startedAt)
         finish(&record, state, plan: plan, log: log, cgroup: cgroup, refusedGroups: refusedGroups, logger: logger)
-        let process = SuspendedApp(
+        var process = SuspendedApp(
             app: plan.bundle.identifier, pid: pid, appPID: app, channel: channel, logReadEnd: log.detachReadEnd(), cgroup: cgroup,
             sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
             suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs, hearsResumes: state.hearsResumes)
+        process.energy = energy
         if !apps.suspend(process) {
             // The host is stopping: the process ends instead, its launch over all the same.
             apps.endUnkept(process)

@@ -93,6 +93,46 @@ package struct DiskReserveWatch {
     }
 }
 
+/// The CPU monitor of one launch (`LaunchLimits.cpuLimit`): the CPU time of the launch's
+/// processes (its cgroup's `cpu.stat` when it has one, else the app's process with the children
+/// it has reaped), read every twelfth of the window, and the CPU it used over the trailing
+/// window: from the reading that is a window old (the first reading while the launch is younger
+/// than that). Past the limit, the launch is to be killed. A reading is late by at most a
+/// twelfth of the window, so is the kill; a resumed process's CPU before the launch is not its.
+package struct CPUMonitor {
+    package let limit: CPULimit
+    package private(set) var nextCheckNs: UInt64
+    private let interval: UInt64
+    private let windowNs: UInt64
+    /// Readings within the last window and the newest older one, oldest first.
+    private var readings: [(at: UInt64, cpuNs: UInt64)] = []
+
+    package init(limit: CPULimit, startNs: UInt64) {
+        self.limit = limit
+        windowNs = UInt64(max(limit.window.nanoseconds, 1))
+        interval = max(windowNs / 12, 10_000_000)
+        nextCheckNs = startNs
+    }
+
+    /// Reads when due (`cpuNs` reads the launch's CPU time; nil: not readable yet, such as a
+    /// namespace still being made). Returns why the launch must be killed, or nil.
+    package mutating func check(at now: UInt64, cpuNs: () -> UInt64?) -> String? {
+        guard now >= nextCheckNs else { return nil }
+        nextCheckNs = now + interval
+        guard let cpu = cpuNs() else { return nil }
+        readings.append((now, cpu))
+        // Keep one reading at or before the window's start, and those after it.
+        while readings.count > 2, readings[1].at + windowNs <= now { readings.removeFirst() }
+        let base = readings[0]
+        let used = cpu > base.cpuNs ? cpu - base.cpuNs : 0
+        guard used > limit.allowedNs else { return nil }
+        let span = Double(now - base.at) / 1e9
+        let share = span > 0 ? Double(used) / 1e9 / span * 100 : 0
+        return String(format: "used %.1f s of CPU in %.1f s (%.0f%% of a core), ", Double(used) / 1e9, span, share)
+            + "over the background limit of \(limit) (iOS's CPU monitor)"
+    }
+}
+
 /// The memory sampler of one launch (without a cgroup): the resident memory of the app's process
 /// and its descendants, plus shared memory only open files show, sampled adaptively (the next
 /// sample comes before the launch, growing as fast as it last did, could cross half of its

@@ -36,6 +36,9 @@ package struct SuspendedApp {
     /// The process's CPU time when it was suspended: the app's word (its `getrusage`, at least
     /// what /proc said), from which the next launch's CPU is counted.
     package var cpuNs: UInt64
+    /// Its energy counters when it was suspended (`EnergyCounters.of`): a resumed launch counts
+    /// from there.
+    package var energy = EnergyCounters()
     /// The plugin hears resumed launches (a resume handler): without it, only launches that
     /// bring tasks alone may resume the process.
     package var hearsResumes: Bool

@@ -154,6 +154,8 @@ typedef void (*bgtask_request_visitor)(void *context, const bgtask_request *requ
 typedef void (*bgtask_json_visitor)(void *context, const char *json);
 /* The app's state changed (set_state_handler): BGTASK_APP_STATE_*. */
 typedef void (*bgtask_state_handler)(void *context, uint32_t state);
+/* The device's thermal state (BGTASK_THERMAL_*) or Low Power Mode changed (set_device_handler). */
+typedef void (*bgtask_device_handler)(void *context, uint32_t thermal_state, bool low_power_mode);
 /* A suspended app was resumed for a new launch (set_resume_handler): `launch` is the new
  * launch's info, valid during the call. */
 typedef void (*bgtask_resume_handler)(void *context, const struct bgtask_launch_info *launch);
@@ -310,7 +312,24 @@ typedef struct bgtask_host_api {
      * before the new launch's tasks start (push payloads and transfer events arrive here, as
      * they arrive in the launch info of a fresh launch). NULL stops the calls. */
     void (*set_resume_handler)(bgtask_host *host, bgtask_resume_handler handler, void *context);
+
+    /* ---- ABI 1, appended: the device's state (check BGTASK_HAS(api, thermal_state)) ---- */
+    /* The device's thermal state now (BGTASK_THERMAL_*: ProcessInfo.thermalState). The host
+     * expires background launches when it turns critical. */
+    uint32_t (*thermal_state)(bgtask_host *host);
+    /* Low Power Mode now (ProcessInfo.isLowPowerModeEnabled). */
+    bool (*low_power_mode)(bgtask_host *host);
+    /* Sets the function the runner calls, on its reader thread, when the thermal state or Low
+     * Power Mode changes during a launch, or changed while the app was suspended (called as it
+     * resumes, before the new launch's tasks). It must not block. NULL stops the calls. */
+    void (*set_device_handler)(bgtask_host *host, bgtask_device_handler handler, void *context);
 } bgtask_host_api;
+
+/* ProcessInfo.ThermalState's raw values. */
+#define BGTASK_THERMAL_NOMINAL 0u
+#define BGTASK_THERMAL_FAIR 1u
+#define BGTASK_THERMAL_SERIOUS 2u
+#define BGTASK_THERMAL_CRITICAL 3u
 
 /* Local notifications: bgtask_host_api.notification_* */
 #define BGTASK_NOTIFICATIONS_PENDING 0u

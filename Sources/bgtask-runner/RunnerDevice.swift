@@ -1,0 +1,35 @@
+import BGTaskWire
+import CBGTaskPluginABI
+import Foundation
+
+/// The device's thermal state and Low Power Mode as the app sees them
+/// (`ProcessInfo.thermalState`, `isLowPowerModeEnabled`): the launch's, then what the host tells
+/// of changes (`ParentMessage.device`), each change handed to the plugin's device handler.
+extension Runner {
+    var device: (thermalState: UInt32, lowPowerMode: Bool) {
+        lock.withLock { (current.thermalState, current.lowPowerMode) }
+    }
+
+    func setDeviceHandler(_ handler: bgtask_device_handler?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock { deviceHandler = handler.map { ($0, context) } }
+    }
+
+    /// On the reader thread: the host says the device changed.
+    func deviceChanged(thermalState: UInt32, lowPowerMode: Bool) {
+        // Only the four states exist: anything else from the channel is not a state.
+        guard thermalState <= BGTASK_THERMAL_CRITICAL else { return }
+        let changed: Bool = lock.withLock {
+            guard current.thermalState != thermalState || current.lowPowerMode != lowPowerMode else { return false }
+            current.thermalState = thermalState
+            current.lowPowerMode = lowPowerMode
+            return true
+        }
+        if changed { tellDevice() }
+    }
+
+    /// Calls the plugin's device handler with the state now.
+    func tellDevice() {
+        let (handler, state) = lock.withLock { (deviceHandler, (current.thermalState, current.lowPowerMode)) }
+        if let (handler, context) = handler { handler(context, state.0, state.1) }
+    }
+}
