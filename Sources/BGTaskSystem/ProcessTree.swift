@@ -322,6 +322,12 @@ public struct EnergyCounters: Sendable, Equatable {
                   wakeups: UInt64(max(usage.ru_nvcsw, 0)))
     }
 
+    /// Each counter the larger of the two.
+    public func atLeast(_ other: EnergyCounters) -> EnergyCounters {
+        EnergyCounters(diskWrittenBytes: max(diskWrittenBytes, other.diskWrittenBytes), diskReadBytes: max(diskReadBytes, other.diskReadBytes),
+                       wakeups: max(wakeups, other.wakeups))
+    }
+
     /// What was counted since `earlier` (a counter that went back counts as 0).
     public func since(_ earlier: EnergyCounters) -> EnergyCounters {
         EnergyCounters(diskWrittenBytes: diskWrittenBytes > earlier.diskWrittenBytes ? diskWrittenBytes - earlier.diskWrittenBytes : 0,

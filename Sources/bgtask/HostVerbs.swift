@@ -266,7 +266,7 @@ extension BGTaskCommand {
     struct Device: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show or override the device conditions scheduling depends on.",
-            discussion: "Each of --power, --network, --idle, --low-power, --refresh, --locked, --gpu takes on, off or auto (back to the machine's value or the default). --app ID --refresh on|off sets an app's own Background App Refresh switch.")
+            discussion: "Each of --power, --network, --idle, --low-power, --refresh, --locked, --gpu takes on, off or auto (back to the machine's value or the default); --thermal takes a state or auto. --app ID --refresh on|off sets an app's own Background App Refresh switch.")
         @Option(name: .long, help: ArgumentHelp("External power, for requests with requiresExternalPower. auto: the machine's (AC or USB supply online, or no battery).", valueName: "on|off|auto"))
         var power: DeviceSetting?
         @Option(name: .long, help: ArgumentHelp("A usable network, for requests with requiresNetworkConnectivity. auto: the machine's (a default route on an interface that is up).", valueName: "on|off|auto"))
@@ -281,6 +281,8 @@ extension BGTaskCommand {
         var locked: DeviceSetting?
         @Option(name: .long, help: ArgumentHelp("A GPU, for continued-processing requests that require one. auto: the machine's (/dev/dri/renderD* or /dev/nvidia*).", valueName: "on|off|auto"))
         var gpu: DeviceSetting?
+        @Option(name: .long, help: ArgumentHelp("The thermal state (ProcessInfo.thermalState): processing work waits at serious, nothing is launched at critical and running background launches are expired when it turns critical. auto: the machine's (its thermal zones and their trip points; nominal without any).", valueName: "nominal|fair|serious|critical|auto"))
+        var thermal: ThermalSetting?
         @Option(name: .long, help: ArgumentHelp("With --app: the app's local notifications, authorized (on) or denied (off), as the user decides in Settings; auto: the host's default (--allow-notifications, else denied once the app asks).", valueName: "on|off|auto"))
         var notifications: DeviceSetting?
         @Option(name: .long, help: "With --refresh or --notifications: the app whose switch to set.") var app: String?
@@ -297,6 +299,7 @@ extension BGTaskCommand {
             let settings: [(DeviceCondition, DeviceSetting?)] = [(.power, power), (.network, network), (.idle, idle), (.lowPower, lowPower),
                                                                    (.locked, locked), (.gpu, gpu)] + (app == nil ? [(.refresh, refresh)] : [])
             for case let (condition, setting?) in settings { changes.conditions[condition] = setting }
+            changes.thermal = thermal
             if let app { changes.app = DeviceChanges.AppSwitches(app: app, refresh: refresh?.override, notifications: notifications) }
             let conditions = try host.call(.device(changes))
             if host.json { return try host.printJSON(conditions) }
@@ -310,6 +313,7 @@ extension BGTaskCommand {
             line("background refresh", conditions.backgroundRefresh, "backgroundRefresh")
             line("locked", conditions.locked, "locked")
             line("gpu", conditions.supportedResources & 1 != 0, "supportedResources")
+            print("\("thermal state".padding(toLength: 20, withPad: " ", startingAt: 0)) \(conditions.thermalState.name)  (\(conditions.sources["thermalState"] ?? "?"))")
             if let app, notifications != nil,
                let report = try host.send(.pendingNotifications(app: app)).notificationApps?.first {
                 print("\("notifications".padding(toLength: 20, withPad: " ", startingAt: 0)) \(report.authorization)  (\(app))")

@@ -67,6 +67,7 @@ struct CPULimitArgument {
 }
 
 extension TaskKind: ExpressibleByArgument {}
+extension ThermalSetting: ExpressibleByArgument {}
 
 /// `--task IDENTIFIER` or `--task IDENTIFIER:TYPE`.
 struct TaskArgument: ExpressibleByArgument {

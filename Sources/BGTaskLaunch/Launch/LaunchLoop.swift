@@ -206,6 +206,14 @@ package struct LaunchLoop {
 
     /// The launch's CPU time so far: its cgroup's, else its app process's with the children it
     /// reaped (nil while the app's process is not known yet).
+    /// What the launch's app process has used, read just before it is killed (see
+    /// `LaunchState.lookBeforeKill`).
+    package func lookBeforeKill(_ state: inout LaunchState) {
+        guard state.lookBeforeKill == nil else { return }
+        let app = memory.app ?? ProcessTree.appProcess(of: pid)
+        state.lookBeforeKill = (Self.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
+    }
+
     private mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {
         guard var monitor = cpu else { return nil }
         defer { cpu = monitor }
@@ -262,6 +270,7 @@ package struct LaunchLoop {
     private func kill(_ termination: RunRecord.Termination, _ state: inout LaunchState, _ message: Logger.Message,
                       _ metadata: Logger.Metadata = [:], cgroup: Bool = true) {
         state.killed = termination
+        lookBeforeKill(&state)
         LaunchSupervisor.terminate(pid, cgroup: cgroup ? state.cgroup : nil)
         logger.info(message, metadata: metadata)
     }

@@ -129,6 +129,10 @@ package struct LaunchState {
     /// suspension; zero for a new process) and what the launch used (set before `record`).
     package var energyAtStart = EnergyCounters()
     package var energy: EnergyCounters?
+    /// The app process's CPU time and energy counters read just before the host killed it: in
+    /// a PID namespace the app process dies with its namespace, never reaped by the runner, so
+    /// the runner's rusage does not hold what the app used.
+    package var lookBeforeKill: (cpuNs: UInt64?, energy: EnergyCounters?)?
     /// The push's completion handler: its result (BGTASK_FETCH_RESULT_*) and when.
     package var pushCompletion: (result: UInt32, at: UInt64)?
 

@@ -468,14 +468,23 @@ public struct LaunchSupervisor: Sendable {
         }
         // A process that went idle and is not kept after all (its launch was ended by garbage
         // or a crash report after it said so) is ended before the reap waits for it.
-        if bgtask_has_exited(pid) == 0 { Self.terminate(pid, cgroup: launch.cgroup) }
+        if bgtask_has_exited(pid) == 0 {
+            launch.loop.lookBeforeKill(&launch.state)
+            Self.terminate(pid, cgroup: launch.cgroup)
+        }
         let (status, usage, endNs) = reap(pid, cgroup: launch.cgroup, &launch.loop, &launch.state, log: log, exitedAtNs: launch.exitedAtNs)
-        // rusage covers the process's whole life; a resumed launch counts from its resume.
-        launch.state.energy = EnergyCounters(usage: usage).since(launch.state.energyAtStart)
+        // rusage covers the process's whole life and the children it reaped. A killed launch's
+        // app process in its PID namespace dies with the namespace, unreaped by the runner: what
+        // it used is what the last look before the kill saw. A resumed launch counts from its resume.
+        var cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
+        var energy = EnergyCounters(usage: usage)
+        if let look = launch.state.lookBeforeKill {
+            cpuNs = max(cpuNs, look.cpuNs ?? 0)
+            if let counters = look.energy { energy = energy.atLeast(counters) }
+        }
+        launch.state.energy = energy.since(launch.state.energyAtStart)
         var record: RunRecord
-        if ending.resumed {
-            // rusage covers the process's whole life: this launch's CPU is what it used since it resumed.
-            let cpuNs = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
+        if ending.resumed || launch.state.lookBeforeKill != nil {
             record = launch.state.record(status: status, usage: Self.usage(cpuNs: cpuNs > ending.cpuAtStartNs ? cpuNs - ending.cpuAtStartNs : 0),
                                          pid: pid, wallNs: endNs - launch.state.startNs, startedAt: ending.startedAt)
         } else {

@@ -125,7 +125,10 @@ package struct CPUMonitor {
         while readings.count > 2, readings[1].at + windowNs <= now { readings.removeFirst() }
         let base = readings[0]
         let used = cpu > base.cpuNs ? cpu - base.cpuNs : 0
-        guard used > limit.allowedNs else { return nil }
+        // Over the window (the base reading can be up to a check older than it: the allowance
+        // grows with it, so a steady use under the limit is never taken for one over it).
+        let allowed = UInt64(Double(limit.allowedNs) * max(1, Double(now - base.at) / Double(windowNs)))
+        guard used > allowed else { return nil }
         let span = Double(now - base.at) / 1e9
         let share = span > 0 ? Double(used) / 1e9 / span * 100 : 0
         return String(format: "used %.1f s of CPU in %.1f s (%.0f%% of a core), ", Double(used) / 1e9, span, share)

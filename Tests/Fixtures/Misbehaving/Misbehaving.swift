@@ -47,6 +47,8 @@ struct UnknownMode: Error, CustomStringConvertible, LocalizedError {
     var errorDescription: String? { description }
 }
 
+nonisolated(unsafe) var thermalObservers: [any NSObjectProtocol] = []
+
 enum Misbehaving {
     static let prefix = "com.example.misbehaving."
 
@@ -169,6 +171,25 @@ enum Misbehaving {
             task.expirationHandler = { print("misbehaving: spin was told to expire and ignores it") }
             var x: UInt64 = 0
             while true { x &+= 1; if x == 0 { print(x) } }
+        }
+
+        // Says the device's thermal state and Low Power Mode as it begins, and each change it is
+        // told of (ProcessInfo's notifications), until it expires: then it completes.
+        register("thermal") { task in
+            let info = ProcessInfo.processInfo
+            print("misbehaving: thermal: began at state \(info.thermalState.rawValue), low power \(info.isLowPowerModeEnabled)")
+            thermalObservers = [
+                NotificationCenter.default.addObserver(forName: ProcessInfo.thermalStateDidChangeNotification, object: nil, queue: nil) { _ in
+                    print("misbehaving: thermal: state changed to \(ProcessInfo.processInfo.thermalState.rawValue)")
+                },
+                NotificationCenter.default.addObserver(forName: .NSProcessInfoPowerStateDidChange, object: nil, queue: nil) { _ in
+                    print("misbehaving: thermal: low power changed to \(ProcessInfo.processInfo.isLowPowerModeEnabled)")
+                },
+            ]
+            task.expirationHandler = {
+                print("misbehaving: thermal: expired at state \(ProcessInfo.processInfo.thermalState.rawValue)")
+                task.setTaskCompleted(success: false)
+            }
         }
 
         // Blocks forever in a C call (pause), expiration handler or not: watchdog.
