@@ -40,6 +40,8 @@ public struct LaunchAssignment: Codable, Sendable {
     /// `isLowPowerModeEnabled` when the launch starts; `ParentMessage.device` tells of changes.
     public var thermalState: UInt32 = 0
     public var lowPowerMode = false
+    /// The app's MetricKit payloads not delivered before (`MetricDelivery`'s JSON), or nil.
+    public var metricsJSON: String?
 
     public init(
         launchID: String, role: LaunchRole, bundleIdentifier: String, bundlePath: String,

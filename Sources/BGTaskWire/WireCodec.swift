@@ -198,6 +198,7 @@ extension LaunchAssignment {
         writer.bool(suspendable)
         writer.u32(thermalState)
         writer.bool(lowPowerMode)
+        writer.optional(metricsJSON) { $0.string($1) }
     }
 
     init(from reader: inout WireReader) throws(ChannelError) {
@@ -226,6 +227,7 @@ extension LaunchAssignment {
         suspendable = try reader.bool("suspendable")
         thermalState = try reader.u32("thermalState")
         lowPowerMode = try reader.bool("lowPowerMode")
+        metricsJSON = try reader.optional("metricsJSON") { (r: inout WireReader) throws(ChannelError) in try r.string("metricsJSON") }
     }
 }
 

@@ -201,6 +201,11 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.thermal_state = { _ in runner.device.thermalState }
     api.low_power_mode = { _ in runner.device.lowPowerMode }
     api.set_device_handler = { _, handler, context in runner.setDeviceHandler(handler, context) }
+    api.metric_payloads = { _, visitor, context in
+        guard let json = runner.assignment.metricsJSON else { return Int32(BGTASK_E_NOT_FOUND.rawValue) }
+        json.withCString { visitor?(context, $0) }
+        return Int32(BGTASK_OK.rawValue)
+    }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }
     let table = UnsafeMutablePointer<bgtask_host_api>.allocate(capacity: 1)
     table.initialize(to: api)

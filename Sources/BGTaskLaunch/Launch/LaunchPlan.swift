@@ -91,6 +91,8 @@ public struct LaunchPlan: Sendable {
     /// starts; `LaunchControl.device` tells a running launch of changes.
     public var thermalState: UInt32 = 0
     public var lowPowerMode = false
+    /// The app's MetricKit payloads to hand to this launch (`MetricDelivery`'s JSON).
+    public var metricsJSON: String?
     /// The push a `remote-notification` launch delivers.
     public var push: PushDelivered?
 

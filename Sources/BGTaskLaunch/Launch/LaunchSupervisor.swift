@@ -301,6 +301,7 @@ public struct LaunchSupervisor: Sendable {
             start.backgroundRefreshStatus = plan.backgroundRefreshStatus
             start.thermalState = plan.thermalState
             start.lowPowerMode = plan.lowPowerMode
+            start.metricsJSON = plan.metricsJSON
             start.reason = plan.reason.rawValue
             start.suspendable = fresh.keeps
             do { try channels.parent.send(ParentMessage.start(start)) } catch { return "\(error)" }
@@ -428,6 +429,7 @@ public struct LaunchSupervisor: Sendable {
         start.backgroundRefreshStatus = plan.backgroundRefreshStatus
         start.thermalState = plan.thermalState
         start.lowPowerMode = plan.lowPowerMode
+        start.metricsJSON = plan.metricsJSON
         start.reason = plan.reason.rawValue
         start.suspendable = true
         process.cgroup?.freeze(false)

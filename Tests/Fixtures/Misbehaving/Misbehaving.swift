@@ -253,6 +253,18 @@ enum Misbehaving {
             task.setTaskCompleted(success: true)
         }
 
+        // Writes 4 MiB into its container and syncs it: what its record's energy counts.
+        register("write") { task in
+            let path = (ProcessInfo.processInfo.environment["HOME"] ?? "/tmp") + "/Documents/written"
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+            let chunk = [UInt8](repeating: 9, count: 1 << 20)
+            for _ in 0..<4 { _ = chunk.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) } }
+            fsync(fd)
+            close(fd)
+            print("misbehaving: write wrote 4 MiB")
+            task.setTaskCompleted(success: true)
+        }
+
         // A forked grandchild allocates; the child waits for it: jetsam must count both.
         register("alloc-grandchild") { _ in
             print("misbehaving: alloc-grandchild forks a child that touches memory")

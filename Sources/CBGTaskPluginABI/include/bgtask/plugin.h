@@ -87,6 +87,7 @@ typedef enum bgtask_status {
     BGTASK_E_IMMEDIATE_RUN_INELIGIBLE = 4,
     BGTASK_E_INVALID_ARGUMENT = 100,
     BGTASK_E_HOST = 101, /* the host could not be reached or failed */
+    BGTASK_E_NOT_FOUND = 102, /* nothing to give (metric_payloads: no payload is waiting) */
 } bgtask_status;
 
 typedef uint64_t bgtask_task_id;
@@ -323,6 +324,14 @@ typedef struct bgtask_host_api {
      * Power Mode changes during a launch, or changed while the app was suspended (called as it
      * resumes, before the new launch's tasks). It must not block. NULL stops the calls. */
     void (*set_device_handler)(bgtask_host *host, bgtask_device_handler handler, void *context);
+
+    /* ---- ABI 1, appended: MetricKit (check BGTASK_HAS(api, metric_payloads)) ---- */
+    /* Calls `visitor` once with the app's metrics the host has not delivered before (days that
+     * have ended, and their crash and hang diagnostics) as JSON, the shape of MetricDelivery in
+     * Sources/BGTaskModel/MetricDay.swift (dates in seconds since 1970), then returns BGTASK_OK;
+     * or returns BGTASK_E_NOT_FOUND without calling it when there are none. The host hands
+     * each day to one launch only, as iOS delivers a day's payload once. */
+    int32_t (*metric_payloads)(bgtask_host *host, bgtask_json_visitor visitor, void *context);
 } bgtask_host_api;
 
 /* ProcessInfo.ThermalState's raw values. */
