@@ -45,7 +45,10 @@ extension PendingRequestStore {
 
     /// The columns `appState(_:app:)` reads, in its order (by index: a lookup by name compares
     /// the name with every column's).
-    package static let appStateColumns = "app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered"
+    package static let appStateColumns = """
+        app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered, \
+        (SELECT day || ' ' || excess FROM app_day WHERE app_day.app = app_state.app AND excess IS NOT NULL ORDER BY day DESC LIMIT 1)
+        """
 
     package static let appStateSQL = "SELECT \(appStateColumns) FROM app_state WHERE app = ?"
 
@@ -58,6 +61,11 @@ extension PendingRequestStore {
         state.lastLaunchAt = try row.decode(Double?.self, atIndex: 4).map(Date.init(timeIntervalSince1970:))
         state.lastLaunchID = try row.decode(String?.self, atIndex: 5)
         state.lastRegistered = try row.decode(String?.self, atIndex: 6).map(registeredIdentifiers)
+        if let excess = try row.decode(String?.self, atIndex: 7), let space = excess.firstIndex(of: " "),
+           let day = Double(excess[..<space]) {
+            state.energyExcessDay = Date(timeIntervalSince1970: day)
+            state.energyExcess = String(excess[excess.index(after: space)...])
+        }
         return state
     }
 

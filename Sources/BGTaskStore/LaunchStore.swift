@@ -100,7 +100,9 @@ extension PendingRequestStore {
     /// Without it, the commit is synced. The record is encoded before the transaction, not while
     /// it holds the writer.
     @discardableResult
-    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil,
+    /// `day`: the host clock's day it ended on, which its use is added to (`addToDay`); nil:
+    /// the day its record began on.
+    public func finishLaunch(_ record: RunRecord, keepHistory: Int? = nil, day: Date? = nil,
                              updatingState update: ((inout AppState) -> Void)? = nil) throws(BGTaskError) -> [String] {
         let path = databaseURL.path
         let json: String
@@ -108,7 +110,7 @@ extension PendingRequestStore {
             throw StoreErrors.wrap(error, file: path, operation: "encode the record of launch \(record.launchID)")
         }
         let body = { (db: Database) throws -> [String] in
-            try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory, update: update)
+            try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory, day: day ?? EnergyBudget.day(of: record.startedAt), update: update)
         }
         let operation = "finish launch \(record.launchID) of \(record.app)"
         return update == nil ? try write(operation, body) : try writeUnsynced(operation, body)
@@ -118,7 +120,7 @@ extension PendingRequestStore {
     /// that came back in one turn of the host, in one transaction. The launches pruned from the
     /// history, per record. Any failure fails them all (the caller then records them one at a
     /// time).
-    public func finishLaunches(_ records: [RunRecord], keepHistory: Int? = nil,
+    public func finishLaunches(_ records: [RunRecord], keepHistory: Int? = nil, day: Date? = nil,
                                updatingState update: @escaping (RunRecord, inout AppState) -> Void) throws(BGTaskError) -> [[String]] {
         guard !records.isEmpty else { return [] }
         let path = databaseURL.path
@@ -130,14 +132,17 @@ extension PendingRequestStore {
         }
         return try writeUnsynced("finish \(records.count) launches") { db in
             try zip(records, encoded).map { record, json in
-                try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory) { update(record, &$0) }
+                try Self.finish(db, record, json: json, file: path, keepHistory: keepHistory, day: day ?? EnergyBudget.day(of: record.startedAt)) {
+                    update(record, &$0)
+                }
             }
         }
     }
 
-    private static func finish(_ db: Database, _ record: RunRecord, json: String, file path: String, keepHistory: Int?,
+    private static func finish(_ db: Database, _ record: RunRecord, json: String, file path: String, keepHistory: Int?, day: Date,
                                update: ((inout AppState) -> Void)?) throws -> [String] {
         try end(db, record, file: path, json: json)
+        try addToDay(db, record, day: day)
         try db.cachedStatement(sql: "DELETE FROM request WHERE running_launch = ?").execute(arguments: [record.launchID])
         if let update {
             var current = try appState(db, record.app)

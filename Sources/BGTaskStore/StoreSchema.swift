@@ -22,6 +22,9 @@ package enum StoreSchema {
         migrator.registerMigration("v5") { db in
             try db.execute(sql: v5)
         }
+        migrator.registerMigration("v6") { db in
+            try db.execute(sql: v6)
+        }
         return migrator
     }
 
@@ -204,5 +207,45 @@ extension StoreSchema {
         CREATE INDEX transfer_app ON transfer(app, state, created_at);
         -- What a starting host resumes, and what waits for a launch.
         CREATE INDEX transfer_active ON transfer(state) WHERE state != 'delivered';
+        """
+}
+
+extension StoreSchema {
+    /// Energy accounting and MetricKit: each app's use summed per day of the host's clock
+    /// (midnight UTC; a virtual clock's days too) as its launches end, and the crashes, hangs
+    /// and CPU exceptions of those days. Both are kept `MetricStore.keptDays` days.
+    package static let v6 = """
+        CREATE TABLE app_day (
+            app TEXT NOT NULL,
+            day REAL NOT NULL,              -- the day's midnight UTC on the host's clock
+            launches INTEGER NOT NULL DEFAULT 0,
+            cpu_ms REAL NOT NULL DEFAULT 0,
+            background_ms REAL NOT NULL DEFAULT 0,
+            foreground_ms REAL NOT NULL DEFAULT 0,
+            peak_memory INTEGER NOT NULL DEFAULT 0,
+            disk_written INTEGER NOT NULL DEFAULT 0,
+            disk_read INTEGER NOT NULL DEFAULT 0,
+            wakeups INTEGER NOT NULL DEFAULT 0,
+            exit_normal INTEGER NOT NULL DEFAULT 0,
+            exit_memory INTEGER NOT NULL DEFAULT 0,
+            exit_cpu INTEGER NOT NULL DEFAULT 0,
+            exit_watchdog INTEGER NOT NULL DEFAULT 0,
+            exit_assertion INTEGER NOT NULL DEFAULT 0,
+            exit_abnormal INTEGER NOT NULL DEFAULT 0,
+            exit_bad_access INTEGER NOT NULL DEFAULT 0,
+            exit_illegal INTEGER NOT NULL DEFAULT 0,
+            exit_disk INTEGER NOT NULL DEFAULT 0,
+            excess TEXT,                    -- why the day's background use is excessive (EnergyBudget)
+            delivered INTEGER NOT NULL DEFAULT 0,  -- handed to a launch (MetricKit)
+            PRIMARY KEY (app, day)
+        ) WITHOUT ROWID;
+
+        CREATE TABLE app_diagnostic (
+            launch_id TEXT PRIMARY KEY NOT NULL,
+            app TEXT NOT NULL,
+            day REAL NOT NULL,
+            diagnostic TEXT NOT NULL        -- JSON MetricDiagnostic
+        );
+        CREATE INDEX app_diagnostic_day ON app_diagnostic(app, day);
         """
 }

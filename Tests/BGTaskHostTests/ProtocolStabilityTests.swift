@@ -13,7 +13,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
-            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict",
+            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict", "metrics",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }
@@ -61,7 +61,7 @@ import Testing
         case .simulateExpire: .simulateExpire(identifier: "com.example.a.sync")
         case .history: .history(app: "com.example.a", limit: 0)
         case .why: .why(identifier: "com.example.a.sync", app: "com.example.a")
-        case .device: .device(DeviceChanges([.power: .on, .lowPower: .auto, .gpu: .off],
+        case .device: .device(DeviceChanges([.power: .on, .lowPower: .auto, .gpu: .off], thermal: .serious,
                                             app: .init(app: "com.example.a", refresh: false, notifications: .auto)))
         case .clock: .clock(advance: -0.25)
         case .extensionRun: .extensionRun(identifier: "com.example.a.widget", event: #"{"k":"v"}"#, wait: false)
@@ -75,6 +75,7 @@ import Testing
         case .pushes: .pushes(app: "com.example.a", limit: 3)
         case .deviceToken: .deviceToken(app: "com.example.a")
         case .transfers: .transfers(app: "com.example.a", limit: 1000)
+        case .metrics: .metrics(app: "com.example.a")
         case .evict: .evict(app: "com.example.a")
         }
     }

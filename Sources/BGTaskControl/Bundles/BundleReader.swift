@@ -199,6 +199,13 @@ public enum BundleReader {
             entitlements: entitlements, appGroups: appGroups, extensionPoint: extensionPoint,
             extensions: extensions, invalidExtensions: invalid)
         bundle.containingApp = containingApp
+        // Versions, as MetricKit reports them: strings of at most 64 bytes, else left out.
+        func version(_ key: String) -> String? {
+            guard let text = info[key] as? String, !text.isEmpty, text.utf8.count <= 64 else { return nil }
+            return text
+        }
+        bundle.shortVersion = version("CFBundleShortVersionString")
+        bundle.buildVersion = version("CFBundleVersion")
         return bundle
     }
 

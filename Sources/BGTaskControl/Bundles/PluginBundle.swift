@@ -26,6 +26,9 @@ public struct PluginBundle: Sendable, Equatable {
     public var extensions: [PluginBundle]
     /// Extensions in `PlugIns/` that did not, with the reason.
     public var invalidExtensions: [BGTaskError]
+    /// CFBundleShortVersionString and CFBundleVersion (MetricKit's app and build versions).
+    public var shortVersion: String? = nil
+    public var buildVersion: String? = nil
 
     // `isDirectory` given: without it, Foundation stats the path to decide (every launch reads these).
     public var executableURL: URL { url.appendingPathComponent(executableName, isDirectory: false) }

@@ -253,3 +253,10 @@ extension ControlClient {
         return try call.answer(response)
     }
 }
+
+extension ControlCall where Answer == [MetricReport] {
+    public static func metrics(app: String) -> Self {
+        let command = ControlCommand.metrics(app: app)
+        return Self(command) { response throws(ControlFailure) in try required(response.metrics, "metrics", command) }
+    }
+}

@@ -51,6 +51,8 @@ public enum ControlCommand: Sendable, Equatable {
     case deviceToken(app: String)
     /// Background URL sessions' transfers, at most `limit` (default 100, at most 1,000).
     case transfers(app: String? = nil, limit: Int? = nil)
+    /// An app's use of the device per day and its diagnostics (`bgtask metrics`, MetricKit's payloads).
+    case metrics(app: String)
 
     /// The command's verb.
     public var verb: ControlVerb {
@@ -78,6 +80,7 @@ public enum ControlCommand: Sendable, Equatable {
         case .pushes: .pushes
         case .deviceToken: .deviceToken
         case .transfers: .transfers
+        case .metrics: .metrics
         }
     }
 }
@@ -176,7 +179,7 @@ extension ControlCommand {
         case let .submit(app, request, delay): (wire.app, wire.request, wire.delay) = (app, request, delay)
         case let .pending(app), let .pendingNotifications(app): wire.app = app
         case let .cancel(app, identifier): (wire.app, wire.identifier) = (app, identifier)
-        case let .cancelAll(app), let .evict(app), let .deviceToken(app): wire.app = app
+        case let .cancelAll(app), let .evict(app), let .deviceToken(app), let .metrics(app): wire.app = app
         case let .history(app, limit), let .pushes(app, limit), let .transfers(app, limit): (wire.app, wire.limit) = (app, limit)
         case let .why(identifier, app): (wire.identifier, wire.app) = (identifier, app)
         case let .device(changes): wire.device = changes.isEmpty ? nil : changes.wire
@@ -256,6 +259,7 @@ extension ControlCommand {
         case .pushes: self = .pushes(app: wire.app, limit: try limit())
         case .deviceToken: self = .deviceToken(app: try required(wire.app, "an app"))
         case .transfers: self = .transfers(app: wire.app, limit: try limit())
+        case .metrics: self = .metrics(app: try required(try bounded(wire.app), "an app"))
         }
     }
 }

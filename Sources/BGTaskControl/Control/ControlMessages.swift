@@ -105,6 +105,8 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     /// Ends an app's suspended process now, as jetsam would (`bgtask evict APP`): its next
     /// launch is fresh. `removed`: 1 when it had one, 0 when not.
     case evict
+    /// An app's use per day and its diagnostics (`bgtask metrics APP`).
+    case metrics
 }
 
 /// `push`: a payload and APNs's headers (`bgtask push`).
@@ -395,6 +397,8 @@ public struct ControlResponse: Codable, Sendable {
     public var apnsReason: String?
     /// `transfers` (and `why` with a transfer's id): each transfer and where it stands.
     public var transfers: [TransferReport]?
+    /// `metrics`: the app's days, newest first.
+    public var metrics: [MetricReport]?
 
     public init(ok: Bool = true) { self.ok = ok }
 
@@ -403,7 +407,7 @@ public struct ControlResponse: Codable, Sendable {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
             && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
-            && notifications == nil && notificationApps == nil && transfers == nil
+            && notifications == nil && notificationApps == nil && transfers == nil && metrics == nil
     }
 
     public static func failure(_ failure: ControlFailure) -> ControlResponse {
@@ -423,5 +427,24 @@ public struct ControlResponse: Codable, Sendable {
         var response = ControlResponse(ok: false)
         response.error = ErrorBody(code: code.rawValue, message: message)
         return response
+    }
+}
+
+/// One day of an app's use of the device (`metrics`), as the host summed it from its launches'
+/// records: what MetricKit's payloads for that day hold.
+public struct MetricReport: Codable, Sendable, Equatable {
+    public var day: MetricDay
+    /// That day's crashes, hangs and CPU exceptions.
+    public var diagnostics: [MetricDiagnostic]
+    /// Handed to a launch of the app (MetricKit delivers a day once, at the next launch after it).
+    public var delivered: Bool
+    /// Why that day's background use was excessive (`EnergyBudget`), or nil.
+    public var excess: String?
+
+    public init(day: MetricDay, diagnostics: [MetricDiagnostic], delivered: Bool, excess: String?) {
+        self.day = day
+        self.diagnostics = diagnostics
+        self.delivered = delivered
+        self.excess = excess
     }
 }

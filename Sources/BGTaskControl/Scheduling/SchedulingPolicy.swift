@@ -29,6 +29,36 @@ public enum SchedulingPolicy: String, Sendable, Codable, CaseIterable {
     }
 }
 
+/// How much background use of the device a day the realistic policy allows an app before it
+/// schedules it less ("excessive background battery drain leads to reduced scheduling"): its
+/// background launches' CPU time, and its writes to storage, summed over the day on the host's
+/// clock. The disk figure is iOS's own limit (its disk-writes reports: 1 GiB of file-backed
+/// memory dirtied over 24 hours); the CPU one is bgtask's, a tenth of iOS's per-launch CPU
+/// monitor run for ten minutes. Past either, for the rest of that day, the app's refresh
+/// launches come at most every `excessRefreshInterval` and its processing tasks wait for the
+/// next day.
+public enum EnergyBudget {
+    public static let dailyBackgroundCPUSeconds: Double = 10 * 60
+    public static let dailyDiskWriteBytes: UInt64 = 1 << 30
+    public static let excessRefreshInterval: TimeInterval = 60 * 60
+
+    /// Why a day's use is excessive, or nil when it is not.
+    public static func excess(cpuMs: Double, diskWrittenBytes: UInt64) -> String? {
+        if cpuMs / 1000 > dailyBackgroundCPUSeconds {
+            return "used \(DurationText.format(seconds: (cpuMs / 1000).rounded())) of background CPU that day, over the \(DurationText.format(seconds: dailyBackgroundCPUSeconds)) a day allows"
+        }
+        if diskWrittenBytes > dailyDiskWriteBytes {
+            return "wrote \(RunRecord.mib(diskWrittenBytes)) to storage that day, over the \(RunRecord.mib(dailyDiskWriteBytes)) a day allows"
+        }
+        return nil
+    }
+
+    /// Midnight UTC of `date`'s day: the days energy is summed over.
+    public static func day(of date: Date) -> Date {
+        Date(timeIntervalSince1970: (date.timeIntervalSince1970 / 86_400).rounded(.down) * 86_400)
+    }
+}
+
 /// One reason a request is not running now. `code` is stable (scripts match on it); `message`
 /// is for people.
 public struct Blocker: Sendable, Equatable, Codable {
@@ -77,6 +107,9 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     /// The app's last launch could not be started (not its fault: the host's); retried after
     /// a pause.
     case startFailed = "start-failed"
+    /// The app's background use today is excessive (`EnergyBudget`): refresh comes less often,
+    /// processing waits for tomorrow (realistic policy).
+    case energy
 
     /// Lifts when the machine's power or network comes back, which the host learns only by
     /// looking again (it re-reads device conditions while such a request waits).
@@ -154,9 +187,23 @@ public struct Eligibility: Sendable {
             if let until = state.penaltyUntil, until > now {
                 result.append(Blocker(.penalty, "\(stored.app) is penalized after \(state.penaltyLevel) bad launch(es) in a row (watchdog, jetsam, crash or unfinished tasks) until \(Self.format(until))", until: until))
             }
-            if request.kind == .refresh, let last = state.lastLaunchAt, last.addingTimeInterval(SchedulingPolicy.refreshInterval) > now {
-                let until = last.addingTimeInterval(SchedulingPolicy.refreshInterval)
-                result.append(Blocker(.rateLimit, "\(stored.app) was launched at \(Self.format(last)); refresh launches are at most every \(Self.format(SchedulingPolicy.refreshInterval))", until: until))
+            let today = EnergyBudget.day(of: now)
+            let excessive = state.energyExcessDay == today ? state.energyExcess : nil
+            let tomorrow = today.addingTimeInterval(86_400)
+            if let excessive, request.kind == .processing || request.kind == .healthResearch {
+                result.append(Blocker(.energy, "\(stored.app) \(excessive): its processing tasks wait until the day ends (\(Self.format(tomorrow)))", until: tomorrow))
+            }
+            if request.kind == .refresh, let last = state.lastLaunchAt {
+                let interval = excessive == nil ? SchedulingPolicy.refreshInterval : EnergyBudget.excessRefreshInterval
+                let until = min(last.addingTimeInterval(interval), excessive == nil ? .distantFuture : max(tomorrow, last.addingTimeInterval(SchedulingPolicy.refreshInterval)))
+                if until > now {
+                    if let excessive, last.addingTimeInterval(SchedulingPolicy.refreshInterval) <= now {
+                        result.append(Blocker(.energy, "\(stored.app) \(excessive): its refresh launches are at most every \(Self.format(interval)) for the rest of the day (last at \(Self.format(last)))", until: until))
+                    } else {
+                        let until = last.addingTimeInterval(SchedulingPolicy.refreshInterval)
+                        result.append(Blocker(.rateLimit, "\(stored.app) was launched at \(Self.format(last)); refresh launches are at most every \(Self.format(SchedulingPolicy.refreshInterval))", until: until))
+                    }
+                }
             }
         }
         if appRunning {

@@ -35,6 +35,10 @@ public struct AppState: Sendable, Equatable, Codable {
     public var lastLaunchID: String?
     /// Identifiers the last launch registered (nil before any launch).
     public var lastRegistered: [String]?
+    /// The last day (its midnight on the host's clock) the app's background use was excessive,
+    /// and why (`EnergyBudget`); the realistic policy schedules it less for the rest of that day.
+    public var energyExcessDay: Date?
+    public var energyExcess: String?
 
     public init(app: String) { self.app = app }
 }

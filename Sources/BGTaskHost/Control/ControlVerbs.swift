@@ -91,6 +91,15 @@ final class ControlVerbs: @unchecked Sendable {
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
         case let .notifications(app, after, limit): return notifications(app: app, after: after, limit: limit, pending: false)
         case .pendingNotifications(let app): return notifications(app: app, after: nil, limit: nil, pending: true)
+        case let .metrics(app):
+            guard core.sync({ catalog.apps[app] != nil }) else { return notInCatalog(app) }
+            return respond {
+                var response = ControlResponse()
+                response.metrics = try store.metricDays(app: app).map {
+                    MetricReport(day: $0.day, diagnostics: $0.diagnostics, delivered: $0.delivered, excess: $0.excess)
+                }
+                return response
+            }
         case let .transfers(app, limit):
             guard let transfers else { return .failure(.unavailable, "this host carries no background transfers") }
             return respond {

@@ -47,6 +47,8 @@ final class LaunchCoordinator: HostPart {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
+    /// Per app, the day (of the host's clock) its MetricKit payloads were last looked for.
+    private var metricsLookedFor: [String: Date] = [:]
     /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
     /// foreground launch adds, within a block of its own.
     private var taskNumbers: UInt64 = 0
@@ -235,6 +237,7 @@ final class LaunchCoordinator: HostPart {
         } else {
             plan.limits.cpuLimit = configuration.cpuLimit
         }
+        if role != .extension { plan.metricsJSON = metricsJSON(for: bundle) }
         plan.thermalState = UInt32(conditions.thermalState.rawValue)
         plan.lowPowerMode = conditions.lowPowerMode
         let control = LaunchControl()
@@ -387,12 +390,15 @@ final class LaunchCoordinator: HostPart {
                 }
             }
             do {
-                for pruned in try store.finishLaunches(finished, keepHistory: configuration.historyPerApp, updatingState: update) { removeLogs(of: pruned) }
+                for pruned in try store.finishLaunches(finished, keepHistory: configuration.historyPerApp, day: EnergyBudget.day(of: now),
+                                                       updatingState: update) { removeLogs(of: pruned) }
             } catch {
                 // One at a time: a record that cannot be written fails alone.
                 for record in finished {
                     do {
-                        removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp) { update(record, &$0) })
+                        removeLogs(of: try store.finishLaunch(record, keepHistory: configuration.historyPerApp, day: EnergyBudget.day(of: now)) {
+                            update(record, &$0)
+                        })
                     } catch {
                         core.logger.error("cannot record a finished launch", metadata: ["launch.id": "\(record.launchID)", "error": "\(error)"])
                     }
@@ -538,5 +544,24 @@ final class LaunchCoordinator: HostPart {
         running[launchID] = launch
         launch.control.startTask(task)
         return task
+    }
+}
+
+extension LaunchCoordinator {
+    /// The app's MetricKit payloads for its launch: the days that have ended and that no launch
+    /// was handed yet, taken from the store (and marked delivered) at the app's first launch of
+    /// a day only, so that the launch path reads nothing more on its other launches.
+    func metricsJSON(for bundle: PluginBundle) -> String? {
+        let today = EnergyBudget.day(of: core.clock.now)
+        guard metricsLookedFor[bundle.identifier] != today else { return nil }
+        metricsLookedFor[bundle.identifier] = today
+        do {
+            guard let (days, diagnostics) = try core.store.takeUndeliveredMetrics(app: bundle.identifier, before: today) else { return nil }
+            let delivery = MetricDelivery(days: days, diagnostics: diagnostics, appVersion: bundle.shortVersion ?? "1.0", buildVersion: bundle.buildVersion ?? "1")
+            return String(decoding: try JSONEncoder.metrics.encode(delivery), as: UTF8.self)
+        } catch {
+            core.logger.error("cannot hand an app its metrics", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
+            return nil
+        }
     }
 }

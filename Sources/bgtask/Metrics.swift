@@ -1,0 +1,45 @@
+import ArgumentParser
+import BGTaskControl
+import BGTaskModel
+import Foundation
+
+extension BGTaskCommand {
+    struct Metrics: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show an app's use of the device per day: CPU, memory, storage, wake-ups, network, exits by reason, crashes and hangs.",
+            discussion: "What the host's energy accounting judges (a day over its budget schedules the app less: bgtask why says so) and what MetricKit's payloads for each day hold; a day's payload is handed to the app's first launch after the day ends (MXMetricManager subscribers). Days are the host clock's (a virtual clock's too), from midnight UTC.")
+        @Argument(help: "The app's bundle identifier.") var app: String
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let reports = try host.call(.metrics(app: app))
+            if host.json { return try host.printJSON(reports) }
+            if reports.isEmpty { print("no launches of \(app) have ended yet") }
+            for report in reports { print(Self.text(report)) }
+        }
+
+        static func text(_ report: MetricReport) -> String {
+            let day = report.day
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withFullDate]
+            var lines = ["\(formatter.string(from: day.begin)): \(day.launches) launch(es)\(report.delivered ? ", delivered to the app" : "")"]
+            lines.append("  cpu \(DurationText.format(seconds: day.cpuMs / 1000)), background \(DurationText.format(seconds: day.backgroundMs / 1000)), foreground \(DurationText.format(seconds: day.foregroundMs / 1000)), peak memory \(bytes(day.peakMemoryBytes))")
+            lines.append("  storage \(bytes(day.diskWrittenBytes)) written, \(bytes(day.diskReadBytes)) read; \(day.wakeups) wake-ups; network \(bytes(day.networkUploadBytes)) up, \(bytes(day.networkDownloadBytes)) down")
+            let exits = day.exits
+            let counts = [("normal", exits.normal), ("memory-limit", exits.memoryLimit), ("cpu-limit", exits.cpuLimit), ("watchdog", exits.watchdog),
+                          ("background-task-assertion-timeout", exits.backgroundTaskAssertionTimeout), ("abnormal", exits.abnormal), ("disk", exits.disk)]
+                .filter { $0.1 > 0 }.map { "\($0.0) \($0.1)" }
+            lines.append("  background exits: \(counts.isEmpty ? "none" : counts.joined(separator: ", "))")
+            if let excess = report.excess { lines.append("  excessive: \(excess)") }
+            for diagnostic in report.diagnostics {
+                let how = [diagnostic.signal, diagnostic.reason].compactMap { $0 }.joined(separator: ": ")
+                lines.append("  \(diagnostic.kind.rawValue) in launch \(diagnostic.launchID) after \(DurationText.format(seconds: diagnostic.durationMs / 1000))\(how.isEmpty ? "" : ": \(how)")")
+            }
+            return lines.joined(separator: "\n")
+        }
+
+        static func bytes(_ count: UInt64) -> String {
+            count < 1024 ? "\(count) B" : count < 1 << 20 ? String(format: "%.1f KiB", Double(count) / 1024) : String(format: "%.1f MiB", Double(count) / 1_048_576)
+        }
+    }
+}
