@@ -98,6 +98,11 @@ final class HostProcess: @unchecked Sendable {
         try ControlClient(stateDirectory: scratch.state).send(command)
     }
 
+    /// A typed call (`ControlCall`): its answer, or the refusal thrown.
+    func call<Answer>(_ call: ControlCall<Answer>) throws -> Answer {
+        try ControlClient(stateDirectory: scratch.state).call(call)
+    }
+
     /// Sends a request as it is on the wire, whatever it holds.
     func send(wire request: ControlRequest) throws -> ControlResponse {
         try ControlClient(stateDirectory: scratch.state).send(wire: [request])[0]

@@ -92,9 +92,6 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     case noExternalPower = "no-external-power"
     case noNetwork = "no-network"
     case dataProtected = "data-protected"
-    /// The device runs hot: nothing is launched at critical; processing work waits at serious
-    /// (realistic policy).
-    case thermalState = "thermal-state"
     case penalty
     case rateLimit = "rate-limit"
     case appRunning = "app-running"
@@ -107,6 +104,9 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     /// The app's last launch could not be started (not its fault: the host's); retried after
     /// a pause.
     case startFailed = "start-failed"
+    /// The device runs hot: nothing is launched at critical; processing work waits at serious
+    /// (realistic policy).
+    case thermalState = "thermal-state"
     /// The app's background use today is excessive (`EnergyBudget`): refresh comes less often,
     /// processing waits for tomorrow (realistic policy).
     case energy

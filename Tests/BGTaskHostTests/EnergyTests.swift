@@ -1,0 +1,144 @@
+import BGTaskControl
+import BGTaskHost
+import BGTaskModel
+import BGTaskStore
+import Foundation
+import Testing
+
+/// Energy accounting: what each launch cost (in its record), summed per app and day, judged
+/// against the daily budget, and handed to MetricKit once.
+@Suite struct EnergyTests {
+    private static let day0 = Date(timeIntervalSince1970: 1_800_057_600)  // a midnight UTC
+
+    private func record(_ id: String, _ termination: RunRecord.Termination, cpuMs: Double = 100, wallMs: Double = 1_000, written: UInt64 = 0,
+                        wakeups: UInt64 = 10, reason: String = "scheduled", signal: String? = nil, tasks: [RunRecord.Outcome] = [.succeeded],
+                        backgroundTimeHeld: Bool = false) -> RunRecord {
+        var record = RunRecord(app: "com.example.app", launchID: id, reason: reason,
+                               tasks: tasks.map { RunRecord.TaskRecord(identifier: "com.example.app.t", type: .refresh, outcome: $0) },
+                               termination: termination, signal: signal, exitStatus: nil, error: "it ended \(termination.rawValue)",
+                               wallMs: wallMs, cpuMs: cpuMs, peakRSSBytes: 8 << 20, memoryLimitBytes: 0, memoryMechanism: "sampler",
+                               budgetMs: 30_000, graceMs: 5_000, expiredAtMs: termination == .watchdog ? wallMs - 5_000 : nil, pid: 1,
+                               startedAt: Self.day0.addingTimeInterval(3_600), bundlePath: "/p", log: nil, registered: [], refusedRegistrations: [], submitted: [])
+        record.energy = RunRecord.EnergyRecord(diskWrittenBytes: written, diskReadBytes: 4096, wakeups: wakeups, cpuLimit: "80% of a core over 1m")
+        if backgroundTimeHeld { record.backgroundTime = [RunRecord.BackgroundTimeRecord(id: 1, outcome: .notEnded, beganMs: 1)] }
+        return record
+    }
+
+    @Test func eachDaySumsWhatItsLaunchesRecordedAndCountsExitsAsMetricKitDoes() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let store = try PendingRequestStore(directory: scratch.state)
+        let day1 = Self.day0.addingTimeInterval(86_400)
+        let launches: [(RunRecord, Date)] = [
+            (record("L1", .exited, cpuMs: 100, written: 1 << 20), Self.day0),
+            (record("L2", .suspended, cpuMs: 50, wakeups: 5), Self.day0),
+            (record("L3", .jetsam), Self.day0),
+            (record("L4", .watchdog, wallMs: 35_000, tasks: [.unfinished]), Self.day0),
+            (record("L5", .watchdog, wallMs: 36_000, tasks: [.succeeded], backgroundTimeHeld: true), Self.day0),
+            (record("L6", .crashed, signal: "SIGSEGV"), Self.day0),
+            (record("L7", .cpuLimit, cpuMs: 48_000), Self.day0),
+            (record("L8", .diskQuota), Self.day0),
+            (record("L9", .exited, wallMs: 9_000, reason: "foreground"), Self.day0),
+            (record("L10", .launchFailed), Self.day0),
+            (record("L11", .exited, cpuMs: 7), day1),
+        ]
+        for (record, day) in launches {
+            try store.beginLaunch(id: record.launchID, app: record.app, reason: record.reason, tasks: [], at: record.startedAt)
+            _ = try store.finishLaunch(record, day: day)
+        }
+        let days = try store.metricDays(app: "com.example.app")
+        #expect(days.map(\.day.begin) == [day1, Self.day0], "newest first")
+        let first = try #require(days.last)
+        #expect(first.day.launches == 10)
+        #expect(first.day.cpuMs == 48_850.0, "seven launches of 100 ms, 50 ms and 48 s")
+        #expect(first.day.foregroundMs == 9_000)
+        #expect(first.day.diskWrittenBytes == 1 << 20)
+        #expect(first.day.wakeups == 95)
+        #expect(first.day.peakMemoryBytes == 8 << 20)
+        let exits = first.day.exits
+        let counted: [Int] = [exits.normal, exits.memoryLimit, exits.watchdog, exits.backgroundTaskAssertionTimeout]
+        let others: [Int] = [exits.abnormal, exits.badAccess, exits.cpuLimit, exits.disk]
+        #expect(counted == [2, 1, 1, 1], "\(exits)")
+        #expect(others == [1, 1, 1, 1], "\(exits)")
+        #expect(exits.total == 8, "the foreground launch and the one that never ran count in no exit")
+        #expect(first.diagnostics.map(\.kind) == [.hang, .hang, .crash, .cpuException])
+        #expect(first.diagnostics.first?.durationMs == 5_000, "a hang lasts from its expiration to its kill")
+        #expect(first.diagnostics.first { $0.kind == .crash }?.signal == "SIGSEGV")
+        #expect(first.excess == nil, "48 s of CPU is within the day's budget")
+
+        // MetricKit: the days that ended, once.
+        #expect(try store.takeUndeliveredMetrics(app: "com.example.app", before: Self.day0) == nil, "day 0 has not ended")
+        let taken = try #require(try store.takeUndeliveredMetrics(app: "com.example.app", before: day1))
+        #expect(taken.days.map(\.begin) == [Self.day0] && taken.diagnostics.count == 4)
+        #expect(try store.takeUndeliveredMetrics(app: "com.example.app", before: day1.addingTimeInterval(86_400))?.days.map(\.begin) == [day1])
+        #expect(try store.takeUndeliveredMetrics(app: "com.example.app", before: day1.addingTimeInterval(86_400)) == nil)
+        #expect(try store.metricDays(app: "com.example.app").allSatisfy(\.delivered))
+    }
+
+    @Test func aDayOverItsBudgetIsMarkedAndTheRealisticPolicySchedulesTheAppLess() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let store = try PendingRequestStore(directory: scratch.state)
+        for index in 0..<3 {
+            let big = record("B\(index)", .exited, cpuMs: 250_000)
+            try store.beginLaunch(id: big.launchID, app: big.app, reason: big.reason, tasks: [], at: big.startedAt)
+            _ = try store.finishLaunch(big, day: Self.day0) { $0.lastLaunchAt = Self.day0.addingTimeInterval(3_600) }
+        }
+        let excess = try #require(try store.metricDays(app: "com.example.app").first?.excess)
+        #expect(excess.contains("of background CPU that day, over the 10m a day allows"), "\(excess)")
+        let state = try store.appState("com.example.app")
+        #expect(state.energyExcessDay == Self.day0 && state.energyExcess == excess)
+
+        func blockers(_ kind: TaskKind, at now: Date) -> [Blocker] {
+            let eligibility = Eligibility(policy: .realistic, now: now, conditions: DeviceConditions(), runningLaunches: 0, maximumConcurrentLaunches: 4)
+            let stored = StoredRequest(app: "com.example.app", request: TaskRequest(kind: kind, identifier: "com.example.app.t"), submittedAt: now)
+            return eligibility.blockers(for: stored, app: nil, state: state, appRunning: false).filter { $0.code == "energy" || $0.code == "rate-limit" }
+        }
+        let lastLaunch = Self.day0.addingTimeInterval(3_600)
+        // 20 minutes after the last launch: a refresh would be due, but not for an app over its budget.
+        let refresh = blockers(.refresh, at: lastLaunch.addingTimeInterval(20 * 60))
+        #expect(refresh.map(\.code) == ["energy"] && refresh.first?.until == lastLaunch.addingTimeInterval(3_600), "\(refresh)")
+        #expect(blockers(.refresh, at: lastLaunch.addingTimeInterval(5 * 60)).map(\.code) == ["rate-limit"])
+        #expect(blockers(.refresh, at: lastLaunch.addingTimeInterval(61 * 60)).isEmpty)
+        let processing = blockers(.processing, at: lastLaunch.addingTimeInterval(60))
+        #expect(processing.map(\.code) == ["energy"] && processing.first?.until == Self.day0.addingTimeInterval(86_400))
+        // The next day the budget starts again.
+        #expect(blockers(.processing, at: Self.day0.addingTimeInterval(86_400 + 60)).isEmpty)
+    }
+
+    @Test func aLaunchRecordsWhatItWroteAndWokeAndTheHostSumsItsDay() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual"], installing: [.misbehaving])
+        defer { host.stop() }
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.write"]).status == 0)
+        let record = try #require(try host.waitForHistory(count: 1).first)
+        #expect(record.task("com.example.misbehaving.write")?.outcome == .succeeded, "\(record)")
+        let energy = try #require(record.energy)
+        #expect(energy.wakeups > 0)
+        #expect(energy.cpuLimit == "80% of a core over 1m", "the host's default, iOS's")
+        // Pages dirtied in a file count as storage writes (a tmpfs holds memory: nothing to count).
+        if Self.filesystemType(of: scratch.state.path) != "tmpfs" { #expect(energy.diskWrittenBytes >= 4 << 20, "\(energy)") }
+
+        let metrics = try host.cli(["metrics", "com.example.misbehaving"])
+        #expect(metrics.status == 0 && metrics.stdout.contains("1 launch(es)") && metrics.stdout.contains("background exits: normal 1"), "\(metrics.stdout)")
+        let reports = try host.call(.metrics(app: "com.example.misbehaving"))
+        #expect(reports.count == 1 && reports[0].day.wakeups == energy.wakeups && reports[0].day.diskWrittenBytes == energy.diskWrittenBytes)
+        let unknown = try host.cli(["metrics", "com.example.nobody"])
+        #expect(unknown.status != 0 && unknown.stderr.contains("com.example.nobody"), "\(unknown.stderr)")
+    }
+
+    /// The type of the filesystem holding `path` (the longest mount point over it in /proc/self/mounts).
+    static func filesystemType(of path: String) -> String? {
+        let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
+        var best: (point: String, type: String)?
+        for line in mounts.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 2 else { continue }
+            let point = String(fields[1])
+            guard path == point || path.hasPrefix(point == "/" ? "/" : point + "/") else { continue }
+            if point.count >= (best?.point.count ?? -1) { best = (point, String(fields[2])) }
+        }
+        return best?.type
+    }
+}
