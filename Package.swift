@@ -4,6 +4,8 @@
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
 //   - `os`                Apple's unified logging (`Logger`, `os_log`, `OSSignposter`) under Apple's module
 //                         name, writing into the launch's log (docs/sdk.md, "Unified logging")
+//   - `MetricKit`         Apple's app metrics and diagnostics (`MXMetricManager`, its payloads) under
+//                         Apple's module name, from the host's days of the app's use
 //   - `BGTaskLogLine`     the line format of those entries, shared by `os` (writer) and `bgtask log` (reader)
 //   - `CBGTaskPluginABI`  the C header that *is* the plugin ABI (plugins written in C include it)
 //   - `BGTaskABI`         the ABI's growth rules in Swift (one reader of every struct), for the SDK and the runner
@@ -34,6 +36,7 @@ let package = Package(
         .library(name: "UIKit", targets: ["UIKit"]),
         .library(name: "os", targets: ["os"]),
         .library(name: "UserNotifications", targets: ["UserNotifications"]),
+        .library(name: "MetricKit", targets: ["MetricKit"]),
         .library(name: "BGTaskHost", targets: ["BGTaskHost"]),
         .executable(name: "bgtask", targets: ["bgtask"]),
         .executable(name: "bgtask-runner", targets: ["bgtask-runner"]),
@@ -123,6 +126,16 @@ let package = Package(
             name: "UserNotifications",
             // BGTaskModel: the notification request's one schema (`NotificationRequest`), shared
             // with the runner, the launch channel, the store and the control socket.
+            dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskModel"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+
+        // Apple's module name for app metrics and diagnostics (MXMetricManager, MXMetricPayload,
+        // MXDiagnosticPayload): app code that subscribes to its daily payloads compiles unchanged
+        // and receives the host's days of its use (the ABI's `metric_payloads`).
+        .target(
+            name: "MetricKit",
+            // BGTaskModel: the days' schema (`MetricDelivery`) and Apple's JSON shape (`MetricPayloadJSON`).
             dependencies: ["BackgroundTasks", "BGTaskABI", "CBGTaskPluginABI", "BGTaskModel"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
@@ -353,6 +366,20 @@ package.products += [
 package.targets += [
     .target(
         name: "LifecycleApp", dependencies: ["BackgroundTasks", "UIKit", "UserNotifications", "os"], path: "Tests/Fixtures/LifecycleApp",
+        exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+    ),
+]
+
+// MARK: - MetricKit fixture
+//
+// Appended rather than interleaved above, so this block merges apart from other changes. An app
+// that subscribes to MetricKit as iOS apps do and prints each payload it receives.
+package.products += [
+    .library(name: "MetricsApp", type: .dynamic, targets: ["MetricsApp"]),
+]
+package.targets += [
+    .target(
+        name: "MetricsApp", dependencies: ["BackgroundTasks", "UIKit", "MetricKit"], path: "Tests/Fixtures/MetricsApp",
         exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
     ),
 ]
