@@ -131,6 +131,7 @@ public enum BGTaskPlugin {
         guard let info, let launchInfo = try? bgtask_launch_info.read(from: info),
               let (api, host) = HostConnection.current.connection else { return }
         HostConnection.current.attach(api: api, host: host, role: launchInfo.role)
+        HostConnection.current.resumed()
         let launch = BGTaskLaunch(launchInfo)
         let body = state.lock.withLock { state.didResume }
         MainActor.assumeIsolated { body?(launch) }

@@ -45,6 +45,21 @@ package final class HostConnection: @unchecked Sendable {
     func untrack(_ taskID: UInt64) { _ = lock.withLock { tasks.removeValue(forKey: taskID) } }
     func task(_ taskID: UInt64) -> BGTask? { lock.withLock { tasks[taskID] } }
 
+    // MARK: Resumes, for the SDK's other modules
+
+    private var resumeObservers: [@Sendable () -> Void] = []
+
+    /// Calls `body` (on the main thread) each time the suspended process is resumed for a new
+    /// launch, after the launch's table is attached: how MetricKit asks the host again for
+    /// what the new launch brings.
+    package func whenResumed(_ body: @escaping @Sendable () -> Void) {
+        lock.withLock { resumeObservers.append(body) }
+    }
+
+    package func resumed() {
+        for observer in lock.withLock({ resumeObservers }) { observer() }
+    }
+
     // MARK: BackgroundTasksTestKit's seam (never used in a launch)
 
     private var repeatedCompletionObserver: (@Sendable (UInt64, Bool) -> Void)?

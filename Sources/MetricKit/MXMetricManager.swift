@@ -57,7 +57,8 @@ public final class MXMetricManager: NSObject, @unchecked Sendable {
     public var pastDiagnosticPayloads: [MXDiagnosticPayload] { lock.withLock { diagnosticPayloads } }
 
     /// Adds a subscriber (once: adding it again does nothing). The first call in a process asks
-    /// the host for the undelivered days and delivers them on a background queue.
+    /// the host for the undelivered days and delivers them on a background queue, and so does
+    /// each resume of the process for a new launch (the days that ended while it was suspended).
     public func add(_ subscriber: any MXMetricManagerSubscriber) {
         let first = lock.withLock { () -> Bool in
             subscribers.removeAll { $0.object == nil }
@@ -68,6 +69,8 @@ public final class MXMetricManager: NSObject, @unchecked Sendable {
             return !asked
         }
         guard first else { return }
+        // A resumed process's new launch may bring the days that ended while it slept.
+        HostConnection.current.whenResumed { [self] in queue.async { self.deliver() } }
         queue.async { self.deliver() }
     }
 

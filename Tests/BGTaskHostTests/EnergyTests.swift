@@ -141,4 +141,52 @@ import Testing
         }
         return best?.type
     }
+
+    /// MetricKit in real launches: a day's payload reaches the app's subscriber at its first
+    /// launch after the day ends (here in its resumed process), once, in Apple's JSON shape,
+    /// with that day's exits; `bgtask metrics` shows the same day as delivered.
+    @Test func aDaysPayloadReachesTheAppsSubscriberAtItsNextLaunchOnce() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let metricsApp = TestBundle(library: "MetricsApp", info: "Tests/Fixtures/MetricsApp/Info.plist", name: "Metrics.app")
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual"], installing: [metricsApp])
+        defer { host.stop() }
+        let app = "com.example.metrics", refresh = "com.example.metrics.refresh"
+
+        #expect(try host.cli(["submit", app, refresh]).status == 0)
+        let first = try #require(try host.waitForHistory(count: 1).first)
+        #expect(first.task(refresh)?.outcome == .succeeded, "\(first)")
+        #expect(try String(contentsOfFile: try #require(first.log), encoding: .utf8).contains("metrics: refresh done, delivered false"))
+
+        // The day ends; the next launch is handed it.
+        #expect(try host.cli(["clock", "advance", "1d"]).status == 0)
+        #expect(try host.cli(["submit", app, refresh]).status == 0)
+        let records = try host.waitForHistory(count: 2)
+        let second = try #require(records.first { $0.launchID != first.launchID })
+        let log = try String(contentsOfFile: try #require(second.log), encoding: .utf8)
+        #expect(log.contains("metrics: refresh done, delivered true"), "\(log)")
+        let lines = log.split(separator: "\n").filter { $0.hasPrefix("metrics: payload ") }
+        #expect(lines.count == 1, "one day, one payload: \(log)")
+        let json = try #require(lines.first.map { String($0.split(separator: " ", maxSplits: 3)[3]) })
+        // Read by Python's json module, not by this package's code.
+        let script = "import json,sys; p=json.loads(sys.stdin.read()); b=p['applicationExitMetrics']['backgroundExitData']; "
+            + "print(b['cumulativeNormalAppExitCount'], p['cpuMetrics']['cumulativeCPUTime'].split()[1], p['appVersion'], p['timeStampBegin'][:10], p['metaData']['appBuildVersion'])"
+        let parsed = try runCommand(["/bin/sh", "-c", "printf '%s' \"$0\" | python3 -c \"$1\"", json, script])
+        let reports = try host.call(.metrics(app: app))
+        let dayText = { () -> String in
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withFullDate]
+            return formatter.string(from: reports.last?.day.begin ?? Date())
+        }()
+        #expect(parsed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "1 sec 1.2.0 \(dayText) 42", "\(parsed.stdout) \(parsed.stderr) \(json)")
+
+        // The host's view: two days, the first delivered; its launch the one exit.
+        #expect(reports.count == 2)
+        #expect(reports.last?.delivered == true && reports.first?.delivered == false)
+        #expect(reports.last?.day.exits.normal == 1 && reports.last?.day.launches == 1)
+        // Handed once: a third launch the same day gets nothing.
+        #expect(try host.cli(["submit", app, refresh]).status == 0)
+        let third = try #require(try host.waitForHistory(count: 3).first { $0.launchID != first.launchID && $0.launchID != second.launchID })
+        #expect(try String(contentsOfFile: try #require(third.log), encoding: .utf8).contains("metrics: payload") == false)
+    }
 }
