@@ -204,27 +204,19 @@ package struct LaunchLoop {
         }
     }
 
-    /// The launch's CPU time so far: its cgroup's, else its app process's with the children it
-    /// reaped (nil while the app's process is not known yet).
     /// What the launch's app process has used, read just before it is killed (see
     /// `LaunchState.lookBeforeKill`).
     package func lookBeforeKill(_ state: inout LaunchState) {
         guard state.lookBeforeKill == nil else { return }
         let app = memory.app ?? ProcessTree.appProcess(of: pid)
-        state.lookBeforeKill = (Self.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
+        state.lookBeforeKill = (CPUMonitor.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
     }
 
     private mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {
         guard var monitor = cpu else { return nil }
         defer { cpu = monitor }
         let (pid, app, cgroup) = (pid, memory.app, state.cgroup)
-        return monitor.check(at: now) { Self.cpuNs(pid: pid, app: app, cgroup: cgroup) }
-    }
-
-    private static func cpuNs(pid: pid_t, app: pid_t?, cgroup: CgroupV2.LaunchGroup?) -> UInt64? {
-        if let cgroup { return cgroup.cpuUsageNs }
-        guard let app = app ?? ProcessTree.appProcess(of: pid) else { return nil }
-        return ProcessTree.cpuNanoseconds(of: app, reapedChildren: true)
+        return monitor.check(at: now) { CPUMonitor.cpuNs(pid: pid, app: app, cgroup: cgroup) }
     }
 
     // MARK: Disk walks, off the loop

@@ -107,6 +107,14 @@ package struct CPUMonitor {
     /// Readings within the last window and the newest older one, oldest first.
     private var readings: [(at: UInt64, cpuNs: UInt64)] = []
 
+    /// The launch's CPU time so far: its cgroup's, else its app process's with the children it
+    /// reaped (nil while the app's process is not known yet).
+    package static func cpuNs(pid: pid_t, app: pid_t?, cgroup: CgroupV2.LaunchGroup?) -> UInt64? {
+        if let cgroup { return cgroup.cpuUsageNs }
+        guard let app = app ?? ProcessTree.appProcess(of: pid) else { return nil }
+        return ProcessTree.cpuNanoseconds(of: app, reapedChildren: true)
+    }
+
     package init(limit: CPULimit, startNs: UInt64) {
         self.limit = limit
         windowNs = UInt64(max(limit.window.nanoseconds, 1))
