@@ -47,7 +47,8 @@ extension PendingRequestStore {
     /// the name with every column's).
     package static let appStateColumns = """
         app, refresh_enabled, penalty_level, penalty_until, last_launch_at, last_launch_id, last_registered, \
-        (SELECT day || ' ' || excess FROM app_day WHERE app_day.app = app_state.app AND excess IS NOT NULL ORDER BY day DESC LIMIT 1)
+        (SELECT day || ' ' || excess FROM app_day WHERE app_day.app = app_state.app AND excess IS NOT NULL ORDER BY day DESC LIMIT 1), \
+        (SELECT group_concat(opened_at, ' ') FROM (SELECT opened_at FROM app_use WHERE app_use.app = app_state.app ORDER BY opened_at DESC LIMIT \(UsagePrediction.keptOpens)))
         """
 
     package static let appStateSQL = "SELECT \(appStateColumns) FROM app_state WHERE app = ?"
@@ -65,6 +66,9 @@ extension PendingRequestStore {
            let day = Double(excess[..<space]) {
             state.energyExcessDay = Date(timeIntervalSince1970: day)
             state.energyExcess = String(excess[excess.index(after: space)...])
+        }
+        if let opens = try row.decode(String?.self, atIndex: 8) {
+            state.opens = opens.split(separator: " ").compactMap { Double($0) }.map(Date.init(timeIntervalSince1970:))
         }
         return state
     }
@@ -125,3 +129,20 @@ extension PendingRequestStore {
     }
 }
 extension PendingRequestStore: ClockSettings {}
+
+extension PendingRequestStore {
+    /// The user opened `app` at `date` (the host's clock): kept for its usage pattern, with at
+    /// most `UsagePrediction.keptOpens` uses and none older than the prediction's window.
+    public func recordUse(app: String, at date: Date) throws(BGTaskError) {
+        try writeUnsynced("record a use of \(app)") { db in
+            try db.cachedStatement(sql: "INSERT INTO app_use (app, opened_at) VALUES (?, ?)").execute(arguments: [app, date.timeIntervalSince1970])
+            // An app_state row, so that the app's state (and its uses) are read with it.
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO app_state (app, refresh_enabled, penalty_level) VALUES (?, 1, 0)").execute(arguments: [app])
+            let oldest = date.timeIntervalSince1970 - Double(UsagePrediction.windowDays) * 86_400
+            try db.cachedStatement(sql: """
+                DELETE FROM app_use WHERE app = ? AND (opened_at < ? OR opened_at < coalesce(
+                    (SELECT opened_at FROM app_use WHERE app = ? ORDER BY opened_at DESC LIMIT 1 OFFSET \(UsagePrediction.keptOpens - 1)), 0))
+                """).execute(arguments: [app, oldest, app])
+        }
+    }
+}

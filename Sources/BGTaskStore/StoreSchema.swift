@@ -247,5 +247,12 @@ extension StoreSchema {
             diagnostic TEXT NOT NULL        -- JSON MetricDiagnostic
         );
         CREATE INDEX app_diagnostic_day ON app_diagnostic(app, day);
+
+        -- Foreground uses (`bgtask open`), on the host's clock: what usage patterns are predicted from.
+        CREATE TABLE app_use (
+            app TEXT NOT NULL,
+            opened_at REAL NOT NULL
+        );
+        CREATE INDEX app_use_app ON app_use(app, opened_at);
         """
 }

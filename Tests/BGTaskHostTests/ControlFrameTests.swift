@@ -568,6 +568,9 @@ private func payload(_ count: Int, seed: UInt8 = 0) -> Data {
         var transfers = ControlResponse()
         transfers.transfers = []
         #expect(!transfers.isBareOK)
-        #expect(Mirror(reflecting: ControlResponse()).children.count == 23, "a new ControlResponse field: add it to isBareOK")
+        var metrics = ControlResponse()
+        metrics.metrics = []
+        #expect(!metrics.isBareOK)
+        #expect(Mirror(reflecting: ControlResponse()).children.count == 24, "a new ControlResponse field: add it to isBareOK")
     }
 }

@@ -23,6 +23,7 @@ private struct FakeKernel {
         reader.ipv6RouteFile = root.appendingPathComponent("proc/net/ipv6_route")
         reader.netClassDirectory = root.appendingPathComponent("sys/class/net")
         reader.devDirectory = root.appendingPathComponent("dev")
+        reader.thermalDirectory = root.appendingPathComponent("sys/class/thermal")
     }
 
     func remove() { try? FileManager.default.removeItem(at: root) }
@@ -361,25 +362,26 @@ private let zero128 = String(repeating: "0", count: 32)
         let conditions = DeviceOverrides.resolve(overrides: [:], machine: kernel.reader, unlockedSinceBoot: true)
         #expect(conditions == DeviceConditions(
             externalPower: false, network: true, idle: true, lowPowerMode: false, backgroundRefresh: true,
-            locked: false, unlockedSinceBoot: true, supportedResources: 1,
+            locked: false, unlockedSinceBoot: true, supportedResources: 1, thermalState: .nominal,
             sources: ["externalPower": "machine", "network": "machine", "idle": "default", "lowPowerMode": "default",
-                      "backgroundRefresh": "default", "locked": "default", "supportedResources": "machine"]))
+                      "backgroundRefresh": "default", "locked": "default", "supportedResources": "machine", "thermalState": "default"]))
     }
 
     @Test func resolveWithEveryOverride() throws {
         let kernel = try laptop()
         defer { kernel.remove() }
         let on = DeviceOverrides.resolve(
-            overrides: Dictionary(uniqueKeysWithValues: DeviceOverrides.keys.map { ($0, "on") }),
+            overrides: Dictionary(uniqueKeysWithValues: DeviceOverrides.keys.map { ($0, $0 == "thermal" ? "serious" : "on") }),
             machine: kernel.reader, unlockedSinceBoot: false)
         #expect(on.externalPower && on.network && on.idle && on.lowPowerMode && on.backgroundRefresh && on.locked)
         #expect(on.supportedResources == 1)
         #expect(on.unlockedSinceBoot == false)
-        #expect(on.sources.count == 7)
+        #expect(on.thermalState == .serious)
+        #expect(on.sources.count == 8)
         #expect(on.sources.values.allSatisfy { $0 == "override" }, "\(on.sources)")
 
         let off = DeviceOverrides.resolve(
-            overrides: Dictionary(uniqueKeysWithValues: DeviceOverrides.keys.map { ($0, "off") }),
+            overrides: Dictionary(uniqueKeysWithValues: DeviceOverrides.keys.map { ($0, $0 == "thermal" ? "nominal" : "off") }),
             machine: kernel.reader, unlockedSinceBoot: false)
         #expect(!off.externalPower && !off.network && !off.idle && !off.lowPowerMode && !off.backgroundRefresh && !off.locked)
         #expect(off.supportedResources == 0)
@@ -449,7 +451,7 @@ private let zero128 = String(repeating: "0", count: 32)
         #expect(conditions.network == network)
         #expect(conditions.supportedResources == resources)
         #expect(Set(conditions.sources.keys) == ["externalPower", "network", "idle", "lowPowerMode",
-                                                 "backgroundRefresh", "locked", "supportedResources"])
+                                                 "backgroundRefresh", "locked", "supportedResources", "thermalState"])
         #expect(Set(conditions.sources.values).isSubset(of: ["machine", "default"]))
     }
 }

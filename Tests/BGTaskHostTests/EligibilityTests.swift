@@ -64,6 +64,8 @@ import Testing
         state.penaltyLevel = 1
         state.penaltyUntil = now.addingTimeInterval(60)
         state.lastLaunchAt = now.addingTimeInterval(-60)
+        // Opened an hour ago, with no habit yet: its usage pattern holds nothing back.
+        state.opens = [now.addingTimeInterval(-3_600)]
         let refresh = TaskRequest(kind: .refresh, identifier: "com.example.a.r")
         #expect(codes(refresh, policy: .realistic, state: state) == ["penalty", "rate-limit"])
         #expect(codes(refresh, policy: .immediate, state: state).isEmpty, "immediate ignores both")

@@ -67,10 +67,15 @@ import Testing
     @Test func realisticPolicyPenalizesBadLaunchesAndWhySaysSo() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--policy", "realistic", "--budget", "300ms", "--grace", "200ms"], installing: [.misbehaving])
+        let host = try HostProcess.started(scratch, arguments: ["--clock", "virtual", "--policy", "realistic", "--budget", "300ms", "--grace", "200ms",
+                                                                "--foreground-stay", "100ms"], installing: [.misbehaving])
         defer { host.stop() }
+        // The user opens the app once: an app never opened would be refreshed only every 4 hours.
+        #expect(try host.cli(["open", "com.example.misbehaving", "--wait"]).status == 0)
+        _ = try host.waitForHistory(count: 1)
+        _ = try host.cli(["clock", "advance", "15m"])
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.spin"]).status == 0)
-        let records = try host.waitForHistory(count: 1)
+        let records = try host.waitForHistory(count: 2)
         #expect(records[0].termination == .watchdog)
 
         #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.ok"]).status == 0)
@@ -82,9 +87,9 @@ import Testing
         // 30 minutes later the penalty has passed, and so has the 15-minute refresh interval.
         _ = try host.cli(["clock", "advance", "29m"])
         usleep(200_000)
-        #expect(try host.send(.history()).records?.count == 1)
+        #expect(try host.send(.history()).records?.count == 2)
         _ = try host.cli(["clock", "advance", "1m"])
-        let after = try host.waitForHistory(count: 2)
+        let after = try host.waitForHistory(count: 3)
         #expect(after[0].task("com.example.misbehaving.ok")?.outcome == .succeeded)
         #expect(try host.send(.apps()).apps?.first?.penaltyLevel == 0, "a clean launch clears the penalty")
     }

@@ -117,6 +117,8 @@ import Testing
         record.suspendedMs = 86_400_000.125
         record.processLaunches = Int.max
         record.previousProcess = awkward
+        record.expirationReason = awkward
+        record.energy = .init(diskWrittenBytes: UInt64.max, diskReadBytes: 0, wakeups: 1 << 40, cpuLimit: awkward)
         return record
     }
 
@@ -145,7 +147,7 @@ import Testing
                       startedMs: maybe(number()), completedMs: maybe(number()), expiredMs: maybe(number()),
                       expirationHandled: maybe(Bool.random(using: &generator)), success: maybe(Bool.random(using: &generator)))
             },
-            termination: [.exited, .watchdog, .jetsam, .disk, .crashed, .launchFailed, .hostLost].randomElement(using: &generator)!,
+            termination: [.exited, .watchdog, .jetsam, .disk, .cpuLimit, .crashed, .launchFailed, .hostLost].randomElement(using: &generator)!,
             signal: maybe(text()), exitStatus: maybe(Int32.random(in: .min ... .max, using: &generator)), error: maybe(text()),
             wallMs: number(), cpuMs: number(), peakRSSBytes: UInt64.random(in: 0 ... .max, using: &generator),
             memoryLimitBytes: UInt64.random(in: 0...(1 << 40), using: &generator), memoryMechanism: text(),
@@ -165,6 +167,10 @@ import Testing
                             strategyFail: Bool.random(using: &generator), requiredResources: UInt32.random(in: 0 ... .max, using: &generator))
             },
             launcher: maybe(text()))
+        record.expirationReason = maybe(text())
+        record.energy = maybe(RunRecord.EnergyRecord(diskWrittenBytes: UInt64.random(in: 0 ... .max, using: &generator),
+                                                     diskReadBytes: UInt64.random(in: 0 ... .max, using: &generator),
+                                                     wakeups: UInt64.random(in: 0 ... .max, using: &generator), cpuLimit: maybe(text())))
         if Bool.random(using: &generator) {
             record.sandbox = Dictionary(uniqueKeysWithValues: SandboxLayer.names.filter { _ in Bool.random(using: &generator) }.map {
                 ($0, SandboxLayer(applied: Bool.random(using: &generator), detail: text()))

@@ -110,6 +110,10 @@ public enum BlockerCode: String, CaseIterable, Sendable {
     /// The app's background use today is excessive (`EnergyBudget`): refresh comes less often,
     /// processing waits for tomorrow (realistic policy).
     case energy
+    /// The app's usage pattern (`UsagePrediction`): its refresh waits until shortly before its
+    /// next predicted use, or, never opened, runs seldom (realistic policy). Also a note (not
+    /// blocking) with the prediction when the refresh may run now.
+    case usage
 
     /// Lifts when the machine's power or network comes back, which the host learns only by
     /// looking again (it re-reads device conditions while such a request waits).
@@ -206,6 +210,9 @@ public struct Eligibility: Sendable {
                 }
             }
         }
+        if policy == .realistic && request.kind == .refresh {
+            result.append(contentsOf: usageBlockers(stored.app, state: state))
+        }
         if appRunning {
             result.append(Blocker(.appRunning, "\(stored.app) is running a launch now; the request runs in its next launch"))
         } else if runningLaunches >= maximumConcurrentLaunches {
@@ -215,6 +222,22 @@ public struct Eligibility: Sendable {
             result.append(Blocker(.handlerNotRegistered, "the last launch of \(stored.app) (\(state.lastLaunchID ?? "?")) did not register a handler for \(request.identifier): it will end not-registered unless the app registers it", blocking: false))
         }
         return result
+    }
+
+    /// What the app's usage pattern makes of its refresh (`UsagePrediction`).
+    private func usageBlockers(_ app: String, state: AppState) -> [Blocker] {
+        guard UsagePrediction.wasOpened(state.opens, before: now) else {
+            guard let last = state.lastLaunchAt, last.addingTimeInterval(UsagePrediction.unusedRefreshInterval) > now else { return [] }
+            let until = last.addingTimeInterval(UsagePrediction.unusedRefreshInterval)
+            return [Blocker(.usage, "\(app) has not been opened in the last \(UsagePrediction.windowDays) days (bgtask open): its refresh runs at most every \(Self.format(UsagePrediction.unusedRefreshInterval)) (last at \(Self.format(last)))", until: until)]
+        }
+        guard let prediction = UsagePrediction.predict(opens: state.opens, now: now) else { return [] }
+        let habit = "\(app) is usually opened at \(prediction.timeOfDay) (on \(prediction.days) of the last \(prediction.windowDays) days)"
+        let start = prediction.next.addingTimeInterval(-UsagePrediction.lead)
+        if start > now {
+            return [Blocker(.usage, "\(habit): its refresh waits until shortly before its next predicted use at \(Self.format(prediction.next)), from \(Self.format(start))", until: start)]
+        }
+        return [Blocker(.usage, "\(habit): its next use is predicted at \(Self.format(prediction.next)), so its refresh may run now", blocking: false)]
     }
 
     package static func format(_ date: Date) -> String {

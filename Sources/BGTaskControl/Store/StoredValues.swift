@@ -39,6 +39,9 @@ public struct AppState: Sendable, Equatable, Codable {
     /// and why (`EnergyBudget`); the realistic policy schedules it less for the rest of that day.
     public var energyExcessDay: Date?
     public var energyExcess: String?
+    /// When the user opened the app (`bgtask open`), on the host's clock, newest first: at most
+    /// `UsagePrediction.keptOpens`, none older than its window.
+    public var opens: [Date] = []
 
     public init(app: String) { self.app = app }
 }

@@ -238,6 +238,12 @@ final class LaunchCoordinator: HostPart {
             plan.limits.cpuLimit = configuration.cpuLimit
         }
         if role != .extension { plan.metricsJSON = metricsJSON(for: bundle) }
+        // The user opened the app: what its usage pattern is predicted from.
+        if role == .foreground && reason == .foreground {
+            do { try core.store.recordUse(app: bundle.identifier, at: core.clock.now) } catch {
+                core.logger.error("cannot record a use of an app", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
+            }
+        }
         plan.thermalState = UInt32(conditions.thermalState.rawValue)
         plan.lowPowerMode = conditions.lowPowerMode
         let control = LaunchControl()
