@@ -383,3 +383,22 @@ package.targets += [
         exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
     ),
 ]
+
+// MARK: - Main-actor app delegate fixtures
+//
+// The same app delegate in Swift 5 mode, and in Swift 6 mode with the main actor as the
+// module's default isolation (what Xcode 26 sets for new app targets).
+package.products += [
+    .library(name: "MainActorApp5", type: .dynamic, targets: ["MainActorApp5"]),
+    .library(name: "MainActorApp6", type: .dynamic, targets: ["MainActorApp6"]),
+]
+package.targets += [
+    .target(
+        name: "MainActorApp5", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/MainActorApp5",
+        exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v5)]
+    ),
+    .target(
+        name: "MainActorApp6", dependencies: ["BackgroundTasks", "UIKit"], path: "Tests/Fixtures/MainActorApp6",
+        exclude: ["Info.plist"], swiftSettings: [.swiftLanguageMode(.v6), .unsafeFlags(["-default-isolation", "MainActor"])]
+    ),
+]

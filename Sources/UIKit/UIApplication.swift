@@ -10,9 +10,15 @@ import Foundation
 
 /// The base class of `UIApplication` and of app delegates (`class AppDelegate: UIResponder,
 /// UIApplicationDelegate`). It carries no responder chain: there are no events to respond to.
+/// Main-actor isolated, its initializer too, as Apple's: an app delegate's `override init()` may
+/// touch its main-actor state, and a delegate in a module whose default isolation is the main
+/// actor conforms as it does on Xcode.
 @MainActor
 open class UIResponder: NSObject {
-    override public nonisolated init() { super.init() }
+    override public init() { super.init() }
+
+    /// For `UIApplication.shared`, which is made from whichever thread asks for it first.
+    nonisolated init(anyThread: Void) { super.init() }
 }
 
 /// A background-time assertion's token (`beginBackgroundTask`); `.invalid` when none was given.
@@ -67,7 +73,7 @@ open class UIApplication: UIResponder {
     var registeredForRemoteNotifications = false
 
     /// The application object is made once, by `shared`; nothing else creates one.
-    override private nonisolated init() { super.init() }
+    override private nonisolated init() { super.init(anyThread: ()) }
 
     /// `active` while a foreground launch (`bgtask open`) is in the foreground; `background`
     /// otherwise (a background launch, an extension, or an opened app that has left).

@@ -78,6 +78,22 @@ import Testing
         #expect(count.trimmingCharacters(in: .whitespacesAndNewlines) == "2")
     }
 
+    /// An app delegate as Xcode 26 writes it (main-actor isolated, by the module's default in
+    /// Swift 6 mode; `override init()` setting main-actor state; a handler that hops with
+    /// `Task { @MainActor in }`; ProcessInfo's device state) compiles in both language modes
+    /// and runs as on iOS.
+    @Test(arguments: ["MainActorApp5", "MainActorApp6"])
+    func aMainActorAppDelegateRunsInARealLaunch(library: String) throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try scratch.bundle(library, info: "Tests/Fixtures/\(library)/Info.plist", name: "MainActor.app")
+        let (record, _) = try scratch.run(app, ["--task", "com.example.mainactor.refresh:refresh"])
+        #expect(record.task("com.example.mainactor.refresh")?.outcome == .succeeded, "\(record)")
+        let log = try record.logText()
+        #expect(log.contains("mainactor: launched (notes: init, launch) thermal 0 low-power false"), "\(log)")
+        #expect(log.contains("mainactor: refreshed 1 (notes: init, launch, refresh 1)"), "\(log)")
+    }
+
     @Test(arguments: ["ApplePatterns5", "ApplePatterns6"])
     func appleAPIPatternsRunInARealLaunch(library: String) throws {
         let scratch = try Scratch()

@@ -34,7 +34,7 @@ import Testing
         #expect(BlockerCode.allCases.map(\.rawValue) == [
             "app-missing", "not-due", "refresh-disabled", "app-refresh-disabled", "low-power-mode", "device-not-idle",
             "no-external-power", "no-network", "data-protected", "penalty", "rate-limit", "app-running", "concurrency",
-            "handler-not-registered", "disk-quota", "start-failed", "thermal-state", "energy",
+            "handler-not-registered", "disk-quota", "start-failed", "thermal-state", "energy", "usage",
         ])
         #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification, .backgroundTransfer].map(\.rawValue)
             == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification", "background-transfer"])

@@ -1,0 +1,1 @@
+../MainActorApp5/MainActorApp.swift
