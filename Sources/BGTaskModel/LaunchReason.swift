@@ -21,5 +21,8 @@ public struct LaunchReason: RawRepresentable, Hashable, Sendable, ExpressibleByS
     public static let remoteNotification: LaunchReason = "remote-notification"
     /// Background URL sessions' transfers ended while the app was not running.
     public static let backgroundTransfer: LaunchReason = "background-transfer"
+    /// The user opened a delivered notification (`bgtask respond`): the app comes to the
+    /// foreground and its notification center's delegate hears `didReceive`.
+    public static let notificationResponse: LaunchReason = "notification-response"
 }
 

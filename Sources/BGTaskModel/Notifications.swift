@@ -448,3 +448,20 @@ public enum NotificationLimits {
     /// Identifiers one removal call carries in one message (a longer list is sent in parts).
     public static let identifiersPerMessage = 256
 }
+
+/// The event of a `notification-response` launch: the delivered notification the user opened,
+/// and how (`UNNotificationResponse.actionIdentifier`).
+public struct NotificationResponseEvent: Codable, Sendable, Equatable {
+    public var notification: NotificationEntry
+    /// `UNNotificationDefaultActionIdentifier` (opened), `UNNotificationDismissActionIdentifier`,
+    /// or one of the app's category actions.
+    public var action: String
+
+    public static let defaultAction = "com.apple.UNNotificationDefaultActionIdentifier"
+    public static let dismissAction = "com.apple.UNNotificationDismissActionIdentifier"
+
+    public init(notification: NotificationEntry, action: String = NotificationResponseEvent.defaultAction) {
+        self.notification = notification
+        self.action = action
+    }
+}

@@ -111,6 +111,13 @@ extension PendingRequestStore {
         }
     }
 
+    /// The delivered notification `id`, or nil.
+    public func deliveredNotification(id: Int64) throws(BGTaskError) -> StoredNotification? {
+        try read("read delivered notification \(id)") { db in
+            try Self.notifications(db, "WHERE state = 'delivered' AND id = ?", [id]).first
+        }
+    }
+
     /// Removes pending or delivered notifications of `app` (with these identifiers, or all).
     @discardableResult
     public func removeNotifications(app: String, delivered: Bool, identifiers: [String]?) throws(BGTaskError) -> Int {

@@ -60,6 +60,35 @@ package final class HostConnection: @unchecked Sendable {
         for observer in lock.withLock({ resumeObservers }) { observer() }
     }
 
+    // MARK: A launch's event, for the SDK's other modules
+
+    private var launchEvent: (reason: String, json: String?)?
+    private var launchEventObservers: [@Sendable (String, String?) -> Bool] = []
+
+    /// The app module (UIKit's entry) says what the launch brought, once the app has finished
+    /// launching (or resumed): each observer is called with it (on the main thread); one that
+    /// returns true has taken it, and it is not kept. Kept otherwise for an observer added later.
+    package func launched(reason: String, eventJSON: String?) {
+        let observers = lock.withLock { () -> [@Sendable (String, String?) -> Bool] in
+            launchEvent = (reason, eventJSON)
+            return launchEventObservers
+        }
+        for observer in observers where observer(reason, eventJSON) {
+            lock.withLock { launchEvent = nil }
+            return
+        }
+    }
+
+    /// Calls `body` with each launch's event from now on, and at once with the current one when
+    /// it has not been taken (an app that sets its delegate after launching still hears it).
+    package func whenLaunched(_ body: @escaping @Sendable (String, String?) -> Bool) {
+        let pending = lock.withLock { () -> (reason: String, json: String?)? in
+            launchEventObservers.append(body)
+            return launchEvent
+        }
+        if let pending, body(pending.reason, pending.json) { lock.withLock { launchEvent = nil } }
+    }
+
     // MARK: BackgroundTasksTestKit's seam (never used in a launch)
 
     private var repeatedCompletionObserver: (@Sendable (UInt64, Bool) -> Void)?

@@ -89,6 +89,7 @@ extension UIApplication {
             if launch.role == .foreground { ApplicationState.becameActive(delegate, of: application) }
             if let push { RemoteNotification.deliver(push, to: delegate, of: application) }
             BackgroundTransferLaunch.deliver(transfers, to: delegate, of: application)
+            HostConnection.current.launched(reason: launch.reason, eventJSON: launch.eventJSON)
         }, didResume: { launch in
             let application = UIApplication.shared
             let transfers = launch.reason == LaunchReason.backgroundTransfer.rawValue ? BackgroundTransferLaunch.sessions(launch.eventJSON) : []
@@ -103,6 +104,7 @@ extension UIApplication {
                 RemoteNotification.deliver(push, to: delegate, of: application)
             }
             BackgroundTransferLaunch.deliver(transfers, to: delegate, of: application)
+            HostConnection.current.launched(reason: launch.reason, eventJSON: launch.eventJSON)
         })
     }
 }

@@ -1,6 +1,7 @@
 import BGTaskABI
 import BackgroundTasks
 import CBGTaskPluginABI
+import BGTaskModel
 import Foundation
 
 /// What the app asks to be allowed (`requestAuthorization(options:)`).
@@ -92,7 +93,7 @@ public struct UNNotificationPresentationOptions: OptionSet, Sendable {
 public let UNNotificationDefaultActionIdentifier = "com.apple.UNNotificationDefaultActionIdentifier"
 public let UNNotificationDismissActionIdentifier = "com.apple.UNNotificationDismissActionIdentifier"
 
-/// The user's answer to a notification (never given on Linux: no one taps the banner).
+/// The user's answer to a notification: `bgtask respond ID [--action A]` gives it.
 open class UNNotificationResponse: NSObject, @unchecked Sendable {
     open private(set) var notification: UNNotification
     open private(set) var actionIdentifier: String
@@ -104,9 +105,11 @@ open class UNNotificationResponse: NSObject, @unchecked Sendable {
     }
 }
 
-/// The center's delegate. Kept, as apps set it in `didFinishLaunching`; its methods have
-/// defaults and are not called: no notification is presented inside a background launch, and
-/// no user answers one.
+/// The center's delegate, as apps set it in `didFinishLaunching`. `didReceive` is called when
+/// the user opens a delivered notification (`bgtask respond ID`: the app is launched, or
+/// resumed, into the foreground with it), on the main queue once the app has finished
+/// launching; the launch lasts until its completion handler is called (background time is held
+/// for it). `willPresent` and `openSettingsFor` have defaults and are not called.
 public protocol UNUserNotificationCenterDelegate: NSObjectProtocol {
     func userNotificationCenter(_ center: UNUserNotificationCenter, willPresent notification: UNNotification,
                                 withCompletionHandler completionHandler: @escaping (UNNotificationPresentationOptions) -> Void)
@@ -146,8 +149,16 @@ open class UNUserNotificationCenter: NSObject, @unchecked Sendable {
 
     open weak var delegate: (any UNUserNotificationCenterDelegate)? {
         get { lock.withLock { storedDelegate } }
-        set { lock.withLock { storedDelegate = newValue } }
+        set {
+            let first = lock.withLock { () -> Bool in
+                storedDelegate = newValue
+                defer { followsLaunches = true }
+                return !followsLaunches
+            }
+            if first { NotificationResponses.follow(self) }
+        }
     }
+    private var followsLaunches = false
 
     open var supportsContentExtensions: Bool { false }
 
@@ -309,5 +320,40 @@ open class UNNotificationAction: NSObject, @unchecked Sendable {
         self.title = title
         self.options = options
         super.init()
+    }
+}
+
+/// A launch that brings the user's response to a notification (`notification-response`): the
+/// delegate hears it on the main queue, with background time held until its completion handler
+/// is called, so the launch cannot end first.
+enum NotificationResponses {
+    static func follow(_ center: UNUserNotificationCenter) {
+        HostConnection.current.whenLaunched { reason, eventJSON in
+            guard reason == LaunchReason.notificationResponse.rawValue, let eventJSON,
+                  let event = try? JSONDecoder().decode(NotificationResponseEvent.self, from: Data(eventJSON.utf8)),
+                  let delegate = center.delegate else { return false }
+            let notification = UNNotification(date: event.notification.date.map(Date.init(timeIntervalSince1970:)) ?? Date(),
+                                              request: Host.request(event.notification.request))
+            let response = UNNotificationResponse(notification: notification, actionIdentifier: event.action)
+            let assertion = BackgroundTime.begin(named: "notification-response")
+            nonisolated(unsafe) let target = delegate
+            DispatchQueue.main.async {
+                target.userNotificationCenter(center, didReceive: response) { BackgroundTime.end(assertion) }
+            }
+            return true
+        }
+    }
+}
+
+/// Background time through the ABI (UIKit's `beginBackgroundTask`, which this module does not link).
+enum BackgroundTime {
+    static func begin(named name: String) -> UInt64 {
+        guard let (api, host) = HostConnection.current.connection, api.has(\.begin_background_time) else { return 0 }
+        return name.withCString { api.begin_background_time(host, $0, nil, nil) }
+    }
+
+    static func end(_ id: UInt64) {
+        guard id != 0, let (api, host) = HostConnection.current.connection, api.has(\.end_background_time) else { return }
+        api.end_background_time(host, id)
     }
 }

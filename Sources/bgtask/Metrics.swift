@@ -43,3 +43,26 @@ extension BGTaskCommand {
         }
     }
 }
+
+extension BGTaskCommand {
+    struct Respond: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Open a delivered notification, as the user who taps it: its app comes to the foreground and its notification center's delegate hears didReceive.",
+            discussion: "ID is a delivered notification's id (bgtask notifications lists them). --action names a category action the user chose (default: opening it, UNNotificationDefaultActionIdentifier; com.apple.UNNotificationDismissActionIdentifier to dismiss it). The launch counts as a use of the app (its usage pattern).")
+        @Argument(help: "The delivered notification's id.") var id: Int64
+        @Option(name: .long, help: ArgumentHelp("The action identifier (default: UNNotificationDefaultActionIdentifier).", valueName: "identifier")) var action: String?
+        @Flag(name: .long, help: "Wait for the launch to end and print its record.") var wait = false
+        @OptionGroup var host: HostOptions
+
+        func run() throws {
+            let response = try host.send(.respond(notification: id, action: action, wait: wait))
+            if let record = response.record {
+                if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
+                if !record.succeeded { throw ExitCode.failure }
+                return
+            }
+            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
+            print("opened notification \(id): launch \(response.launchID ?? "?")")
+        }
+    }
+}

@@ -37,6 +37,34 @@ import Testing
         try host.send(pending ? .pendingNotifications(app: Self.app) : .notifications(app: Self.app)).notifications ?? []
     }
 
+    /// The user opens a delivered notification (`bgtask respond`): the app comes to the
+    /// foreground and its delegate's `didReceive` gets the notification and the action; the
+    /// launch lasts until the delegate calls its completion handler.
+    @Test func openingADeliveredNotificationCallsTheDelegatesDidReceive() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let host = try started(scratch, arguments: ["--clock", "virtual", "--foreground-stay", "100ms"])
+        defer { host.stop() }
+        #expect(try host.cli(["device", "--app", Self.app, "--notifications", "on"]).status == 0)
+        _ = try launch(host, "refresh")
+        #expect(try host.cli(["clock", "advance", "1m"]).status == 0)
+        let delivered = try #require(try notifications(host).first { $0.request.identifier == "new-episodes" })
+
+        let answer = try host.call(.respond(notification: delivered.id, wait: true))
+        let record = try #require(answer.record)
+        #expect(record.reason == "notification-response" && record.succeeded, "\(record)")
+        let lines = try record.logText().split(separator: "\n").filter { $0.hasPrefix("podcasts: ") }
+        #expect(lines.contains { $0.contains("opened notification new-episodes (\(delivered.request.content.title)) action com.apple.UNNotificationDefaultActionIdentifier state 0") },
+                "\(lines)")
+        #expect(lines.contains("podcasts: handled the response"), "the launch lasted until the completion handler: \(lines)")
+
+        // Another action, through the CLI; an id no notification has is refused by name.
+        let dismissed = try host.cli(["respond", String(delivered.id), "--action", "com.apple.UNNotificationDismissActionIdentifier", "--wait", "--json"])
+        #expect(dismissed.status == 0 && dismissed.stdout.contains("notification-response"), "\(dismissed.stderr)")
+        let unknown = try host.cli(["respond", "999999"])
+        #expect(unknown.status != 0 && unknown.stderr.contains("no delivered notification has id 999999"), "\(unknown.stderr)")
+    }
+
     @Test func authorizationIsDeniedByDefaultAndGrantedWithTheSwitch() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

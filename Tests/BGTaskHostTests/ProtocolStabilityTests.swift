@@ -13,7 +13,7 @@ import Testing
         #expect(ControlVerb.allCases.map(\.rawValue) == [
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
-            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict", "metrics",
+            "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict", "metrics", "respond",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }
@@ -36,8 +36,10 @@ import Testing
             "no-external-power", "no-network", "data-protected", "penalty", "rate-limit", "app-running", "concurrency",
             "handler-not-registered", "disk-quota", "start-failed", "thermal-state", "energy", "usage",
         ])
-        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification, .backgroundTransfer].map(\.rawValue)
-            == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification", "background-transfer"])
+        #expect([LaunchReason.scheduled, .simulated, .foreground, .appExtension, .benchmark, .remoteNotification, .backgroundTransfer,
+                 .notificationResponse].map(\.rawValue)
+            == ["scheduled", "simulated", "foreground", "extension", "benchmark", "remote-notification", "background-transfer",
+                "notification-response"])
     }
 
     @Test func aRequestKeepsAnUnknownVerbAsSent() throws {
@@ -76,6 +78,7 @@ import Testing
         case .deviceToken: .deviceToken(app: "com.example.a")
         case .transfers: .transfers(app: "com.example.a", limit: 1000)
         case .metrics: .metrics(app: "com.example.a")
+        case .respond: .respond(notification: 42, action: "com.example.a.reply", wait: true)
         case .evict: .evict(app: "com.example.a")
         }
     }
@@ -84,7 +87,8 @@ import Testing
     /// it went in, through both of the decoder's readers (the fast one and JSONDecoder).
     @Test func everyCommandRoundTripsThroughTheCodec() throws {
         let bare: [ControlCommand] = [.apps(), .pending(), .history(), .device(), .clock(), .notifications(), .pendingNotifications(),
-                                      .pushes(), .transfers(), .simulateLaunch(identifier: "x"), .open(app: "a"), .extensionRun(identifier: "e")]
+                                      .pushes(), .transfers(), .simulateLaunch(identifier: "x"), .open(app: "a"), .extensionRun(identifier: "e"),
+                                      .respond(notification: 0)]
         for command in ControlVerb.allCases.map(Self.sample) + bare {
             let payload = try ControlCodec.encode(command)
             guard case .command(let decoded) = ControlCodec.decode(payload) else {

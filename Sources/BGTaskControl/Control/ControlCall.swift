@@ -181,6 +181,10 @@ extension ControlCall where Answer == LaunchAnswer {
         launch(.open(app: app, event: event, wait: wait), wait: wait)
     }
 
+    public static func respond(notification: Int64, action: String? = nil, wait: Bool = false) -> Self {
+        launch(.respond(notification: notification, action: action, wait: wait), wait: wait)
+    }
+
     private static func launch(_ command: ControlCommand, wait: Bool) -> Self {
         Self(command) { response throws(ControlFailure) in
             let record = wait ? try required(response.record, "record", command) : response.record

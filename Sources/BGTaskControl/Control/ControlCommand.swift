@@ -53,6 +53,9 @@ public enum ControlCommand: Sendable, Equatable {
     case transfers(app: String? = nil, limit: Int? = nil)
     /// An app's use of the device per day and its diagnostics (`bgtask metrics`, MetricKit's payloads).
     case metrics(app: String)
+    /// The user opens delivered notification `notification` (or acts on it: `action`): its app
+    /// comes to the foreground and its notification center's delegate hears `didReceive`.
+    case respond(notification: Int64, action: String? = nil, wait: Bool = false)
 
     /// The command's verb.
     public var verb: ControlVerb {
@@ -81,6 +84,7 @@ public enum ControlCommand: Sendable, Equatable {
         case .deviceToken: .deviceToken
         case .transfers: .transfers
         case .metrics: .metrics
+        case .respond: .respond
         }
     }
 }
@@ -191,6 +195,7 @@ extension ControlCommand {
         case let .simulateExpire(identifier), let .cancelTask(identifier): wire.identifier = identifier
         case let .extensionRun(identifier, event, wait): (wire.identifier, wire.event, wire.wait) = (identifier, event, wait)
         case let .open(app, event, wait): (wire.app, wire.event, wire.wait) = (app, event, wait)
+        case let .respond(notification, action, wait): (wire.identifier, wire.event, wire.wait) = (String(notification), action, wait)
         case let .notifications(app, after, limit): (wire.app, wire.after, wire.limit) = (app, after.map(String.init), limit)
         case let .push(app, body): (wire.app, wire.push) = (app, body)
         }
@@ -260,6 +265,15 @@ extension ControlCommand {
         case .deviceToken: self = .deviceToken(app: try required(wire.app, "an app"))
         case .transfers: self = .transfers(app: wire.app, limit: try limit())
         case .metrics: self = .metrics(app: try required(try bounded(wire.app), "an app"))
+        case .respond:
+            let text = try required(wire.identifier, "a notification id")
+            guard let id = Int64(text), id >= 0 else {
+                throw .badRequest("respond: a notification id is a non-negative integer (bgtask notifications lists them), not '\(ControlWords.quoted(String(text.prefix(64))))'")
+            }
+            if let action = wire.event, action.isEmpty || action.utf8.count > InputLimits.identifierBytes {
+                throw .badRequest("respond: an action identifier is 1 to \(InputLimits.identifierBytes) bytes, not \(action.utf8.count)")
+            }
+            self = .respond(notification: id, action: wire.event, wait: wire.wait == true)
         }
     }
 }

@@ -107,6 +107,8 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case evict
     /// An app's use per day and its diagnostics (`bgtask metrics APP`).
     case metrics
+    /// The user opens a delivered notification (`bgtask respond ID`).
+    case respond
 }
 
 /// `push`: a payload and APNs's headers (`bgtask push`).

@@ -67,7 +67,7 @@ final class ControlVerbs: @unchecked Sendable {
             return response
         case .device(let changes): return device(changes)
         case .clock(let advance): return clock(advance: advance)
-        case .simulateLaunch, .extensionRun, .open:
+        case .simulateLaunch, .extensionRun, .open, .respond:
             // Launches by hand are `launchByHand`'s (see `handle(_:peer:reply:)`).
             return .failure(.internalError, "\(command.verb.rawValue) reached the wrong handler")
         case .simulateExpire(let identifier): return simulateExpire(identifier)
@@ -185,7 +185,7 @@ final class ControlVerbs: @unchecked Sendable {
             let command = commands[index]
             index += 1
             switch command {
-            case .simulateLaunch, .extensionRun, .open:
+            case .simulateLaunch, .extensionRun, .open, .respond:
                 let rest = commands[index...]
                 let before = responses
                 let now = launchByHand(command) { [self] record in
@@ -464,6 +464,14 @@ final class ControlVerbs: @unchecked Sendable {
         case let .open(app, event, waits):
             (refusal, wait) = (Self.eventRefusal(event), waits)
             start = { self.open(app, event: event) }
+        case let .respond(notification, action, waits):
+            (refusal, wait) = (nil, waits)
+            let found: StoredNotification?
+            do { found = try store.deliveredNotification(id: notification) } catch { return .failure(.internalError, "\(error)") }
+            guard let found else {
+                return .failure(.notFound, "no delivered notification has id \(notification) (bgtask notifications lists them; the newest 100 per app are kept)")
+            }
+            start = { self.respond(to: found, action: action ?? NotificationResponseEvent.defaultAction) }
         case let .extensionRun(identifier, event, waits):
             (refusal, wait) = (Self.eventRefusal(event), waits)
             start = { self.runExtension(identifier, event: event) }
@@ -499,6 +507,19 @@ final class ControlVerbs: @unchecked Sendable {
         guard let bundle = catalog.apps[app] else { return .failure(notInCatalog(app)) }
         if let refusal = clientLaunchRefusal() { return .failure(refusal) }
         return .success(launches.start(bundle, requests: [], reason: .foreground, role: .foreground, eventJSON: event))
+    }
+
+    /// The user opened a delivered notification: its app comes to the foreground, with the
+    /// notification and the action as its launch's event. On the queue.
+    @HostActor private func respond(to notification: StoredNotification, action: String) -> Started {
+        guard let bundle = catalog.apps[notification.app] else { return .failure(notInCatalog(notification.app)) }
+        if let refusal = clientLaunchRefusal() { return .failure(refusal) }
+        let entry = NotificationEntry(request: notification.request, date: (notification.deliveredAt ?? notification.fireDate)?.timeIntervalSince1970)
+        let event: String
+        do { event = String(decoding: try JSONEncoder().encode(NotificationResponseEvent(notification: entry, action: action)), as: UTF8.self) } catch {
+            return .failure(.failure(.internalError, "\(error)"))
+        }
+        return .success(launches.start(bundle, requests: [], reason: .notificationResponse, role: .foreground, eventJSON: event))
     }
 
     /// Starts an extension in its own supervised process with `event`. On the queue.

@@ -239,7 +239,7 @@ final class LaunchCoordinator: HostPart {
         }
         if role != .extension { plan.metricsJSON = metricsJSON(for: bundle) }
         // The user opened the app: what its usage pattern is predicted from.
-        if role == .foreground && reason == .foreground {
+        if role == .foreground && (reason == .foreground || reason == .notificationResponse) {
             do { try core.store.recordUse(app: bundle.identifier, at: core.clock.now) } catch {
                 core.logger.error("cannot record a use of an app", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
             }

@@ -72,6 +72,21 @@ final class AppDelegate: UIResponder, UIApplicationDelegate, UNUserNotificationC
         return true
     }
 
+    /// The user opened a notification: the app shows what it is about (here: says so), and
+    /// calls the completion handler once it has, as apps do after an async hop.
+    /// (`nonisolated`, as Swift 6 app code writes it: the protocol's methods are not the main
+    /// actor's, the app delegate is.)
+    nonisolated func userNotificationCenter(_ center: UNUserNotificationCenter, didReceive response: UNNotificationResponse,
+                                            withCompletionHandler completionHandler: @escaping () -> Void) {
+        let request = response.notification.request
+        say("opened notification \(request.identifier) (\(request.content.title)) action \(response.actionIdentifier) state \(UIApplication.shared.applicationState.rawValue)")
+        nonisolated(unsafe) let done = completionHandler
+        DispatchQueue.main.asyncAfter(deadline: .now() + 0.2) {
+            say("handled the response")
+            done()
+        }
+    }
+
     /// What a refresh does: new episodes, then the banner, if the user allows it.
     static func refresh() async {
         let center = UNUserNotificationCenter.current()
