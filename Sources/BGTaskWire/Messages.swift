@@ -128,6 +128,9 @@ public enum ChildMessage: Sendable, Equatable {
     case notificationAdd(seq: UInt64, request: NotificationRequest)
     case notificationList(seq: UInt64, delivered: Bool)
     case notificationRemove(seq: UInt64, delivered: Bool, identifiers: [String]?)
+    /// The app's delegate answered `willPresent` for a notification delivered while it was in
+    /// the foreground: `UNNotificationPresentationOptions`' raw value.
+    case notificationPresented(identifier: String, options: UInt32)
     /// Background URL sessions: a `TransferCall` as JSON (BGTaskModel/Transfers.swift), answered
     /// with `transferReply`. The host decodes and checks it (`TransferCall.problem`).
     case transferCall(seq: UInt64, json: String)
@@ -156,6 +159,9 @@ public enum ParentMessage: Sendable, Equatable {
     case deadline(expiresAtNs: UInt64)
     /// The device's thermal state or Low Power Mode changed during the launch.
     case device(thermalState: UInt32, lowPowerMode: Bool)
+    /// A notification of the app's was delivered while it is in the foreground (its delegate's
+    /// `willPresent` decides how it is shown).
+    case notificationDelivered(NotificationEntry)
     /// The answer to a notification request: a status (BGTASK_OK, or BGTASK_E_* with
     /// `message`), the app's authorization (BGTASK_NOTIFICATION_AUTH_*), and for a list its
     /// entries.

@@ -408,6 +408,7 @@ extension ChildMessage: WireMessage {
         case let .notificationRemove(seq, delivered, identifiers):
             writer.u8(33); writer.u64(seq); writer.bool(delivered); writer.optional(identifiers) { $0.array($1) { $0.string($1) } }
         case let .transferCall(seq, json): writer.u8(40); writer.u64(seq); writer.string(json)
+        case let .notificationPresented(identifier, options): writer.u8(34); writer.string(identifier); writer.u32(options)
         }
     }
 
@@ -452,6 +453,7 @@ extension ChildMessage: WireMessage {
                                                 try r.array("identifiers") { (e: inout WireReader) throws(ChannelError) in try e.string("identifier") }
                                             })
         case 40: self = .transferCall(seq: try reader.u64("seq"), json: try reader.string("json"))
+        case 34: self = .notificationPresented(identifier: try reader.string("identifier"), options: try reader.u32("options"))
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }
@@ -474,6 +476,7 @@ extension ParentMessage: WireMessage {
         case .probeChildren: writer.u8(5)
         case let .deadline(expiresAtNs): writer.u8(6); writer.u64(expiresAtNs)
         case let .device(thermalState, lowPowerMode): writer.u8(8); writer.u32(thermalState); writer.bool(lowPowerMode)
+        case let .notificationDelivered(entry): writer.u8(11); entry.write(to: &writer)
         case let .notificationReply(seq, status, message, authorization, notifications):
             writer.u8(10)
             writer.u64(seq)
@@ -509,6 +512,7 @@ extension ParentMessage: WireMessage {
         case 5: self = .probeChildren
         case 6: self = .deadline(expiresAtNs: try reader.u64("expiresAtNs"))
         case 8: self = .device(thermalState: try reader.u32("thermalState"), lowPowerMode: try reader.bool("lowPowerMode"))
+        case 11: self = .notificationDelivered(try NotificationEntry(from: &reader))
         case 10:
             self = .notificationReply(
                 seq: try reader.u64("seq"), status: try reader.i32("status"),

@@ -105,11 +105,14 @@ open class UNNotificationResponse: NSObject, @unchecked Sendable {
     }
 }
 
-/// The center's delegate, as apps set it in `didFinishLaunching`. `didReceive` is called when
-/// the user opens a delivered notification (`bgtask respond ID`: the app is launched, or
+/// The center's delegate, as apps set it in `didFinishLaunching`. `willPresent` is called, on
+/// the main queue, for each notification delivered while the app is in the foreground (`bgtask
+/// open`); what its completion handler is given (banner, list, sound, badge, or nothing: not
+/// shown) is recorded in the launch's record (`notifications_presented`). `didReceive` is called
+/// when the user opens a delivered notification (`bgtask respond ID`: the app is launched, or
 /// resumed, into the foreground with it), on the main queue once the app has finished
 /// launching; the launch lasts until its completion handler is called (background time is held
-/// for it). `willPresent` and `openSettingsFor` have defaults and are not called.
+/// for it). `openSettingsFor` has a default and is not called.
 public protocol UNUserNotificationCenterDelegate: NSObjectProtocol {
     func userNotificationCenter(_ center: UNUserNotificationCenter, willPresent notification: UNNotification,
                                 withCompletionHandler completionHandler: @escaping (UNNotificationPresentationOptions) -> Void)
@@ -155,7 +158,10 @@ open class UNUserNotificationCenter: NSObject, @unchecked Sendable {
                 defer { followsLaunches = true }
                 return !followsLaunches
             }
-            if first { NotificationResponses.follow(self) }
+            if first {
+                NotificationResponses.follow(self)
+                ForegroundPresentation.follow(self)
+            }
         }
     }
     private var followsLaunches = false
@@ -356,4 +362,38 @@ enum BackgroundTime {
         guard id != 0, let (api, host) = HostConnection.current.connection, api.has(\.end_background_time) else { return }
         api.end_background_time(host, id)
     }
+}
+
+/// Notifications delivered while the app is in the foreground: the delegate's `willPresent`
+/// decides how each is shown, and the host hears its answer.
+enum ForegroundPresentation {
+    nonisolated(unsafe) private static weak var center: UNUserNotificationCenter?
+
+    static func follow(_ center: UNUserNotificationCenter) {
+        guard let (api, host) = HostConnection.current.connection, api.has(\.set_notification_handler), api.has(\.notification_presented) else { return }
+        Self.center = center
+        api.set_notification_handler(host, deliveredInForeground, nil)
+    }
+
+    /// On the runner's reader thread: to the main queue, where the delegate answers.
+    fileprivate static func delivered(_ json: Data) {
+        guard let entry = try? JSONDecoder().decode(NotificationEntry.self, from: json) else { return }
+        let identifier = entry.request.identifier
+        guard let center, let delegate = center.delegate else { return answer(identifier, []) }
+        let notification = UNNotification(date: entry.date.map(Date.init(timeIntervalSince1970:)) ?? Date(), request: Host.request(entry.request))
+        nonisolated(unsafe) let target = delegate
+        DispatchQueue.main.async {
+            target.userNotificationCenter(center, willPresent: notification) { options in answer(identifier, options) }
+        }
+    }
+
+    private static func answer(_ identifier: String, _ options: UNNotificationPresentationOptions) {
+        guard let (api, host) = HostConnection.current.connection, api.has(\.notification_presented) else { return }
+        identifier.withCString { api.notification_presented(host, $0, UInt32(truncatingIfNeeded: options.rawValue)) }
+    }
+}
+
+private let deliveredInForeground: bgtask_json_visitor = { _, json in
+    guard let json else { return }
+    ForegroundPresentation.delivered(Data(bytes: json, count: strlen(json)))
 }

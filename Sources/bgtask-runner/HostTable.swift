@@ -201,6 +201,13 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
     api.thermal_state = { _ in runner.device.thermalState }
     api.low_power_mode = { _ in runner.device.lowPowerMode }
     api.set_device_handler = { _, handler, context in runner.setDeviceHandler(handler, context) }
+    api.set_notification_handler = { _, handler, context in runner.setNotificationHandler(handler, context) }
+    api.notification_presented = { _, identifier, options in
+        guard let identifier else { return }
+        let text = String(cString: identifier)
+        guard text.utf8.count <= InputLimits.identifierBytes else { return }
+        runner.report(.notificationPresented(identifier: text, options: options))
+    }
     api.metric_payloads = { _, visitor, context in
         guard let json = runner.assignment.metricsJSON else { return Int32(BGTASK_E_NOT_FOUND.rawValue) }
         json.withCString { visitor?(context, $0) }

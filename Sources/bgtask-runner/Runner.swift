@@ -104,6 +104,8 @@ final class Runner: @unchecked Sendable {
     /// changed while the process was suspended (told as it resumes).
     var deviceHandler: (bgtask_device_handler, UnsafeMutableRawPointer?)?
     var deviceChangedWhileSuspended = false
+    /// The plugin's receiver of notifications delivered in the foreground (`set_notification_handler`).
+    var notificationHandler: (bgtask_json_visitor, UnsafeMutableRawPointer?)?
     /// Foreground launches end only when the parent says no more tasks will come.
     var closed = false
     /// Tasks the parent added before the launch entry returned.

@@ -1,3 +1,4 @@
+import BGTaskModel
 import BGTaskWire
 import CBGTaskPluginABI
 import Foundation
@@ -31,5 +32,24 @@ extension Runner {
     func tellDevice() {
         let (handler, state) = lock.withLock { (deviceHandler, (current.thermalState, current.lowPowerMode)) }
         if let (handler, context) = handler { handler(context, state.0, state.1) }
+    }
+}
+
+/// Notifications delivered while the app is in the foreground: handed to the plugin's handler
+/// (`set_notification_handler`; UserNotifications calls the delegate's `willPresent`).
+extension Runner {
+    func setNotificationHandler(_ handler: bgtask_json_visitor?, _ context: UnsafeMutableRawPointer?) {
+        lock.withLock { notificationHandler = handler.map { ($0, context) } }
+    }
+
+    /// On the reader thread.
+    func notificationDelivered(_ entry: NotificationEntry) {
+        guard let (handler, context) = lock.withLock({ notificationHandler }) else {
+            // No one to ask: presented as an app without a delegate's answer would be, not at all.
+            report(.notificationPresented(identifier: entry.request.identifier, options: 0))
+            return
+        }
+        let json = Data("{\"date\":\(entry.date ?? 0),\"request\":".utf8) + entry.request.json() + Data("}".utf8)
+        (json + [0]).withUnsafeBytes { handler(context, $0.baseAddress!.assumingMemoryBound(to: CChar.self)) }
     }
 }

@@ -134,6 +134,8 @@ startThread {
             runner.setDeadline(expiresAtNs)
         case let .device(thermalState, lowPowerMode):
             runner.deviceChanged(thermalState: thermalState, lowPowerMode: lowPowerMode)
+        case let .notificationDelivered(entry):
+            runner.notificationDelivered(entry)
         }
     }
 }

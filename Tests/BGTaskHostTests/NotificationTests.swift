@@ -43,7 +43,7 @@ import Testing
     @Test func openingADeliveredNotificationCallsTheDelegatesDidReceive() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let host = try started(scratch, arguments: ["--clock", "virtual", "--foreground-stay", "100ms"])
+        let host = try started(scratch, arguments: ["--clock", "virtual", "--foreground-stay", "3s"])
         defer { host.stop() }
         #expect(try host.cli(["device", "--app", Self.app, "--notifications", "on"]).status == 0)
         _ = try launch(host, "refresh")
@@ -58,9 +58,22 @@ import Testing
                 "\(lines)")
         #expect(lines.contains("podcasts: handled the response"), "the launch lasted until the completion handler: \(lines)")
 
+        // In the foreground when one is delivered: the delegate's willPresent decides, and the
+        // record says how it was shown.
+        _ = try launch(host, "refresh")
+        let opened = try host.call(.open(app: Self.app))
+        usleep(1_000_000)  // its entry returns: it is in the foreground (for 3 s)
+        #expect(try host.cli(["clock", "advance", "1m"]).status == 0)
+        let foreground = try #require(try host.waitForHistory(count: 4).first { $0.launchID == opened.launchID })
+        #expect(foreground.notificationsPresented == ["new-episodes": "banner, sound"], "\(foreground)")
+        #expect(try foreground.logText().contains("podcasts: will present new-episodes in state 0"))
+
         // Another action, through the CLI; an id no notification has is refused by name.
-        let dismissed = try host.cli(["respond", String(delivered.id), "--action", "com.apple.UNNotificationDismissActionIdentifier", "--wait", "--json"])
+        // (The same identifier delivered again replaced the first, as on iOS: a new id.)
+        let again = try #require(try notifications(host).first { $0.request.identifier == "new-episodes" })
+        let dismissed = try host.cli(["respond", String(again.id), "--action", "com.apple.UNNotificationDismissActionIdentifier", "--wait", "--json"])
         #expect(dismissed.status == 0 && dismissed.stdout.contains("notification-response"), "\(dismissed.stderr)")
+        #expect(dismissed.stdout.contains("\"reason\":\"notification-response\""))
         let unknown = try host.cli(["respond", "999999"])
         #expect(unknown.status != 0 && unknown.stderr.contains("no delivered notification has id 999999"), "\(unknown.stderr)")
     }

@@ -118,6 +118,7 @@ import Testing
         record.processLaunches = Int.max
         record.previousProcess = awkward
         record.expirationReason = awkward
+        record.notificationsPresented = [awkward: "banner, sound", "n2": "not shown"]
         record.energy = .init(diskWrittenBytes: UInt64.max, diskReadBytes: 0, wakeups: 1 << 40, cpuLimit: awkward)
         return record
     }
@@ -168,6 +169,7 @@ import Testing
             },
             launcher: maybe(text()))
         record.expirationReason = maybe(text())
+        record.notificationsPresented = maybe([text(): text()])
         record.energy = maybe(RunRecord.EnergyRecord(diskWrittenBytes: UInt64.random(in: 0 ... .max, using: &generator),
                                                      diskReadBytes: UInt64.random(in: 0 ... .max, using: &generator),
                                                      wakeups: UInt64.random(in: 0 ... .max, using: &generator), cpuLimit: maybe(text())))

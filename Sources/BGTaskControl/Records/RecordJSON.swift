@@ -220,6 +220,14 @@ extension RecordJSON {
             json.key("memory_mechanism"); json.string(record.memoryMechanism)
             if let refused = record.messagesRefused { json.key("messages_refused"); json.counts(refused) }
             json.field("notifications_added", record.notificationsAdded)
+            if let presented = record.notificationsPresented {
+                json.key("notifications_presented")
+                json.object { json in
+                    for identifier in presented.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                        json.key(identifier); json.string(presented[identifier]!)
+                    }
+                }
+            }
             json.key("peak_rss_bytes"); json.integer(record.peakRSSBytes)
             json.key("pid"); json.integer(record.pid)
             json.field("previous_process", record.previousProcess)

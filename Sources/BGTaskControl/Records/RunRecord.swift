@@ -140,6 +140,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     public var expirationReason: String? = nil
     /// What the launch cost the device (nil: not measured, as in a record of a host that died).
     public var energy: EnergyRecord? = nil
+    /// Notifications delivered while the app was in the foreground, and how its delegate
+    /// presented each (`willPresent`: identifier → `banner, sound, list`, or `not shown`); nil: none.
+    public var notificationsPresented: [String: String]? = nil
     public var pid: Int32
     public var startedAt: Date
     public var bundlePath: String
@@ -309,7 +312,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case peakRSSBytes = "peak_rss_bytes", memoryLimitBytes = "memory_limit_bytes"
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
-        case expirationReason = "expiration_reason", energy
+        case expirationReason = "expiration_reason", energy, notificationsPresented = "notifications_presented"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
         case notificationsAdded = "notifications_added", transfers, disk
         case listEntriesOmitted = "list_entries_omitted", messagesRefused = "messages_refused"
@@ -524,6 +527,9 @@ extension RunRecord: CustomStringConvertible {
         for request in submitted { lines.append("  submitted \(request.kind.rawValue) \(request.identifier)") }
         if let omitted = submittedOmitted { lines.append("  submitted: \(omitted) more, not listed") }
         if let added = notificationsAdded { lines.append("  notifications added: \(added.joined(separator: ", "))") }
+        if let presented = notificationsPresented {
+            lines.append("  notifications presented in the foreground: " + presented.keys.sorted().map { "\($0) (\(presented[$0]!))" }.joined(separator: ", "))
+        }
         if let transfers {
             if let sessions = transfers.sessions { lines.append("  launched for background sessions: \(sessions.joined(separator: ", "))") }
             if !transfers.delivered.isEmpty { lines.append("  transfers delivered: \(transfers.delivered.joined(separator: ", "))") }
@@ -555,6 +561,12 @@ extension RunRecord: CustomStringConvertible {
     }
 
     package static func mib(_ bytes: UInt64) -> String { String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
+    /// UNNotificationPresentationOptions' bits as the record names them.
+    package static func presentationText(_ options: UInt32) -> String {
+        let names = [(16, "banner"), (4, "alert"), (8, "list"), (2, "sound"), (1, "badge")].filter { options & UInt32($0.0) != 0 }.map(\.1)
+        return names.isEmpty ? "not shown" : names.joined(separator: ", ")
+    }
+
     /// Bytes for people: "512 B", "12.0 KiB", "3.4 MiB".
     package static func bytesText(_ bytes: UInt64) -> String {
         bytes < 1024 ? "\(bytes) B" : bytes < 1_048_576 ? String(format: "%.1f KiB", Double(bytes) / 1024) : mib(bytes)

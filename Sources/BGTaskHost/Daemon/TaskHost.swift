@@ -154,7 +154,8 @@ public final class TaskHost: @unchecked Sendable {
             desktop = found
             if found == nil { logger.info("desktop notifications: off, \(why)") }
         }
-        notifications = LocalNotifications(core: core, desktop: desktop)
+        let foreground = launches.foreground
+        notifications = LocalNotifications(core: core, desktop: desktop, inForeground: { app in foreground.withLock { $0[app] } })
         let device = self.device
         transfers = BackgroundTransfers(.init(
             store: store, clock: clock, stateDirectory: configuration.stateDirectory,

@@ -47,6 +47,10 @@ final class LaunchCoordinator: HostPart {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
+    /// The apps in the foreground now (a foreground launch whose entry returned and that has not
+    /// left), with their launch's control: read by the notifications part off this queue, to
+    /// hand a notification delivered to such an app to its delegate's `willPresent`.
+    nonisolated let foreground = LockedValue<[String: LaunchControl]>([:])
     /// Per app, the day (of the host's clock) its MetricKit payloads were last looked for.
     private var metricsLookedFor: [String: Date] = [:]
     /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
@@ -415,7 +419,9 @@ final class LaunchCoordinator: HostPart {
             }
         }
         for record in batch {
-            let waiters = running.removeValue(forKey: record.launchID)?.waiters ?? []
+            let ended = running.removeValue(forKey: record.launchID)
+            if let control = ended?.control { foreground.withLock { if $0[record.app] === control { $0[record.app] = nil } } }
+            let waiters = ended?.waiters ?? []
             // Queued continued-processing requests die with the foreground launch that made them.
             continued.launchEnded(record.launchID, at: Date())
             for waiter in waiters { waiter(record) }
@@ -513,7 +519,8 @@ final class LaunchCoordinator: HostPart {
         switch event {
         case .launched:
             running[launchID]?.launched = true
-            if running[launchID]?.role == .foreground {
+            if let launch = running[launchID], launch.role == .foreground {
+                foreground.withLock { $0[launch.app] = launch.control }
                 let stay = core.configuration.foregroundStay.timeInterval
                 running[launchID]?.staysUntil = Date().addingTimeInterval(stay)
                 core.async(after: .now() + stay) { [weak self] in self?.closeIfIdle(launchID) }
@@ -537,6 +544,7 @@ final class LaunchCoordinator: HostPart {
               Date() >= launch.staysUntil ?? .distantFuture,
               !continued.holds(launchID) else { return }
         running[launchID]?.closed = true
+        foreground.withLock { if $0[launch.app] === launch.control { $0[launch.app] = nil } }
         launch.control.close()
     }
 

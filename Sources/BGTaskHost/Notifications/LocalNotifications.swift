@@ -1,4 +1,5 @@
 import BGTaskControl
+import BGTaskLaunch
 import BGTaskStore
 import BGTaskModel
 import Dispatch
@@ -25,9 +26,13 @@ final class LocalNotifications: @unchecked Sendable {
     /// The longest the timer sleeps before it looks again (a real clock that jumps).
     static let longestSleep: TimeInterval = 3600
 
-    init(core: HostCore, desktop: DesktopNotifier?) {
+    /// The launch of `app` when the app is in the foreground (`LaunchCoordinator.foreground`).
+    private let inForeground: @Sendable (String) -> LaunchControl?
+
+    init(core: HostCore, desktop: DesktopNotifier?, inForeground: @escaping @Sendable (String) -> LaunchControl? = { _ in nil }) {
         self.core = core
         self.desktop = desktop
+        self.inForeground = inForeground
     }
 
     var partName: String { "local notifications" }
@@ -143,7 +148,13 @@ final class LocalNotifications: @unchecked Sendable {
                         "bundle.id": "\(delivered.app)", "identifier": "\(delivered.request.identifier)",
                         "title": "\(delivered.request.content.title)",
                     ])
-                    desktop?.post(app: delivered.app, content: delivered.request.content)
+                    // In the foreground, the app's delegate decides how it is shown (`willPresent`;
+                    // its answer is in the launch's record); otherwise the desktop shows it.
+                    if let launch = inForeground(delivered.app) {
+                        launch.presentNotification(NotificationEntry(request: delivered.request, date: (delivered.deliveredAt ?? now).timeIntervalSince1970))
+                    } else {
+                        desktop?.post(app: delivered.app, content: delivered.request.content)
+                    }
                 }
                 if due.count < 256 { break }
             }

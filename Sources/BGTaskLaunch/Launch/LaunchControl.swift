@@ -21,6 +21,8 @@ public final class LaunchControl: @unchecked Sendable {
         /// The device's thermal state (`ProcessInfo.ThermalState`'s raw value) or Low Power Mode
         /// changed (`ParentMessage.device`).
         case device(thermalState: UInt32, lowPowerMode: Bool)
+        /// A notification delivered while the app is in the foreground (`willPresent`).
+        case presentNotification(NotificationEntry)
     }
 
     /// What a running launch reports, for its host's live views and decisions.
@@ -99,6 +101,7 @@ public final class LaunchControl: @unchecked Sendable {
     public func close() { post(.close) }
     public func sendTransferEvent(_ json: String) { post(.transferEvent(json: json)) }
     public func device(thermalState: UInt32, lowPowerMode: Bool) { post(.device(thermalState: thermalState, lowPowerMode: lowPowerMode)) }
+    public func presentNotification(_ entry: NotificationEntry) { post(.presentNotification(entry)) }
 
     private func post(_ command: Command) {
         lock.withLock { commands.append(command) }

@@ -357,6 +357,11 @@ package struct LaunchLoop {
                 }
             case let .device(thermalState, lowPowerMode):
                 try? send(ParentMessage.device(thermalState: thermalState, lowPowerMode: lowPowerMode))
+            case let .presentNotification(entry):
+                // At most as many as a record lists: a flood of deliveries is not the app's to answer.
+                guard state.notificationsHanded.count < InputLimits.recordListEntries else { break }
+                state.notificationsHanded.insert(entry.request.identifier)
+                try? send(ParentMessage.notificationDelivered(entry))
             }
         }
     }

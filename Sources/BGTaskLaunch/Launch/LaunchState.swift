@@ -55,6 +55,10 @@ package struct LaunchState {
             if notificationsAdded.count > InputLimits.recordListEntries { notificationsAdded.removeLast(); listEntriesOmitted["notifications_added", default: 0] += 1 }
         }
     }
+    /// Notifications delivered while the app was in the foreground, handed to it (its delegate's
+    /// `willPresent`), and how it presented each (identifier → options' names, or "not shown").
+    package var notificationsHanded = Set<String>()
+    package var notificationsPresented: [String: String] = [:]
     package var finished = false
     /// When the child said every task had ended: it must be gone soon after, or it is killed.
     package var finishedNs: UInt64?
@@ -228,6 +232,13 @@ package struct LaunchState {
             if pushCompletion == nil { pushCompletion = (result, at) }
         case .progress, .title, .log, .submit, .cancel, .pending, .deviceToken, .idle: break
         case .notificationAuthorization, .notificationAdd, .notificationList, .notificationRemove, .transferCall: break
+        case let .notificationPresented(identifier, options):
+            // Only for a notification the host handed this launch: a forged one names nothing.
+            guard notificationsHanded.contains(identifier) else {
+                refuse("notification_presented", "an answer for a notification the launch was not handed")
+                break
+            }
+            notificationsPresented[identifier] = RunRecord.presentationText(options)
         }
     }
 
@@ -372,6 +383,7 @@ package struct LaunchState {
                 completedMs: ms(pushCompletion?.at))
         }
         if !notificationsAdded.isEmpty { record.notificationsAdded = notificationsAdded }
+        if !notificationsPresented.isEmpty { record.notificationsPresented = notificationsPresented }
         var sessions: [String]?
         if plan.reason == .backgroundTransfer, let json = plan.eventJSON {
             sessions = (try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(json.utf8)))?.sessions

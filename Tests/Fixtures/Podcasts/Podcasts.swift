@@ -72,6 +72,14 @@ final class AppDelegate: UIResponder, UIApplicationDelegate, UNUserNotificationC
         return true
     }
 
+    /// A notification arrives while the app is in the foreground: shown as a banner with its
+    /// sound, as a podcast app wants new episodes seen.
+    nonisolated func userNotificationCenter(_ center: UNUserNotificationCenter, willPresent notification: UNNotification,
+                                            withCompletionHandler completionHandler: @escaping (UNNotificationPresentationOptions) -> Void) {
+        say("will present \(notification.request.identifier) in state \(UIApplication.shared.applicationState.rawValue)")
+        completionHandler([.banner, .sound])
+    }
+
     /// The user opened a notification: the app shows what it is about (here: says so), and
     /// calls the completion handler once it has, as apps do after an async hop.
     /// (`nonisolated`, as Swift 6 app code writes it: the protocol's methods are not the main

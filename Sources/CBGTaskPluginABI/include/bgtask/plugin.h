@@ -332,6 +332,16 @@ typedef struct bgtask_host_api {
      * or returns BGTASK_E_NOT_FOUND without calling it when there are none. The host hands
      * each day to one launch only, as iOS delivers a day's payload once. */
     int32_t (*metric_payloads)(bgtask_host *host, bgtask_json_visitor visitor, void *context);
+
+    /* ---- ABI 1, appended: foreground presentation (check BGTASK_HAS(api, set_notification_handler)) ---- */
+    /* Sets the function the runner calls, on its reader thread, with each notification of the
+     * app's delivered while it is in the foreground, as JSON ({"date":SECONDS_SINCE_1970,
+     * "request":{...}}, as notification_list gives delivered ones); it must not block. The
+     * app answers with notification_presented (UNUserNotificationCenterDelegate.willPresent). */
+    void (*set_notification_handler)(bgtask_host *host, bgtask_json_visitor handler, void *context);
+    /* How the app presents notification `identifier` (UNNotificationPresentationOptions' bits:
+     * 1 badge, 2 sound, 4 alert, 8 list, 16 banner; 0: not shown). */
+    void (*notification_presented)(bgtask_host *host, const char *identifier, uint32_t options);
 } bgtask_host_api;
 
 /* ProcessInfo.ThermalState's raw values. */
