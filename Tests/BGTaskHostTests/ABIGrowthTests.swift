@@ -31,7 +31,7 @@ import Testing
         #expect(record.submitted.first?.earliestBeginDate == nil)
         // The runner's table is larger than the one the plugin was built against (LP64 sizes,
         // pinned in plugin.h): the plugin used only what it knows.
-        #expect(lines.contains { $0.hasPrefix("abi-growth older: host table 256 bytes, built against 96;") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("abi-growth older: host table 272 bytes, built against 96;") }, "\(lines)")
         #expect(lines.contains { $0.contains("(type 2, info 32 bytes): submit 0, pending found") }, "\(lines)")
     }
 
@@ -46,7 +46,7 @@ import Testing
         #expect(record.submitted.map(\.identifier) == ["com.example.abigrowth.later"])
         #expect(record.submitted.first?.requiresExternalPower == true)
         #expect(lines.contains {
-            $0.hasPrefix("abi-growth newer: host table 256 bytes, built against 264: future_function absent (NULL);")
+            $0.hasPrefix("abi-growth newer: host table 272 bytes, built against 280: future_function absent (NULL);")
                 && $0.contains("launch info 56 bytes, built against 64, launch_flags 0; app_group_container present")
         }, "\(lines)")
         #expect(lines.contains("abi-growth newer: pending request of 56 bytes, read as 72 (priority 0, group none)"), "\(lines)")
