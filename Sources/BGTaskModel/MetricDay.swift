@@ -127,3 +127,20 @@ public struct MetricDelivery: Codable, Sendable, Equatable {
         self.buildVersion = buildVersion
     }
 }
+
+/// The JSON of MetricKit's values between the host, its store and the app (`MetricDelivery`,
+/// `MetricDiagnostic`): dates in seconds since 1970, keys sorted. One coder for every side.
+public enum MetricJSON {
+    public static var encoder: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .secondsSince1970
+        encoder.outputFormatting = .sortedKeys
+        return encoder
+    }
+
+    public static var decoder: JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .secondsSince1970
+        return decoder
+    }
+}

@@ -27,20 +27,21 @@ extension PendingRequestStore {
         let key = day.timeIntervalSince1970
         try db.cachedStatement(sql: """
             INSERT INTO app_day (app, day, launches, cpu_ms, background_ms, foreground_ms, peak_memory, disk_written, disk_read, wakeups,
-                                 \(columns.joined(separator: ", ")))
-            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, \(columns.map { _ in "?" }.joined(separator: ", ")))
+                                 background_cpu_ms, background_disk_written, \(columns.joined(separator: ", ")))
+            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, \(columns.map { _ in "?" }.joined(separator: ", ")))
             ON CONFLICT(app, day) DO UPDATE SET
                 launches = launches + 1, cpu_ms = cpu_ms + excluded.cpu_ms, background_ms = background_ms + excluded.background_ms,
                 foreground_ms = foreground_ms + excluded.foreground_ms, peak_memory = max(peak_memory, excluded.peak_memory),
                 disk_written = disk_written + excluded.disk_written, disk_read = disk_read + excluded.disk_read,
-                wakeups = wakeups + excluded.wakeups,
+                wakeups = wakeups + excluded.wakeups, background_cpu_ms = background_cpu_ms + excluded.background_cpu_ms,
+                background_disk_written = background_disk_written + excluded.background_disk_written,
                 \(columns.map { "\($0) = \($0) + excluded.\($0)" }.joined(separator: ", "))
             """).execute(arguments: StatementArguments([
                 record.app, key, record.cpuMs, background ? record.wallMs : 0, background ? 0 : record.wallMs,
                 Int64(clamping: record.peakRSSBytes), Int64(clamping: energy.diskWrittenBytes), Int64(clamping: energy.diskReadBytes),
-                Int64(clamping: energy.wakeups),
+                Int64(clamping: energy.wakeups), background ? record.cpuMs : 0, background ? Int64(clamping: energy.diskWrittenBytes) : 0,
             ] + columns.map { exits[$0] ?? 0 } as [any DatabaseValueConvertible]))
-        if background, let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT cpu_ms, disk_written, excess FROM app_day WHERE app = ? AND day = ?"),
+        if background, let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT background_cpu_ms, background_disk_written, excess FROM app_day WHERE app = ? AND day = ?"),
                                                    arguments: [record.app, key]),
            try row.decode(String?.self, atIndex: 2) == nil,
            let excess = EnergyBudget.excess(cpuMs: try row.decode(Double.self, atIndex: 0), diskWrittenBytes: UInt64(max(0, try row.decode(Int64.self, atIndex: 1)))) {
@@ -49,7 +50,7 @@ extension PendingRequestStore {
         if background, let diagnostic = diagnostic(of: record) {
             let count = try Int.fetchOne(db.cachedStatement(sql: "SELECT count(*) FROM app_diagnostic WHERE app = ? AND day = ?"), arguments: [record.app, key]) ?? 0
             if count < diagnosticsPerDay {
-                let json = String(decoding: try JSONEncoder.metrics.encode(diagnostic), as: UTF8.self)
+                let json = String(decoding: try MetricJSON.encoder.encode(diagnostic), as: UTF8.self)
                 try db.cachedStatement(sql: "INSERT OR REPLACE INTO app_diagnostic (launch_id, app, day, diagnostic) VALUES (?, ?, ?, ?)")
                     .execute(arguments: [record.launchID, record.app, key, json])
             }
@@ -66,7 +67,9 @@ extension PendingRequestStore {
     /// launch that never ran the app: launch-failed, host-lost).
     static func exitColumn(_ record: RunRecord) -> String? {
         switch record.termination {
-        case .exited, .suspended: "exit_normal"
+        case .exited: "exit_normal"
+        // Suspended after its work: the process did not exit (MetricKit counts no exit for it).
+        case .suspended: nil
         case .jetsam: "exit_memory"
         case .cpuLimit: "exit_cpu"
         case .watchdog:
@@ -110,17 +113,33 @@ extension PendingRequestStore {
         }
     }
 
-    /// The app's days that ended before `today` and were never handed to a launch, oldest first,
-    /// now marked delivered (MetricKit gives a day's payload once). Nil when there are none.
-    public func takeUndeliveredMetrics(app: String, before today: Date) throws(BGTaskError) -> (days: [MetricDay], diagnostics: [MetricDiagnostic])? {
-        try writeUnsynced("hand over the metrics of \(app)") { db in
-            let key = today.timeIntervalSince1970
-            let days = try Self.days(db, app: app, sql: "WHERE app = ? AND day < ? AND delivered = 0 ORDER BY day", arguments: [app, key])
+    /// The app's days that ended before `today` and were not delivered yet, oldest first, with
+    /// their diagnostics (at most `deliveredDiagnostics`, the newest, each reason at most 512
+    /// bytes: what a launch is handed must fit its start message). Nil when there are none.
+    public func undeliveredMetrics(app: String, before today: Date) throws(BGTaskError) -> (days: [MetricDay], diagnostics: [MetricDiagnostic])? {
+        try read("read the undelivered metrics of \(app)") { db in
+            let days = try Self.days(db, app: app, sql: "WHERE app = ? AND day < ? AND delivered = 0 ORDER BY day", arguments: [app, today.timeIntervalSince1970])
             guard !days.isEmpty else { return nil }
-            try db.cachedStatement(sql: "UPDATE app_day SET delivered = 1 WHERE app = ? AND day < ? AND delivered = 0").execute(arguments: [app, key])
-            return (days.map(\.day), days.flatMap(\.diagnostics))
+            let diagnostics = days.flatMap(\.diagnostics).suffix(Self.deliveredDiagnostics).map { diagnostic in
+                var bounded = diagnostic
+                bounded.reason = diagnostic.reason.map { RunRecord.bounded($0, 512) }
+                return bounded
+            }
+            return (days.map(\.day), Array(diagnostics))
         }
     }
+
+    /// The app took its days before `today` (its MetricKit subscriber was handed them): they are
+    /// delivered, and not offered again (MetricKit gives a day's payload once).
+    public func markMetricsDelivered(app: String, before today: Date) throws(BGTaskError) {
+        try writeUnsynced("mark the metrics of \(app) delivered") { db in
+            try db.cachedStatement(sql: "UPDATE app_day SET delivered = 1 WHERE app = ? AND day < ? AND delivered = 0")
+                .execute(arguments: [app, today.timeIntervalSince1970])
+        }
+    }
+
+    /// Diagnostics handed to one launch at most.
+    public static let deliveredDiagnostics = 50
 
     private static func days(_ db: Database, app: String, sql: String, arguments: StatementArguments) throws
         -> [(day: MetricDay, diagnostics: [MetricDiagnostic], delivered: Bool, excess: String?)] {
@@ -151,28 +170,10 @@ extension PendingRequestStore {
             }
             let diagnostics = try String.fetchAll(db, sql: "SELECT diagnostic FROM app_diagnostic WHERE app = ? AND day = ? ORDER BY rowid",
                                                   arguments: [app, begin.timeIntervalSince1970])
-                .compactMap { try? JSONDecoder.metrics.decode(MetricDiagnostic.self, from: Data($0.utf8)) }
+                .compactMap { try? MetricJSON.decoder.decode(MetricDiagnostic.self, from: Data($0.utf8)) }
             return (day, diagnostics, try row.decode(Bool.self, atIndex: 18), try row.decode(String?.self, atIndex: 19))
         }
     }
 
     private static func bytes(_ index: Int, of row: Row) throws -> UInt64 { UInt64(max(0, try row.decode(Int64.self, atIndex: index))) }
-}
-
-extension JSONEncoder {
-    /// MetricKit's JSON between the host and the app (`MetricDelivery`): dates in seconds since 1970.
-    package static var metrics: JSONEncoder {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .secondsSince1970
-        encoder.outputFormatting = .sortedKeys
-        return encoder
-    }
-}
-
-extension JSONDecoder {
-    package static var metrics: JSONDecoder {
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .secondsSince1970
-        return decoder
-    }
 }

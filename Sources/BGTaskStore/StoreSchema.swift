@@ -235,6 +235,8 @@ extension StoreSchema {
             exit_bad_access INTEGER NOT NULL DEFAULT 0,
             exit_illegal INTEGER NOT NULL DEFAULT 0,
             exit_disk INTEGER NOT NULL DEFAULT 0,
+            background_cpu_ms REAL NOT NULL DEFAULT 0,     -- of background launches: what EnergyBudget judges
+            background_disk_written INTEGER NOT NULL DEFAULT 0,
             excess TEXT,                    -- why the day's background use is excessive (EnergyBudget)
             delivered INTEGER NOT NULL DEFAULT 0,  -- handed to a launch (MetricKit)
             PRIMARY KEY (app, day)

@@ -348,7 +348,9 @@ public struct EnergyCounters: Sendable, Equatable {
             if text.hasPrefix("read_bytes: ") { counters.diskReadBytes = UInt64(text.dropFirst(12)) ?? 0 }
         }
         let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        for thread in threads.prefix(4096) {
+        // At most 256 threads' (a look made on a supervision loop before a kill must stay
+        // short); an app with more has the rest's wake-ups left out.
+        for thread in threads.prefix(256) {
             let status = ProcessTree.readFile("/proc/\(pid)/task/\(thread)/status", limit: 8192)
             for line in status.split(separator: UInt8(ascii: "\n")) where line.starts(with: "voluntary_ctxt_switches:".utf8) {
                 let value = String(decoding: line.dropFirst(24), as: UTF8.self).trimmingCharacters(in: .whitespaces)

@@ -131,6 +131,8 @@ public enum ChildMessage: Sendable, Equatable {
     /// The app's delegate answered `willPresent` for a notification delivered while it was in
     /// the foreground: `UNNotificationPresentationOptions`' raw value.
     case notificationPresented(identifier: String, options: UInt32)
+    /// The app took the MetricKit payloads its launch brought (`metric_payloads`).
+    case metricsTaken
     /// Background URL sessions: a `TransferCall` as JSON (BGTaskModel/Transfers.swift), answered
     /// with `transferReply`. The host decodes and checks it (`TransferCall.problem`).
     case transferCall(seq: UInt64, json: String)

@@ -409,6 +409,7 @@ extension ChildMessage: WireMessage {
             writer.u8(33); writer.u64(seq); writer.bool(delivered); writer.optional(identifiers) { $0.array($1) { $0.string($1) } }
         case let .transferCall(seq, json): writer.u8(40); writer.u64(seq); writer.string(json)
         case let .notificationPresented(identifier, options): writer.u8(34); writer.string(identifier); writer.u32(options)
+        case .metricsTaken: writer.u8(35)
         }
     }
 
@@ -454,6 +455,7 @@ extension ChildMessage: WireMessage {
                                             })
         case 40: self = .transferCall(seq: try reader.u64("seq"), json: try reader.string("json"))
         case 34: self = .notificationPresented(identifier: try reader.string("identifier"), options: try reader.u32("options"))
+        case 35: self = .metricsTaken
         case let tag: throw ChannelError(.malformed, "no child message has tag \(tag)")
         }
     }

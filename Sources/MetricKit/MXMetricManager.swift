@@ -139,10 +139,8 @@ enum HostMetrics {
         let status = api.metric_payloads(host, collect, Unmanaged.passUnretained(collected).toOpaque())
         let json = withExtendedLifetime(collected) { collected.json }
         guard status == Int32(BGTASK_OK.rawValue), let json else { return nil }
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .secondsSince1970
         do {
-            return try decoder.decode(MetricDelivery.self, from: json)
+            return try MetricJSON.decoder.decode(MetricDelivery.self, from: json)
         } catch {
             let line = "MetricKit: nothing delivered: the host's metric payloads do not decode (\(String(describing: error).replacingOccurrences(of: "\n", with: " ")))\n"
             FileHandle.standardError.write(Data(line.utf8))

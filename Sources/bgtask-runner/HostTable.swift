@@ -209,8 +209,11 @@ func makeHostTable() -> UnsafeMutablePointer<bgtask_host_api> {
         runner.report(.notificationPresented(identifier: text, options: options))
     }
     api.metric_payloads = { _, visitor, context in
-        guard let json = runner.assignment.metricsJSON else { return Int32(BGTASK_E_NOT_FOUND.rawValue) }
+        // Once per launch: what a launch brings is given to the first call (a second one, from a
+        // delivery still queued when the process was suspended, finds nothing).
+        guard let json = runner.takeMetrics() else { return Int32(BGTASK_E_NOT_FOUND.rawValue) }
         json.withCString { visitor?(context, $0) }
+        runner.report(.metricsTaken)
         return Int32(BGTASK_OK.rawValue)
     }
     appGroupDirectories = Dictionary(runner.assignment.appGroups.map { ($0.identifier, strdup($0.directory)!) }) { first, _ in first }

@@ -53,3 +53,13 @@ extension Runner {
         (json + [0]).withUnsafeBytes { handler(context, $0.baseAddress!.assumingMemoryBound(to: CChar.self)) }
     }
 }
+
+/// MetricKit's payloads: the launch's, given once.
+extension Runner {
+    func takeMetrics() -> String? {
+        lock.withLock {
+            defer { current.metricsJSON = nil }
+            return current.metricsJSON
+        }
+    }
+}

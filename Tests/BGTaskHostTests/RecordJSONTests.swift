@@ -119,6 +119,7 @@ import Testing
         record.previousProcess = awkward
         record.expirationReason = awkward
         record.notificationsPresented = [awkward: "banner, sound", "n2": "not shown"]
+        record.metricsDelivered = true
         record.energy = .init(diskWrittenBytes: UInt64.max, diskReadBytes: 0, wakeups: 1 << 40, cpuLimit: awkward)
         return record
     }
@@ -170,6 +171,7 @@ import Testing
             launcher: maybe(text()))
         record.expirationReason = maybe(text())
         record.notificationsPresented = maybe([text(): text()])
+        record.metricsDelivered = maybe(Bool.random(using: &generator))
         record.energy = maybe(RunRecord.EnergyRecord(diskWrittenBytes: UInt64.random(in: 0 ... .max, using: &generator),
                                                      diskReadBytes: UInt64.random(in: 0 ... .max, using: &generator),
                                                      wakeups: UInt64.random(in: 0 ... .max, using: &generator), cpuLimit: maybe(text())))

@@ -1,5 +1,6 @@
 import BGTaskSystem
 import Foundation
+import _BGTaskSystemShims
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -83,6 +84,11 @@ public struct MachineConditionsReader: Sendable {
     public var netClassDirectory: URL = URL(fileURLWithPath: "/sys/class/net")
     public var devDirectory: URL = URL(fileURLWithPath: "/dev")
     public var thermalDirectory: URL = URL(fileURLWithPath: "/sys/class/thermal")
+    /// The last thermal reading and when (monotonic ns), kept `thermalCacheNs`: a zone's
+    /// temperature can take milliseconds to read (ACPI), and the host asks for its conditions
+    /// on the launch path. Shared by copies of this reader.
+    private let thermalCache = LockedValue<(at: UInt64, state: ThermalState?)?>(nil)
+    public static let thermalCacheNs: UInt64 = 2_000_000_000
 
     public init() {}
 
@@ -187,6 +193,14 @@ public struct MachineConditionsReader: Sendable {
     /// - nominal below. A zone without trip points, or with an unreadable temperature, counts
     ///   as nominal.
     public func thermalState() -> ThermalState? {
+        let now = bgtask_monotonic_ns()
+        if let cached = thermalCache.withLock({ $0 }), now < cached.at + Self.thermalCacheNs { return cached.state }
+        let state = readThermalState()
+        thermalCache.withLock { $0 = (now, state) }
+        return state
+    }
+
+    private func readThermalState() -> ThermalState? {
         let zones = SysFS.entries(of: thermalDirectory).filter { $0.hasPrefix("thermal_zone") }
         guard !zones.isEmpty else { return nil }
         var hottest = ThermalState.nominal

@@ -143,6 +143,9 @@ public struct RunRecord: Codable, Sendable, Equatable {
     /// Notifications delivered while the app was in the foreground, and how its delegate
     /// presented each (`willPresent`: identifier → `banner, sound, list`, or `not shown`); nil: none.
     public var notificationsPresented: [String: String]? = nil
+    /// The app took the MetricKit payloads its launch was offered (`metric_payloads`); nil: it
+    /// was offered none, or did not take them.
+    public var metricsDelivered: Bool? = nil
     public var pid: Int32
     public var startedAt: Date
     public var bundlePath: String
@@ -313,6 +316,7 @@ public struct RunRecord: Codable, Sendable, Equatable {
         case memoryMechanism = "memory_mechanism", processLimit = "process_limit", budgetMs = "budget_ms", graceMs = "grace_ms"
         case expiredAtMs = "expired_at_ms", startedAt = "started_at", bundlePath = "bundle_path"
         case expirationReason = "expiration_reason", energy, notificationsPresented = "notifications_presented"
+        case metricsDelivered = "metrics_delivered"
         case refusedRegistrations = "refused_registrations", launcher, sandbox, backgroundTime = "background_time", push
         case notificationsAdded = "notifications_added", transfers, disk
         case listEntriesOmitted = "list_entries_omitted", messagesRefused = "messages_refused"

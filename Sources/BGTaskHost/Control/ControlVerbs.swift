@@ -514,7 +514,9 @@ final class ControlVerbs: @unchecked Sendable {
     @HostActor private func respond(to notification: StoredNotification, action: String) -> Started {
         guard let bundle = catalog.apps[notification.app] else { return .failure(notInCatalog(notification.app)) }
         if let refusal = clientLaunchRefusal() { return .failure(refusal) }
-        let entry = NotificationEntry(request: notification.request, date: (notification.deliveredAt ?? notification.fireDate)?.timeIntervalSince1970)
+        // On the app's clock, as every date that crosses to it (see HostRequestBroker).
+        let offset = core.clock.mode == .virtual ? core.clock.now.timeIntervalSince(Date()) : 0
+        let entry = NotificationEntry(request: notification.request, date: (notification.deliveredAt ?? notification.fireDate).map { $0.timeIntervalSince1970 - offset })
         let event: String
         do { event = String(decoding: try JSONEncoder().encode(NotificationResponseEvent(notification: entry, action: action)), as: UTF8.self) } catch {
             return .failure(.failure(.internalError, "\(error)"))

@@ -41,6 +41,8 @@ final class LaunchCoordinator: HostPart {
         var device: (thermalState: UInt32, lowPowerMode: Bool) = (0, false)
         /// Expired whole because the device turned critical.
         var thermalExpired = false
+        /// The day before which its MetricKit days were offered to it (nil: none were).
+        var metricsOfferedBefore: Date?
     }
 
     let core: HostCore
@@ -278,7 +280,8 @@ final class LaunchCoordinator: HostPart {
         running[launchID] = RunningLaunch(
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
-            control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1), device: (plan.thermalState, plan.lowPowerMode))
+            control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1), device: (plan.thermalState, plan.lowPowerMode),
+            metricsOfferedBefore: plan.metricsJSON == nil ? nil : EnergyBudget.day(of: core.clock.now))
         // The launch's preparation (containers, channel, log) starts on a launch worker while
         // the launch is recorded here; its process starts only once admitted, so the record
         // still comes before the process. It is then supervised by a supervision loop, and its
@@ -420,6 +423,7 @@ final class LaunchCoordinator: HostPart {
         }
         for record in batch {
             let ended = running.removeValue(forKey: record.launchID)
+            if record.metricsDelivered == true, let day = ended?.metricsOfferedBefore { metricsTaken(record, offeredBefore: day) }
             if let control = ended?.control { foreground.withLock { if $0[record.app] === control { $0[record.app] = nil } } }
             let waiters = ended?.waiters ?? []
             // Queued continued-processing requests die with the foreground launch that made them.
@@ -562,20 +566,31 @@ final class LaunchCoordinator: HostPart {
 }
 
 extension LaunchCoordinator {
-    /// The app's MetricKit payloads for its launch: the days that have ended and that no launch
-    /// was handed yet, taken from the store (and marked delivered) at the app's first launch of
-    /// a day only, so that the launch path reads nothing more on its other launches.
+    /// The app's MetricKit payloads for its launch: the days that have ended and were not
+    /// delivered yet, offered to the app's first launch of a day only (its other launches read
+    /// nothing more on their path). They are delivered once the app takes them (its record's
+    /// `metrics_delivered`, `metricsTaken`); a launch that does not (no subscriber, a crash before
+    /// it subscribes) leaves them for the next day's first launch.
     func metricsJSON(for bundle: PluginBundle) -> String? {
         let today = EnergyBudget.day(of: core.clock.now)
         guard metricsLookedFor[bundle.identifier] != today else { return nil }
         metricsLookedFor[bundle.identifier] = today
         do {
-            guard let (days, diagnostics) = try core.store.takeUndeliveredMetrics(app: bundle.identifier, before: today) else { return nil }
+            guard let (days, diagnostics) = try core.store.undeliveredMetrics(app: bundle.identifier, before: today) else { return nil }
             let delivery = MetricDelivery(days: days, diagnostics: diagnostics, appVersion: bundle.shortVersion ?? "1.0", buildVersion: bundle.buildVersion ?? "1")
-            return String(decoding: try JSONEncoder.metrics.encode(delivery), as: UTF8.self)
+            return String(decoding: try MetricJSON.encoder.encode(delivery), as: UTF8.self)
         } catch {
             core.logger.error("cannot hand an app its metrics", metadata: ["bundle.id": "\(bundle.identifier)", "error": "\(error)"])
             return nil
+        }
+    }
+}
+
+extension LaunchCoordinator {
+    /// The launch's app took the MetricKit days it was offered: they are delivered.
+    func metricsTaken(_ record: RunRecord, offeredBefore day: Date) {
+        do { try core.store.markMetricsDelivered(app: record.app, before: day) } catch {
+            core.logger.error("cannot mark an app's metrics delivered", metadata: ["bundle.id": "\(record.app)", "error": "\(error)"])
         }
     }
 }

@@ -151,7 +151,9 @@ final class LocalNotifications: @unchecked Sendable {
                     // In the foreground, the app's delegate decides how it is shown (`willPresent`;
                     // its answer is in the launch's record); otherwise the desktop shows it.
                     if let launch = inForeground(delivered.app) {
-                        launch.presentNotification(NotificationEntry(request: delivered.request, date: (delivered.deliveredAt ?? now).timeIntervalSince1970))
+                        // On the app's clock, as every date that crosses to it (see HostRequestBroker).
+                        let offset = core.clock.mode == .virtual ? now.timeIntervalSince(Date()) : 0
+                        launch.presentNotification(NotificationEntry(request: delivered.request, date: (delivered.deliveredAt ?? now).timeIntervalSince1970 - offset))
                     } else {
                         desktop?.post(app: delivered.app, content: delivered.request.content)
                     }

@@ -147,6 +147,9 @@ public enum PushRules {
         if !conditions.backgroundRefresh { blockers.append(Blocker(.refreshDisabled, "Background App Refresh is off for the device")) }
         if !state.refreshEnabled { blockers.append(Blocker(.appRefreshDisabled, "Background App Refresh is off for \(state.app)")) }
         if conditions.lowPowerMode { blockers.append(Blocker(.lowPowerMode, "Low Power Mode is on: background pushes wait")) }
+        if conditions.thermalState == .critical {
+            blockers.append(Blocker(.thermalState, "the device's thermal state is critical: background pushes wait until it cools"))
+        }
         if let appRunning { blockers.append(Blocker(.appRunning, "\(state.app) is running launch \(appRunning); the push is delivered when it ends")) }
         if runningLaunches >= maximumLaunches {
             blockers.append(Blocker(.concurrency, "\(runningLaunches) launches are running, the most at once (--max-launches)"))

@@ -74,8 +74,9 @@ final class SchedulingLoop: HostPart {
         // A running processing task is expired when the device stops being idle or loses the
         // power or network it requires: conditions are watched while one runs.
         var watchConditions = launches.runsProcessingTasks
-            // A machine with thermal zones: a background launch is expired when it turns critical.
-            || (conditions.sources["thermalState"] == "machine" && launches.runsBackgroundLaunches)
+            // A machine with thermal zones: a background launch is expired when it turns critical,
+            // and nothing is launched until it cools.
+            || (conditions.sources["thermalState"] == "machine" && (launches.runsBackgroundLaunches || conditions.thermalState == .critical))
         var wakeAt: Date?
         launches.pruneBackoffs()
         do {
@@ -97,7 +98,9 @@ final class SchedulingLoop: HostPart {
         }
         // Background pushes: after the task requests, in what launch slots are left.
         if let lift = pushes.deliverDue(conditions) { wakeAt = min(wakeAt ?? lift, lift) }
-        if let transfers {
+        // At a critical thermal state no background launch starts, a transfer's neither (its
+        // transfers wait in the host; the app is launched for them once the device cools).
+        if let transfers, conditions.thermalState != .critical {
             let (catalog, launches) = (self.catalog, self.launches)
             let launcher = TransferLauncher(
                 runningLaunches: Set(launches.running.keys), isAppRunning: { launches.launch(of: $0) != nil },

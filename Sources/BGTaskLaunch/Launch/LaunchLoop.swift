@@ -502,6 +502,7 @@ package struct LaunchLoop {
               state.forcedTermination != nil || bgtask_monotonic_ns() >= closedAt + Self.exitAfterHangUp else { return }
         state.end(.crashed, error: "the launch closed its channel to the host before its tasks ended")
         state.killed = .crashed
+        lookBeforeKill(&state)
         LaunchSupervisor.terminate(pid, cgroup: state.cgroup)
     }
 

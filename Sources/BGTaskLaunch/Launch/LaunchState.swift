@@ -59,6 +59,7 @@ package struct LaunchState {
     /// `willPresent`), and how it presented each (identifier → options' names, or "not shown").
     package var notificationsHanded = Set<String>()
     package var notificationsPresented: [String: String] = [:]
+    package var metricsTaken = false
     package var finished = false
     /// When the child said every task had ended: it must be gone soon after, or it is killed.
     package var finishedNs: UInt64?
@@ -239,6 +240,9 @@ package struct LaunchState {
                 break
             }
             notificationsPresented[identifier] = RunRecord.presentationText(options)
+        case .metricsTaken:
+            // Only a launch that was offered some took them.
+            if plan.metricsJSON != nil { metricsTaken = true }
         }
     }
 
@@ -384,6 +388,7 @@ package struct LaunchState {
         }
         if !notificationsAdded.isEmpty { record.notificationsAdded = notificationsAdded }
         if !notificationsPresented.isEmpty { record.notificationsPresented = notificationsPresented }
+        if metricsTaken { record.metricsDelivered = true }
         var sessions: [String]?
         if plan.reason == .backgroundTransfer, let json = plan.eventJSON {
             sessions = (try? JSONDecoder().decode(TransferLaunchEvent.self, from: Data(json.utf8)))?.sessions

@@ -528,7 +528,10 @@ public struct LaunchSupervisor: Sendable {
         // The process's CPU so far: /proc's figure is in 10 ms ticks; the app's own (getrusage,
         // microseconds) is taken when it is not less, so a short launch is not recorded as 0.
         let ticks = ProcessTree.cpuNanoseconds(of: app) ?? cpuAtStartNs
-        let cpuNs = max(ticks, state.reportedCPUNs ?? 0)
+        // The app's word refines the ticks, never more than by their rounding (50 ms): a figure
+        // far above them would be the baseline of every later launch of the process, each then
+        // recorded (and summed into its day's energy) as using nothing.
+        let cpuNs = max(ticks, min(state.reportedCPUNs ?? 0, ticks + 50_000_000))
         let unique = ProcessTree.uniqueBytes(ofProcess: app)
         let energy = EnergyCounters.of(app) ?? state.energyAtStart
         state.energy = energy.since(state.energyAtStart)
