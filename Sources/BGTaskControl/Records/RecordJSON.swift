@@ -218,8 +218,8 @@ extension RecordJSON {
             json.field("log_truncated", record.logTruncated)
             json.key("memory_limit_bytes"); json.integer(record.memoryLimitBytes)
             json.key("memory_mechanism"); json.string(record.memoryMechanism)
-            json.field("metrics_delivered", record.metricsDelivered)
             if let refused = record.messagesRefused { json.key("messages_refused"); json.counts(refused) }
+            json.field("metrics_delivered", record.metricsDelivered)
             json.field("notifications_added", record.notificationsAdded)
             if let presented = record.notificationsPresented {
                 json.key("notifications_presented")
