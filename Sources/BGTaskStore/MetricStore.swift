@@ -25,7 +25,9 @@ extension PendingRequestStore {
         }
         let columns = ["exit_normal", "exit_memory", "exit_cpu", "exit_watchdog", "exit_assertion", "exit_abnormal", "exit_bad_access", "exit_illegal", "exit_disk"]
         let key = day.timeIntervalSince1970
-        try db.cachedStatement(sql: """
+        // One statement in the common case (the launch-finishing transaction runs one per record):
+        // the sums it leaves come back with it.
+        let sums = try Row.fetchOne(db.cachedStatement(sql: """
             INSERT INTO app_day (app, day, launches, cpu_ms, background_ms, foreground_ms, peak_memory, disk_written, disk_read, wakeups,
                                  background_cpu_ms, background_disk_written, \(columns.joined(separator: ", ")))
             VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, \(columns.map { _ in "?" }.joined(separator: ", ")))
@@ -36,15 +38,14 @@ extension PendingRequestStore {
                 wakeups = wakeups + excluded.wakeups, background_cpu_ms = background_cpu_ms + excluded.background_cpu_ms,
                 background_disk_written = background_disk_written + excluded.background_disk_written,
                 \(columns.map { "\($0) = \($0) + excluded.\($0)" }.joined(separator: ", "))
-            """).execute(arguments: StatementArguments([
+            RETURNING launches, background_cpu_ms, background_disk_written, excess
+            """), arguments: StatementArguments([
                 record.app, key, record.cpuMs, background ? record.wallMs : 0, background ? 0 : record.wallMs,
                 Int64(clamping: record.peakRSSBytes), Int64(clamping: energy.diskWrittenBytes), Int64(clamping: energy.diskReadBytes),
                 Int64(clamping: energy.wakeups), background ? record.cpuMs : 0, background ? Int64(clamping: energy.diskWrittenBytes) : 0,
             ] + columns.map { exits[$0] ?? 0 } as [any DatabaseValueConvertible]))
-        if background, let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT background_cpu_ms, background_disk_written, excess FROM app_day WHERE app = ? AND day = ?"),
-                                                   arguments: [record.app, key]),
-           try row.decode(String?.self, atIndex: 2) == nil,
-           let excess = EnergyBudget.excess(cpuMs: try row.decode(Double.self, atIndex: 0), diskWrittenBytes: UInt64(max(0, try row.decode(Int64.self, atIndex: 1)))) {
+        if background, let row = sums, try row.decode(String?.self, atIndex: 3) == nil,
+           let excess = EnergyBudget.excess(cpuMs: try row.decode(Double.self, atIndex: 1), diskWrittenBytes: UInt64(max(0, try row.decode(Int64.self, atIndex: 2)))) {
             try db.cachedStatement(sql: "UPDATE app_day SET excess = ? WHERE app = ? AND day = ?").execute(arguments: [excess, record.app, key])
         }
         if background, let diagnostic = diagnostic(of: record) {
@@ -56,7 +57,7 @@ extension PendingRequestStore {
             }
         }
         // What is older than the days kept goes (once per app and day: at the day's first launch).
-        if try Int.fetchOne(db.cachedStatement(sql: "SELECT launches FROM app_day WHERE app = ? AND day = ?"), arguments: [record.app, key]) == 1 {
+        if try sums?.decode(Int.self, atIndex: 0) == 1 {
             let oldest = key - Double(keptDays) * 86_400
             try db.cachedStatement(sql: "DELETE FROM app_day WHERE app = ? AND day < ?").execute(arguments: [record.app, oldest])
             try db.cachedStatement(sql: "DELETE FROM app_diagnostic WHERE app = ? AND day < ?").execute(arguments: [record.app, oldest])

@@ -338,7 +338,9 @@ public struct EnergyCounters: Sendable, Equatable {
     /// A living process's counters: /proc/PID/io (all its threads, and the children it reaped)
     /// and the voluntary switches of each of its threads (/proc/PID/task/*/status). Nil when
     /// its io cannot be read (gone, or not ours to read).
-    public static func of(_ pid: pid_t) -> EnergyCounters? {
+    /// `allThreads` false: the main thread's switches only (one file, for a look on a hot path
+    /// where the app's own count, which no /proc file sums, refines it).
+    public static func of(_ pid: pid_t, allThreads: Bool = true) -> EnergyCounters? {
         let io = ProcessTree.readFile("/proc/\(pid)/io")
         guard !io.isEmpty else { return nil }
         var counters = EnergyCounters()
@@ -347,7 +349,7 @@ public struct EnergyCounters: Sendable, Equatable {
             if text.hasPrefix("write_bytes: ") { counters.diskWrittenBytes = UInt64(text.dropFirst(13)) ?? 0 }
             if text.hasPrefix("read_bytes: ") { counters.diskReadBytes = UInt64(text.dropFirst(12)) ?? 0 }
         }
-        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        let threads = allThreads ? ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []) : [String(pid)]
         // At most 256 threads' (a look made on a supervision loop before a kill must stay
         // short); an app with more has the rest's wake-ups left out.
         for thread in threads.prefix(256) {

@@ -105,7 +105,7 @@ public enum ChildMessage: Sendable, Equatable {
     /// plugin set a resume handler, so a resumed launch can bring it what its launch entry would
     /// have heard (a push, an event, coming to the foreground); without one the process is
     /// resumed only for launches that bring tasks alone.
-    case idle(at: UInt64, peakResidentBytes: UInt64, cpuNanoseconds: UInt64, hearsResumes: Bool)
+    case idle(at: UInt64, peakResidentBytes: UInt64, cpuNanoseconds: UInt64, hearsResumes: Bool, wakeups: UInt64 = 0)
     /// The answer to `probeChildren`: whether the runner has a child process now.
     case children(Bool)
     /// The confinement the runner applied to itself, sent before it loads any plugin code (so

@@ -389,7 +389,7 @@ extension ChildMessage: WireMessage {
         case let .title(task, title, subtitle): writer.u8(16); writer.u64(task); writer.string(title); writer.optional(subtitle) { $0.string($1) }
         case let .finished(at, descendants, peak): writer.u8(17); writer.u64(at); writer.bool(descendants); writer.u64(peak)
         case let .children(has): writer.u8(18); writer.bool(has)
-        case let .idle(at, peak, cpu, hears): writer.u8(25); writer.u64(at); writer.u64(peak); writer.u64(cpu); writer.bool(hears)
+        case let .idle(at, peak, cpu, hears, wakeups): writer.u8(25); writer.u64(at); writer.u64(peak); writer.u64(cpu); writer.bool(hears); writer.u64(wakeups)
         case let .sandbox(layers):
             writer.u8(19)
             writer.array(layers.sorted { $0.key < $1.key }) {
@@ -434,7 +434,8 @@ extension ChildMessage: WireMessage {
                                subtitle: try reader.optional("subtitle") { (r: inout WireReader) throws(ChannelError) in try r.string("subtitle") })
         case 17: self = .finished(at: try reader.u64("at"), descendants: try reader.bool("descendants"), peakResidentBytes: try reader.u64("peakResidentBytes"))
         case 18: self = .children(try reader.bool("children"))
-        case 25: self = .idle(at: try reader.u64("at"), peakResidentBytes: try reader.u64("peakResidentBytes"), cpuNanoseconds: try reader.u64("cpuNanoseconds"), hearsResumes: try reader.bool("hearsResumes"))
+        case 25: self = .idle(at: try reader.u64("at"), peakResidentBytes: try reader.u64("peakResidentBytes"), cpuNanoseconds: try reader.u64("cpuNanoseconds"),
+                              hearsResumes: try reader.bool("hearsResumes"), wakeups: try reader.u64("wakeups"))
         case 19:
             let layers = try reader.array("layers") { (r: inout WireReader) throws(ChannelError) in
                 (try r.string("layer"), SandboxLayer(applied: try r.bool("applied"), detail: try r.string("detail")))

@@ -220,7 +220,8 @@ runner.end = {
         // first, so that the resume the host may send at once is taken.
         runner.becameIdle()
         let cpu = UInt64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000
-        runner.report(.idle(at: bgtask_monotonic_ns(), peakResidentBytes: peak, cpuNanoseconds: cpu, hearsResumes: runner.hearsResumes))
+        runner.report(.idle(at: bgtask_monotonic_ns(), peakResidentBytes: peak, cpuNanoseconds: cpu, hearsResumes: runner.hearsResumes,
+                            wakeups: UInt64(max(usage.ru_nvcsw, 0))))
         fflush(stdout)
         fflush(stderr)
         return

@@ -22,7 +22,7 @@ struct WireCodecTests {
         .progress(task: 1, completed: -5, total: .max), .title(task: 1, title: "T", subtitle: nil),
         .title(task: 1, title: "T", subtitle: "S"), .finished(at: 99, descendants: true, peakResidentBytes: 1 << 20), .finished(at: 100, descendants: false, peakResidentBytes: .max),
         .children(true), .children(false),
-        .idle(at: 1, peakResidentBytes: 2, cpuNanoseconds: .max, hearsResumes: true), .idle(at: .max, peakResidentBytes: 0, cpuNanoseconds: 0, hearsResumes: false),
+        .idle(at: 1, peakResidentBytes: 2, cpuNanoseconds: .max, hearsResumes: true, wakeups: 7), .idle(at: .max, peakResidentBytes: 0, cpuNanoseconds: 0, hearsResumes: false),
         .backgroundTimeBegan(id: 1, name: "upload", at: 3), .backgroundTimeBegan(id: .max, name: nil, at: 0),
         .backgroundTimeEnded(id: 1, at: 4), .backgroundTimeExpired(id: 2, at: 5, toApp: false),
         .deviceToken(seq: 14), .remoteNotificationCompleted(result: 2, at: 6),

@@ -547,7 +547,7 @@ package struct LaunchLoop {
             }
         case .log(let level, let text):
             state.log.append(level: level, text)
-        case let .idle(_, peak, cpu, hears):
+        case let .idle(_, peak, cpu, hears, wakeups):
             // Taken only from a launch whose process the host keeps, with its tasks over as far
             // as the host has heard: a forged `idle` cannot end a launch whose tasks are open
             // (it is then supervised to its end as any other). Background time is the app's
@@ -563,6 +563,7 @@ package struct LaunchLoop {
             state.reportedPeakRSS = max(state.reportedPeakRSS, min(peak, LaunchState.physicalMemoryBytes))
             state.idleNs = bgtask_monotonic_ns()
             state.reportedCPUNs = cpu
+            state.reportedWakeups = wakeups
             state.hearsResumes = hears
             state.finished = true
         default:

@@ -118,6 +118,8 @@ package struct LaunchState {
     package var idleNs: UInt64?
     /// The process's CPU time when it said `idle` (its own, precise word; see `suspendIfOver`).
     package var reportedCPUNs: UInt64?
+    /// Its wake-ups (voluntary switches of all its threads, getrusage) when it said `idle`.
+    package var reportedWakeups: UInt64?
     /// The plugin set a resume handler (see `ChildMessage.idle`).
     package var hearsResumes = false
     /// The process was suspended after the launch (termination `suspended`).

@@ -533,7 +533,10 @@ public struct LaunchSupervisor: Sendable {
         // recorded (and summed into its day's energy) as using nothing.
         let cpuNs = max(ticks, min(state.reportedCPUNs ?? 0, ticks + 50_000_000))
         let unique = ProcessTree.uniqueBytes(ofProcess: app)
-        let energy = EnergyCounters.of(app) ?? state.energyAtStart
+        // Storage from /proc (the kernel's word, one file); wake-ups the app's own count of all its
+        // threads (getrusage: no /proc file sums them), never below its main thread's.
+        var energy = EnergyCounters.of(app, allThreads: false) ?? state.energyAtStart
+        energy.wakeups = max(energy.wakeups, state.reportedWakeups ?? 0)
         state.energy = energy.since(state.energyAtStart)
         state.suspendedAfter = true
         state.peakRSS = max(state.peakRSS, ProcessTree.residentBytes(ofProcess: app))

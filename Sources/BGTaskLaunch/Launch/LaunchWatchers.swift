@@ -115,11 +115,16 @@ package struct CPUMonitor {
         return ProcessTree.cpuNanoseconds(of: app, reapedChildren: true)
     }
 
+    package static let firstReadingNs: UInt64 = 100_000_000
+
     package init(limit: CPULimit, startNs: UInt64) {
         self.limit = limit
         windowNs = UInt64(max(limit.window.nanoseconds, 1))
         interval = max(windowNs / 12, 10_000_000)
-        nextCheckNs = startNs
+        // The first reading (the window's base) 100 ms in, off the launch's start: most launches
+        // are over by then and are never read; what a launch uses in its first 100 ms is not
+        // counted against its window.
+        nextCheckNs = startNs + min(Self.firstReadingNs, interval)
     }
 
     /// Reads when due (`cpuNs` reads the launch's CPU time; nil: not readable yet, such as a

@@ -249,17 +249,18 @@ static void forge_finished_with_child(void *context, const bgtask_task_info *tas
     for (;;) pause();
 }
 
-/* ChildMessage.idle(at:peakResidentBytes:cpuNanoseconds:hearsResumes:) (0xB1, tag 25, u64,
- * u64, u64, bool) while its task is open: the host must not take the launch for over. */
+/* ChildMessage.idle(at:peakResidentBytes:cpuNanoseconds:hearsResumes:wakeups:) (0xB1, tag 25,
+ * u64, u64, u64, bool, u64) while its task is open: the host must not take the launch for over. */
 static void forge_idle(void *context, const bgtask_task_info *task) {
     (void)context;
     (void)task;
     uint64_t at = monotonic_ns(), zero = 0;
-    unsigned char idle[27] = {0xB1, 25};
+    unsigned char idle[35] = {0xB1, 25};
     memcpy(idle + 2, &at, 8);
     memcpy(idle + 10, &zero, 8);
     memcpy(idle + 18, &zero, 8);
     idle[26] = 1;
+    memcpy(idle + 27, &zero, 8);
     send(3, idle, sizeof idle, MSG_NOSIGNAL);
     printf("hostile: forged idle with the task open, running on\n");
     fflush(stdout);
