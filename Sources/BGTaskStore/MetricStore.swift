@@ -139,6 +139,19 @@ extension PendingRequestStore {
         }
     }
 
+    /// Each app's oldest day not delivered yet (what `undeliveredMetrics` would offer once the
+    /// day has ended): read once when the host starts, so that a launch reads the store for its
+    /// metrics only when there are some.
+    public func undeliveredDays() throws(BGTaskError) -> [String: Date] {
+        try read("list the apps with undelivered metrics") { db in
+            var days: [String: Date] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT app, min(day) FROM app_day WHERE delivered = 0 GROUP BY app") {
+                days[row[0]] = Date(timeIntervalSince1970: row[1])
+            }
+            return days
+        }
+    }
+
     /// Diagnostics handed to one launch at most.
     public static let deliveredDiagnostics = 50
 

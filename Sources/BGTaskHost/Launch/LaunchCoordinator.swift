@@ -53,8 +53,11 @@ final class LaunchCoordinator: HostPart {
     /// left), with their launch's control: read by the notifications part off this queue, to
     /// hand a notification delivered to such an app to its delegate's `willPresent`.
     nonisolated let foreground = LockedValue<[String: LaunchControl]>([:])
-    /// Per app, the day (of the host's clock) its MetricKit payloads were last looked for.
+    /// Per app, the day (of the host's clock) its MetricKit payloads were last looked for, and
+    /// its oldest day not delivered yet (from the store at the start, then as launches end): a
+    /// launch reads the store for its metrics only when it has days that have ended to take.
     private var metricsLookedFor: [String: Date] = [:]
+    private var undeliveredDays: [String: Date] = [:]
     /// The next block of task numbers (see `start`): each launch numbers its tasks, and those a
     /// foreground launch adds, within a block of its own.
     private var taskNumbers: UInt64 = 0
@@ -110,6 +113,7 @@ final class LaunchCoordinator: HostPart {
     /// Launches the store says were running belong to a host that died: kill what is left of
     /// them, record them as `host-lost`, and make their requests pending again.
     func start() throws(BGTaskError) {
+        undeliveredDays = try core.store.undeliveredDays()
         let state = core.configuration.stateDirectory
         for launch in try core.store.interruptedLaunches() {
             var detail = "the host stopped during the launch"
@@ -417,6 +421,8 @@ final class LaunchCoordinator: HostPart {
                     }
                 }
             }
+            let today = EnergyBudget.day(of: now)
+            for record in finished where (undeliveredDays[record.app] ?? .distantFuture) > today { undeliveredDays[record.app] = today }
             for record in finished {
                 core.logger.info("launch ended", metadata: ["launch.id": "\(record.launchID)", "bundle.id": "\(record.app)", "termination": "\(record.termination.rawValue)"])
             }
@@ -573,7 +579,7 @@ extension LaunchCoordinator {
     /// it subscribes) leaves them for the next day's first launch.
     func metricsJSON(for bundle: PluginBundle) -> String? {
         let today = EnergyBudget.day(of: core.clock.now)
-        guard metricsLookedFor[bundle.identifier] != today else { return nil }
+        guard let oldest = undeliveredDays[bundle.identifier], oldest < today, metricsLookedFor[bundle.identifier] != today else { return nil }
         metricsLookedFor[bundle.identifier] = today
         do {
             guard let (days, diagnostics) = try core.store.undeliveredMetrics(app: bundle.identifier, before: today) else { return nil }
@@ -589,6 +595,8 @@ extension LaunchCoordinator {
 extension LaunchCoordinator {
     /// The launch's app took the MetricKit days it was offered: they are delivered.
     func metricsTaken(_ record: RunRecord, offeredBefore day: Date) {
+        // What is left is the day it was offered on (and later), if it had launches then.
+        if let oldest = undeliveredDays[record.app], oldest < day { undeliveredDays[record.app] = day }
         do { try core.store.markMetricsDelivered(app: record.app, before: day) } catch {
             core.logger.error("cannot mark an app's metrics delivered", metadata: ["bundle.id": "\(record.app)", "error": "\(error)"])
         }
