@@ -19,6 +19,8 @@ extension PendingRequestStore: SchedulingSource {}
 package struct StoreSnapshot: SchedulingSource {
     package let db: Database
     package let file: String
+    /// Reads apps' energy excess and uses (the realistic policy's judgement).
+    package var judged = true
 
     private func reading<T>(_ operation: String, _ body: () throws -> T) throws(BGTaskError) -> T {
         do { return try body() } catch { throw StoreErrors.wrap(error, file: file, operation: operation) }
@@ -31,7 +33,7 @@ package struct StoreSnapshot: SchedulingSource {
     }
 
     package func appState(_ app: String) throws(BGTaskError) -> AppState {
-        try reading("read the state of \(app)") { try PendingRequestStore.appState(db, app) }
+        try reading("read the state of \(app)") { try PendingRequestStore.appState(db, app, judged: judged) }
     }
 
     package func pending(app: String?) throws(BGTaskError) -> [StoredRequest] {
@@ -51,13 +53,13 @@ package struct StoreSnapshot: SchedulingSource {
 
 extension PendingRequestStore {
     /// Runs `body` with the store's scheduling reads on one snapshot (one read transaction).
-    package func withSnapshot<T>(_ body: (StoreSnapshot) throws(BGTaskError) -> T) throws(BGTaskError) -> T {
+    package func withSnapshot<T>(judged: Bool = true, _ body: (StoreSnapshot) throws(BGTaskError) -> T) throws(BGTaskError) -> T {
         let file = databaseURL.path
         var outcome: Result<T, BGTaskError>?
         do {
             try passReader.inDatabase { db in
                 try db.inCachedTransaction("DEFERRED") {
-                    do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file))) } catch { outcome = .failure(error) }
+                    do throws(BGTaskError) { outcome = .success(try body(StoreSnapshot(db: db, file: file, judged: judged))) } catch { outcome = .failure(error) }
                 }
             }
         } catch {

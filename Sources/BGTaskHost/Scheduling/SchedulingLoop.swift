@@ -84,7 +84,7 @@ final class SchedulingLoop: HostPart {
             let (apps, running, runningCount, maximum) = (catalog.apps, launches.runningApps, launches.busyCount, core.configuration.maximumConcurrentLaunches)
             let backingOff = launches.backingOff
             // Every read of the pass in one snapshot (one read transaction).
-            let decision = try core.store.withSnapshot { source throws(BGTaskError) in
+            let decision = try core.store.withSnapshot(judged: scheduler.eligibility.policy == .realistic) { source throws(BGTaskError) in
                 try scheduler.decide(from: source, catalog: apps, running: running, runningCount: runningCount,
                                      maximumLaunches: maximum, backingOff: { backingOff.contains($0) })
             }
