@@ -31,11 +31,11 @@ package struct LaunchLoop {
     private var workOverSaid = false
     private var channelClosedAt: UInt64?
     /// Resident memory, sampled when there is a limit and no cgroup enforces it.
-    private var memory: MemorySampler
+    fileprivate(set) var memory: MemorySampler
     private let sampling: Bool
     private var disk: DiskReserveWatch
     /// The background CPU limit (`LaunchLimits.cpuLimit`), nil without one.
-    private var cpu: CPUMonitor?
+    var cpu: CPUMonitor?
     /// The app's disk quota (its use measured before the launch: `LaunchState.diskUseAtStart`).
     package private(set) var quota: DiskQuotaWatch
 
@@ -202,21 +202,6 @@ package struct LaunchLoop {
                   rss > plan.limits.memoryLimitBytes {
             kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
         }
-    }
-
-    /// What the launch's app process has used, read just before it is killed (see
-    /// `LaunchState.lookBeforeKill`).
-    package func lookBeforeKill(_ state: inout LaunchState) {
-        guard state.lookBeforeKill == nil else { return }
-        let app = memory.app ?? ProcessTree.appProcess(of: pid)
-        state.lookBeforeKill = (CPUMonitor.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
-    }
-
-    private mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {
-        guard var monitor = cpu else { return nil }
-        defer { cpu = monitor }
-        let (pid, app, cgroup) = (pid, memory.app, state.cgroup)
-        return monitor.check(at: now) { CPUMonitor.cpuNs(pid: pid, app: app, cgroup: cgroup) }
     }
 
     // MARK: Disk walks, off the loop

@@ -385,3 +385,20 @@ package struct MachineGate {
         self.lastWalkNs = lastWalkNs
     }
 }
+
+extension LaunchLoop {
+    /// What the launch's app process has used, read just before it is killed (see
+    /// `LaunchState.lookBeforeKill`).
+    package func lookBeforeKill(_ state: inout LaunchState) {
+        guard state.lookBeforeKill == nil else { return }
+        let app = memory.app ?? ProcessTree.appProcess(of: pid)
+        state.lookBeforeKill = (CPUMonitor.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
+    }
+
+    mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {
+        guard var monitor = cpu else { return nil }
+        defer { cpu = monitor }
+        let (pid, app, cgroup) = (pid, memory.app, state.cgroup)
+        return monitor.check(at: now) { CPUMonitor.cpuNs(pid: pid, app: app, cgroup: cgroup) }
+    }
+}
