@@ -181,7 +181,7 @@ extension BackgroundTransfers {
             var watch = false
             for transfer in live.values {
                 if let notBefore = transfer.notBefore, environment.clock.now.timeIntervalSince1970 < notBefore {
-                    let date = Date(timeIntervalSince1970: notBefore - (environment.clock.mode == .virtual ? environment.clock.now.timeIntervalSince(Date()) : 0))
+                    let date = Date(timeIntervalSince1970: notBefore - environment.clock.appOffset)
                     wakeAt = min(wakeAt ?? date, date)
                 }
                 // Network and power holds, and running transfers that depend on them.

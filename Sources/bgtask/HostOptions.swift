@@ -47,6 +47,18 @@ struct HostOptions: ParsableArguments {
         encoder.userInfo[TaskRequest.omitsInapplicableFields] = true
         FileHandle.standardOutput.write(try encoder.encode(value) + Data("\n".utf8))
     }
+
+    /// A launch by hand's answer (`open`, `respond`): its record when it waited for it (failing
+    /// when the launch did not succeed), else its id after `started`.
+    func printLaunch(_ response: ControlResponse, started: String) throws {
+        if let record = response.record {
+            if json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
+            if !record.succeeded { throw ExitCode.failure }
+            return
+        }
+        if json { return try printJSON(["launch_id": response.launchID ?? ""]) }
+        print("\(started): launch \(response.launchID ?? "?")")
+    }
 }
 
 extension Status {

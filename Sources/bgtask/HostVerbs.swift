@@ -404,14 +404,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(.open(app: app, event: event, wait: wait))
-            if let record = response.record {
-                if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
-                if !record.succeeded { throw ExitCode.failure }
-                return
-            }
-            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
-            print("opened \(app): launch \(response.launchID ?? "?")")
+            try host.printLaunch(try host.send(.open(app: app, event: event, wait: wait)), started: "opened \(app)")
         }
     }
 

@@ -23,8 +23,8 @@ extension BGTaskCommand {
             let formatter = ISO8601DateFormatter()
             formatter.formatOptions = [.withFullDate]
             var lines = ["\(formatter.string(from: day.begin)): \(day.launches) launch(es)\(report.delivered ? ", delivered to the app" : "")"]
-            lines.append("  cpu \(DurationText.format(seconds: day.cpuMs / 1000)), background \(DurationText.format(seconds: day.backgroundMs / 1000)), foreground \(DurationText.format(seconds: day.foregroundMs / 1000)), peak memory \(bytes(day.peakMemoryBytes))")
-            lines.append("  storage \(bytes(day.diskWrittenBytes)) written, \(bytes(day.diskReadBytes)) read; \(day.wakeups) wake-ups; network \(bytes(day.networkUploadBytes)) up, \(bytes(day.networkDownloadBytes)) down")
+            lines.append("  cpu \(DurationText.format(seconds: day.cpuMs / 1000)), background \(DurationText.format(seconds: day.backgroundMs / 1000)), foreground \(DurationText.format(seconds: day.foregroundMs / 1000)), peak memory \(RunRecord.bytesText(day.peakMemoryBytes))")
+            lines.append("  storage \(RunRecord.bytesText(day.diskWrittenBytes)) written, \(RunRecord.bytesText(day.diskReadBytes)) read; \(day.wakeups) wake-ups; network \(RunRecord.bytesText(day.networkUploadBytes)) up, \(RunRecord.bytesText(day.networkDownloadBytes)) down")
             let exits = day.exits
             let counts = [("normal", exits.normal), ("memory-limit", exits.memoryLimit), ("cpu-limit", exits.cpuLimit), ("watchdog", exits.watchdog),
                           ("background-task-assertion-timeout", exits.backgroundTaskAssertionTimeout), ("abnormal", exits.abnormal), ("disk", exits.disk)]
@@ -36,10 +36,6 @@ extension BGTaskCommand {
                 lines.append("  \(diagnostic.kind.rawValue) in launch \(diagnostic.launchID) after \(DurationText.format(seconds: diagnostic.durationMs / 1000))\(how.isEmpty ? "" : ": \(how)")")
             }
             return lines.joined(separator: "\n")
-        }
-
-        static func bytes(_ count: UInt64) -> String {
-            count < 1024 ? "\(count) B" : count < 1 << 20 ? String(format: "%.1f KiB", Double(count) / 1024) : String(format: "%.1f MiB", Double(count) / 1_048_576)
         }
     }
 }
@@ -55,14 +51,7 @@ extension BGTaskCommand {
         @OptionGroup var host: HostOptions
 
         func run() throws {
-            let response = try host.send(.respond(notification: id, action: action, wait: wait))
-            if let record = response.record {
-                if host.json { FileHandle.standardOutput.write(try record.jsonData() + Data("\n".utf8)) } else { print(record) }
-                if !record.succeeded { throw ExitCode.failure }
-                return
-            }
-            if host.json { return try host.printJSON(["launch_id": response.launchID ?? ""]) }
-            print("opened notification \(id): launch \(response.launchID ?? "?")")
+            try host.printLaunch(try host.send(.respond(notification: id, action: action, wait: wait)), started: "opened notification \(id)")
         }
     }
 }

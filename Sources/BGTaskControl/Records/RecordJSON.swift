@@ -160,12 +160,7 @@ extension RecordJSON {
         json.object { json in
             json.key("app"); json.string(record.app)
             if let refused = record.appGroupsRefused {
-                json.key("app_groups_refused")
-                json.object { json in
-                    for group in refused.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
-                        json.key(group); json.string(refused[group]!)
-                    }
-                }
+                json.key("app_groups_refused"); json.texts(refused)
             }
             if let time = record.backgroundTime {
                 json.key("background_time")
@@ -222,12 +217,7 @@ extension RecordJSON {
             json.field("metrics_delivered", record.metricsDelivered)
             json.field("notifications_added", record.notificationsAdded)
             if let presented = record.notificationsPresented {
-                json.key("notifications_presented")
-                json.object { json in
-                    for identifier in presented.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
-                        json.key(identifier); json.string(presented[identifier]!)
-                    }
-                }
+                json.key("notifications_presented"); json.texts(presented)
             }
             json.key("peak_rss_bytes"); json.integer(record.peakRSSBytes)
             json.key("pid"); json.integer(record.pid)
@@ -293,6 +283,15 @@ extension RecordJSON {
             json.key("wall_ms"); json.number(record.wallMs)
         }
         return json.text
+    }
+
+    /// `[String: String]` as the encoder writes it: keys sorted by their UTF-8 bytes.
+    private mutating func texts(_ texts: [String: String]) {
+        object { json in
+            for key in texts.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                json.key(key); json.string(texts[key]!)
+            }
+        }
     }
 
     /// `[String: Int]` as the encoder writes it: keys sorted by their UTF-8 bytes.

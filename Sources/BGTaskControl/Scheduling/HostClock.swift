@@ -58,6 +58,12 @@ public final class HostClock: @unchecked Sendable {
         mode == .real ? Date() : lock.withLock { virtualNow }
     }
 
+    /// How far the host's clock is ahead of real time (0 on the real clock): a date crosses to
+    /// an app, which runs on real time, less this, and comes back from it plus this.
+    public var appOffset: TimeInterval {
+        mode == .virtual ? now.timeIntervalSince(Date()) : 0
+    }
+
     /// Moves the virtual clock forward. Refused for the real clock.
     public func advance(by seconds: TimeInterval) throws(BGTaskError) -> Date {
         guard mode == .virtual else {

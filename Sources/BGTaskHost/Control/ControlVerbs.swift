@@ -515,7 +515,7 @@ final class ControlVerbs: @unchecked Sendable {
         guard let bundle = catalog.apps[notification.app] else { return .failure(notInCatalog(notification.app)) }
         if let refusal = clientLaunchRefusal() { return .failure(refusal) }
         // On the app's clock, as every date that crosses to it (see HostRequestBroker).
-        let offset = core.clock.mode == .virtual ? core.clock.now.timeIntervalSince(Date()) : 0
+        let offset = core.clock.appOffset
         let entry = NotificationEntry(request: notification.request, date: (notification.deliveredAt ?? notification.fireDate).map { $0.timeIntervalSince1970 - offset })
         let event: String
         do { event = String(decoding: try JSONEncoder().encode(NotificationResponseEvent(notification: entry, action: action)), as: UTF8.self) } catch {

@@ -24,7 +24,7 @@ struct HostRequestBroker: LaunchRequestBroker {
     var transfers: BackgroundTransfers? = nil
 
     private var offset: TimeInterval {
-        core.clock.mode == .virtual ? core.clock.now.timeIntervalSince(Date()) : 0
+        core.clock.appOffset
     }
 
     /// The app an extension belongs to (the app itself for an app).

@@ -152,8 +152,8 @@ final class LocalNotifications: @unchecked Sendable {
                     // its answer is in the launch's record); otherwise the desktop shows it.
                     if let launch = inForeground(delivered.app) {
                         // On the app's clock, as every date that crosses to it (see HostRequestBroker).
-                        let offset = core.clock.mode == .virtual ? now.timeIntervalSince(Date()) : 0
-                        launch.presentNotification(NotificationEntry(request: delivered.request, date: (delivered.deliveredAt ?? now).timeIntervalSince1970 - offset))
+                        launch.presentNotification(NotificationEntry(request: delivered.request,
+                                                                     date: (delivered.deliveredAt ?? now).timeIntervalSince1970 - core.clock.appOffset))
                     } else {
                         desktop?.post(app: delivered.app, content: delivered.request.content)
                     }
