@@ -85,7 +85,3 @@ final class DownloadDelegate: NSObject, URLSessionDownloadDelegate {
         }
     }
 }
-
-/// The one line Linux needs for urlSessionDidFinishEvents to be called (docs/sdk.md,
-/// "Background URL sessions").
-extension DownloadDelegate: URLSessionBackgroundEventsDelegate {}

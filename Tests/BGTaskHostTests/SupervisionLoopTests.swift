@@ -182,7 +182,7 @@ extension SupervisorTests {
         let grid = LaunchSupervisor(runnerPath: LaunchSupervisor.defaultRunnerPath(), logger: Logger(label: "test"))
         var exact = grid
         exact.coalescesSoftDeadlines = false
-        for name in ["ok", "linger", "never", "noexpiry", "alloc"] {
+        for name in ["ok", "linger-brief", "never", "noexpiry", "alloc"] {
             let onGrid = try SupervisionLoopTests.launch(name, of: bundle, by: grid, scratch: scratch)
             let exactly = try SupervisionLoopTests.launch(name, of: bundle, by: exact, scratch: scratch)
             #expect(onGrid.behaviour == exactly.behaviour, "\(name):\ngrid:\n\(onGrid.behaviour)\nexact:\n\(exactly.behaviour)")

@@ -469,6 +469,9 @@ final class BackgroundSessions: @unchecked Sendable {
         session.delegateQueue.addOperation {
             if let delegate = session.delegate as? URLSessionBackgroundEventsDelegate {
                 delegate.urlSessionDidFinishEvents(forBackgroundURLSession: session)
+            } else if let delegate = session.delegate,
+                      UndeclaredMethod.call(UndeclaredMethod.finishEvents, on: delegate, with: session) {
+                // The delegate's own method, found by name as iOS finds it (UndeclaredMethod).
             } else {
                 complete()
             }
@@ -497,12 +500,12 @@ final class BackgroundSessions: @unchecked Sendable {
 }
 
 /// `urlSessionDidFinishEvents(forBackgroundURLSession:)`, which Apple's `URLSessionDelegate`
-/// declares and swift-corelibs-foundation's does not. Swift on Linux cannot call a method the
-/// delegate's protocols do not declare, so a delegate that implements it is called only when it
-/// also conforms to this protocol (one line: `extension DownloadManager:
-/// URLSessionBackgroundEventsDelegate {}`, its existing method satisfies it); otherwise bgtask
-/// calls handleEvents' completion handler itself once every waiting event was delivered, which
-/// is what that method does in Apple's pattern.
+/// declares and swift-corelibs-foundation's does not. A delegate needs no conformance: its
+/// method is found by name (`UndeclaredMethod`) and called as iOS calls it. This protocol stays
+/// for a delegate whose method cannot be found that way (a generic class): one line,
+/// `extension DownloadManager: URLSessionBackgroundEventsDelegate {}`, makes it callable. A
+/// delegate without the method has handleEvents' completion handler called by bgtask once every
+/// waiting event was delivered, which is what that method does in Apple's pattern.
 public protocol URLSessionBackgroundEventsDelegate: AnyObject {
     func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession)
 }

@@ -180,9 +180,6 @@ final class DownloadManager: NSObject, URLSessionDownloadDelegate, URLSessionDat
     }
 }
 
-/// The one line an app adds on Linux so that `urlSessionDidFinishEvents` is called
-/// (docs/transfers.md); without it the handler is called for the app.
-extension DownloadManager: URLSessionBackgroundEventsDelegate {}
 
 /// FNV-1a, 64-bit, for the tests to check the bytes.
 func fnv(_ data: Data) -> String {

@@ -113,16 +113,20 @@ enum Misbehaving {
     static func registerAll() {
         registerOK()
 
-        // Completes at once, then computes on another thread for 600 ms: the launch's work is
-        // over, but the app is not quiet, so its process lingers before it is suspended.
-        register("linger") { task in
-            print("misbehaving: linger completes, then computes for 600 ms")
-            task.setTaskCompleted(success: true)
-            Thread.detachNewThread {
-                let end = Date().addingTimeInterval(0.6)
-                var x = 0.0
-                while Date() < end { x += sin(x) + 1 }
-                print("misbehaving: linger done computing (\(x > 0))")
+        // Completes at once, then computes on another thread: the launch's work is over, but
+        // the app is not quiet, so its process lingers before it is suspended or exits. `linger`
+        // computes for 600 ms (outlasting another app's whole launch); `linger-brief` for 250 ms,
+        // well inside the second a finished launch is given to be gone even on a loaded machine.
+        for (name, seconds) in [("linger", 0.6), ("linger-brief", 0.25)] {
+            register(name) { task in
+                print("misbehaving: \(name) completes, then computes for \(Int(seconds * 1000)) ms")
+                task.setTaskCompleted(success: true)
+                Thread.detachNewThread {
+                    let end = Date().addingTimeInterval(seconds)
+                    var x = 0.0
+                    while Date() < end { x += sin(x) + 1 }
+                    print("misbehaving: \(name) done computing (\(x > 0))")
+                }
             }
         }
 
