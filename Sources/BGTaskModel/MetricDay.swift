@@ -24,7 +24,8 @@ public struct MetricDay: Codable, Sendable, Equatable {
     public var diskWrittenBytes: UInt64
     public var diskReadBytes: UInt64
     public var wakeups: UInt64
-    /// Network bytes the host moved for it (its background URL sessions' transfers).
+    /// Network bytes its own TCP connections moved (`SocketTraffic`), and those the host moved
+    /// for it (its background URL sessions' transfers).
     public var networkUploadBytes: UInt64
     public var networkDownloadBytes: UInt64
     /// Background launches that ended, by how: the exit reasons MetricKit counts.

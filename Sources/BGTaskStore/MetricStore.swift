@@ -29,20 +29,22 @@ extension PendingRequestStore {
         // the sums it leaves come back with it.
         let sums = try Row.fetchOne(db.cachedStatement(sql: """
             INSERT INTO app_day (app, day, launches, cpu_ms, background_ms, foreground_ms, peak_memory, disk_written, disk_read, wakeups,
-                                 background_cpu_ms, background_disk_written, \(columns.joined(separator: ", ")))
-            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, \(columns.map { _ in "?" }.joined(separator: ", ")))
+                                 background_cpu_ms, background_disk_written, network_sent, network_received, \(columns.joined(separator: ", ")))
+            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \(columns.map { _ in "?" }.joined(separator: ", ")))
             ON CONFLICT(app, day) DO UPDATE SET
                 launches = launches + 1, cpu_ms = cpu_ms + excluded.cpu_ms, background_ms = background_ms + excluded.background_ms,
                 foreground_ms = foreground_ms + excluded.foreground_ms, peak_memory = max(peak_memory, excluded.peak_memory),
                 disk_written = disk_written + excluded.disk_written, disk_read = disk_read + excluded.disk_read,
                 wakeups = wakeups + excluded.wakeups, background_cpu_ms = background_cpu_ms + excluded.background_cpu_ms,
                 background_disk_written = background_disk_written + excluded.background_disk_written,
+                network_sent = network_sent + excluded.network_sent, network_received = network_received + excluded.network_received,
                 \(columns.map { "\($0) = \($0) + excluded.\($0)" }.joined(separator: ", "))
             RETURNING launches, background_cpu_ms, background_disk_written, excess
             """), arguments: StatementArguments([
                 record.app, key, record.cpuMs, background ? record.wallMs : 0, background ? 0 : record.wallMs,
                 Int64(clamping: record.peakRSSBytes), Int64(clamping: energy.diskWrittenBytes), Int64(clamping: energy.diskReadBytes),
                 Int64(clamping: energy.wakeups), background ? record.cpuMs : 0, background ? Int64(clamping: energy.diskWrittenBytes) : 0,
+                Int64(clamping: energy.networkSentBytes ?? 0), Int64(clamping: energy.networkReceivedBytes ?? 0),
             ] + columns.map { exits[$0] ?? 0 } as [any DatabaseValueConvertible]))
         if background, let row = sums, try row.decode(String?.self, atIndex: 3) == nil,
            let excess = EnergyBudget.excess(cpuMs: try row.decode(Double.self, atIndex: 1), diskWrittenBytes: UInt64(max(0, try row.decode(Int64.self, atIndex: 2)))) {
@@ -160,7 +162,7 @@ extension PendingRequestStore {
         let rows = try Row.fetchAll(db, sql: """
             SELECT day, launches, cpu_ms, background_ms, foreground_ms, peak_memory, disk_written, disk_read, wakeups,
                    exit_normal, exit_memory, exit_cpu, exit_watchdog, exit_assertion, exit_abnormal, exit_bad_access, exit_illegal, exit_disk,
-                   delivered, excess
+                   delivered, excess, network_sent, network_received
             FROM app_day \(sql)
             """, arguments: arguments)
         return try rows.map { row in
@@ -174,13 +176,15 @@ extension PendingRequestStore {
             var day = MetricDay(begin: begin, end: begin.addingTimeInterval(86_400 - 0.001), launches: try count(1), cpuMs: try row.decode(Double.self, atIndex: 2),
                                 backgroundMs: try row.decode(Double.self, atIndex: 3), foregroundMs: try row.decode(Double.self, atIndex: 4),
                                 peakMemoryBytes: try bytes(5), diskWrittenBytes: try bytes(6), diskReadBytes: try bytes(7), wakeups: try bytes(8), exits: exits)
-            // What the host moved for it: its background sessions' transfers that ended that day.
+            // Its own connections' bytes, and what the host moved for it: its background sessions'
+            // transfers that ended that day.
+            (day.networkUploadBytes, day.networkDownloadBytes) = (try bytes(20), try bytes(21))
             if let sums = try Row.fetchOne(db, sql: """
                 SELECT coalesce(sum(bytes_sent), 0), coalesce(sum(bytes_received), 0) FROM transfer
                 WHERE app = ? AND finished_at >= ? AND finished_at < ?
                 """, arguments: [app, begin.timeIntervalSince1970, begin.timeIntervalSince1970 + 86_400]) {
-                day.networkUploadBytes = try Self.bytes(0, of: sums)
-                day.networkDownloadBytes = try Self.bytes(1, of: sums)
+                day.networkUploadBytes += try Self.bytes(0, of: sums)
+                day.networkDownloadBytes += try Self.bytes(1, of: sums)
             }
             let diagnostics = try String.fetchAll(db, sql: "SELECT diagnostic FROM app_diagnostic WHERE app = ? AND day = ? ORDER BY rowid",
                                                   arguments: [app, begin.timeIntervalSince1970])

@@ -25,6 +25,9 @@ package enum StoreSchema {
         migrator.registerMigration("v6") { db in
             try db.execute(sql: v6)
         }
+        migrator.registerMigration("v7") { db in
+            try db.execute(sql: v7)
+        }
         return migrator
     }
 
@@ -256,5 +259,14 @@ extension StoreSchema {
             opened_at REAL NOT NULL
         );
         CREATE INDEX app_use_app ON app_use(app, opened_at);
+        """
+}
+
+extension StoreSchema {
+    /// The bytes apps' own TCP connections moved (`SocketTraffic`), summed per day beside what
+    /// the host moved for their background sessions (the `transfer` table's).
+    package static let v7 = """
+        ALTER TABLE app_day ADD COLUMN network_sent INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE app_day ADD COLUMN network_received INTEGER NOT NULL DEFAULT 0;
         """
 }

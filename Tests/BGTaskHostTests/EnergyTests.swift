@@ -4,6 +4,9 @@ import BGTaskModel
 import BGTaskStore
 import Foundation
 import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Energy accounting: what each launch cost (in its record), summed per app and day, judged
 /// against the daily budget, and handed to MetricKit once.
@@ -131,6 +134,42 @@ import Testing
         #expect(unknown.status != 0 && unknown.stderr.contains("com.example.nobody"), "\(unknown.stderr)")
     }
 
+    /// The app's own connections: a launch that sends 256 KiB over TCP and reads 128 KiB back,
+    /// keeping its connection open as it is suspended, has those bytes in its record and its
+    /// day; the next launch of the same (resumed) process counts from them, not again.
+    @Test func aLaunchRecordsWhatItsOwnConnectionsMovedAndTheNextLaunchCountsFromThere() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let server = try LoopbackPeer(receive: 256 << 10, answer: 128 << 10)
+        defer { server.stop() }
+        let host = try HostProcess(scratch: scratch, arguments: ["--clock", "virtual"])
+        let staged = try scratch.bundle("Misbehaving", info: TestBundle.misbehaving.info, name: "staged-M.app")
+        try "\(server.port)\n".write(to: staged.appendingPathComponent("connect-port"), atomically: true, encoding: .utf8)
+        try FileManager.default.moveItem(at: staged, to: host.plugins.appendingPathComponent("M.app"))
+        try host.start()
+        defer { host.stop() }
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.connect"]).status == 0)
+        let record = try #require(try host.waitForHistory(count: 1).first)
+        #expect(record.task("com.example.misbehaving.connect")?.outcome == .succeeded, "\(record)")
+        #expect(server.received == 256 << 10, "the peer received \(server.received)")
+        let energy = try #require(record.energy)
+        // Payload counted by the kernel per socket: what the app sent and what it read (a
+        // retransmission would count as sent again; none on loopback).
+        #expect(energy.networkSentBytes == 256 << 10 && energy.networkReceivedBytes == 128 << 10, "\(energy)")
+        #expect(record.termination == .suspended, "its connection stays open in its suspended process: \(record.termination)")
+        #expect(record.description.contains("256.0 KiB sent, 128.0 KiB received on its connections"), "\(record)")
+
+        // The same process again: its open connection moved nothing more.
+        #expect(try host.cli(["submit", "com.example.misbehaving", "com.example.misbehaving.ok"]).status == 0)
+        let records = try host.waitForHistory(count: 2)
+        let second = try #require(records.first { $0.launchID != record.launchID })
+        #expect(second.resumed == true && second.energy?.networkSentBytes == 0 && second.energy?.networkReceivedBytes == 0,
+                "\(second.resumed ?? false) \(String(describing: second.energy))")
+        let reports = try host.call(.metrics(app: "com.example.misbehaving"))
+        #expect(reports.count == 1 && reports[0].day.networkUploadBytes == 256 << 10 && reports[0].day.networkDownloadBytes == 128 << 10,
+                "\(reports.map(\.day))")
+    }
+
     /// The type of the filesystem holding `path` (the longest mount point over it in /proc/self/mounts).
     static func filesystemType(of path: String) -> String? {
         let mounts = (try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? ""
@@ -193,5 +232,70 @@ import Testing
         #expect(try host.cli(["submit", app, refresh]).status == 0)
         let third = try #require(try host.waitForHistory(count: 3).first { $0.launchID != first.launchID && $0.launchID != second.launchID })
         #expect(try String(contentsOfFile: try #require(third.log), encoding: .utf8).contains("metrics: payload") == false)
+    }
+}
+
+/// A TCP peer on loopback for one connection: reads `receive` bytes, answers `answer` bytes,
+/// then holds the connection until the other side closes it or the peer is stopped.
+final class LoopbackPeer: @unchecked Sendable {
+    let port: UInt16
+    private let listener: Int32
+    private let lock = NSLock()
+    private var receivedBytes = 0
+    private var thread: Thread?
+    private var stopped = false
+
+    var received: Int { lock.withLock { receivedBytes } }
+
+    init(receive: Int, answer: Int) throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        guard bound, listen(listener, 4) == 0 else { throw POSIXError(.EADDRNOTAVAIL) }
+        port = UInt16(bigEndian: address.sin_port)
+        let thread = Thread { [self] in serve(receive: receive, answer: answer) }
+        self.thread = thread
+        thread.start()
+    }
+
+    private func serve(receive: Int, answer: Int) {
+        var pollfd = Glibc.pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+        // Bounded: a test that never connects leaves after 60 s.
+        guard poll(&pollfd, 1, 60_000) == 1 else { return }
+        let connection = accept(listener, nil, nil)
+        guard connection >= 0 else { return }
+        defer { close(connection) }
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        var total = 0
+        while total < receive {
+            let count = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress, min($0.count, receive - total), 0) }
+            guard count > 0 else { return }
+            total += count
+            lock.withLock { receivedBytes = total }
+        }
+        let reply = [UInt8](repeating: 3, count: answer)
+        var sent = 0
+        while sent < answer {
+            let count = reply.withUnsafeBytes { send(connection, $0.baseAddress! + sent, answer - sent, 0) }
+            guard count > 0 else { return }
+            sent += count
+        }
+        // Held until the app's side closes or the test stops the peer.
+        while !lock.withLock({ stopped }) {
+            var held = Glibc.pollfd(fd: connection, events: Int16(POLLIN), revents: 0)
+            if poll(&held, 1, 100) == 1, buffer.withUnsafeMutableBytes({ recv(connection, $0.baseAddress, $0.count, 0) }) <= 0 { return }
+        }
+    }
+
+    func stop() {
+        lock.withLock { stopped = true }
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
     }
 }

@@ -120,7 +120,8 @@ import Testing
         record.expirationReason = awkward
         record.notificationsPresented = [awkward: "banner, sound", "n2": "not shown"]
         record.metricsDelivered = true
-        record.energy = .init(diskWrittenBytes: UInt64.max, diskReadBytes: 0, wakeups: 1 << 40, cpuLimit: awkward)
+        record.energy = .init(diskWrittenBytes: UInt64.max, diskReadBytes: 0, wakeups: 1 << 40, networkSentBytes: 1 << 33,
+                              networkReceivedBytes: UInt64.max - 1, cpuLimit: awkward)
         return record
     }
 
@@ -174,7 +175,9 @@ import Testing
         record.metricsDelivered = maybe(Bool.random(using: &generator))
         record.energy = maybe(RunRecord.EnergyRecord(diskWrittenBytes: UInt64.random(in: 0 ... .max, using: &generator),
                                                      diskReadBytes: UInt64.random(in: 0 ... .max, using: &generator),
-                                                     wakeups: UInt64.random(in: 0 ... .max, using: &generator), cpuLimit: maybe(text())))
+                                                     wakeups: UInt64.random(in: 0 ... .max, using: &generator),
+                                                     networkSentBytes: maybe(UInt64.random(in: 0 ... .max, using: &generator)),
+                                                     networkReceivedBytes: maybe(UInt64.random(in: 0 ... .max, using: &generator)), cpuLimit: maybe(text())))
         if Bool.random(using: &generator) {
             record.sandbox = Dictionary(uniqueKeysWithValues: SandboxLayer.names.filter { _ in Bool.random(using: &generator) }.map {
                 ($0, SandboxLayer(applied: Bool.random(using: &generator), detail: text()))

@@ -197,6 +197,8 @@ extension RecordJSON {
                     json.field("cpu_limit", energy.cpuLimit)
                     json.key("disk_read_bytes"); json.integer(energy.diskReadBytes)
                     json.key("disk_written_bytes"); json.integer(energy.diskWrittenBytes)
+                    if let bytes = energy.networkReceivedBytes { json.key("network_received_bytes"); json.integer(bytes) }
+                    if let bytes = energy.networkSentBytes { json.key("network_sent_bytes"); json.integer(bytes) }
                     json.key("wakeups"); json.integer(energy.wakeups)
                 }
             }

@@ -486,7 +486,7 @@ extension RunRecord: CustomStringConvertible {
         lines.append("  cpu \(Self.ms(cpuMs)), peak rss \(Self.mib(peakRSSBytes))\(limit), budget \(DurationText.format(seconds: budgetMs / 1000)) + grace \(DurationText.format(seconds: graceMs / 1000)), pid \(pid)")
         if let processLimit { lines.append("  processes: at most \(processLimit) (pids.max)") }
         if let energy {
-            lines.append("  energy: \(energy.wakeups) wake-ups, \(Self.bytesText(energy.diskWrittenBytes)) written, \(Self.bytesText(energy.diskReadBytes)) read from storage; cpu limit \(energy.cpuLimit ?? "none")")
+            lines.append("  energy: \(energy.wakeups) wake-ups, \(Self.bytesText(energy.diskWrittenBytes)) written, \(Self.bytesText(energy.diskReadBytes)) read from storage\(energy.networkText); cpu limit \(energy.cpuLimit ?? "none")")
         }
         if !refusedRegistrations.isEmpty { lines.append("  refused registrations: \(refusedRegistrations.joined(separator: ", "))") }
         if let omitted = refusedRegistrationsOmitted { lines.append("  refused registrations: \(omitted) more, not listed") }

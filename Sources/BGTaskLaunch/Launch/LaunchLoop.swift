@@ -176,6 +176,10 @@ package struct LaunchLoop {
             logger.debug("expiration sent")
         }
         guard state.killed == nil else { return }
+        // Its connections' bytes, with the memory sampler's ticks (`SocketTraffic`).
+        if sampling, !state.finished, memory.app != nil, now >= state.traffic.sampledAtNs + Self.trafficInterval {
+            sampleTraffic(&state, now: now)
+        }
         // The child's word never disarms the watchdog: a launch is over when its process is
         // gone (reaped), not when it says so. One that said its tasks had ended has
         // `exitAfterFinished` to be gone.
@@ -553,6 +557,12 @@ package struct LaunchLoop {
             state.finished = true
         default:
             state.apply(message)
+        }
+        // Its work is over (`idle`, `finished`): its connections' bytes now, before its process
+        // is suspended or closes them on its way out.
+        if state.finished, !state.trafficSampledAtEnd {
+            state.trafficSampledAtEnd = true
+            sampleTraffic(&state, now: bgtask_monotonic_ns())
         }
         guard let onEvent = control?.onEvent else { return }
         switch message {

@@ -136,6 +136,10 @@ package struct LaunchState {
     /// suspension; zero for a new process) and what the launch used (set before `record`).
     package var energyAtStart = EnergyCounters()
     package var energy: EnergyCounters?
+    /// The bytes the app's own TCP connections moved (`SocketTraffic`), sampled while it runs
+    /// and when it says its work is over.
+    package var traffic = SocketTraffic()
+    package var trafficSampledAtEnd = false
     /// The app process's CPU time and energy counters read just before the host killed it: in
     /// a PID namespace the app process dies with its namespace, never reaped by the runner, so
     /// the runner's rusage does not hold what the app used.
@@ -371,6 +375,7 @@ package struct LaunchState {
         if let energy {
             record.energy = RunRecord.EnergyRecord(
                 diskWrittenBytes: energy.diskWrittenBytes, diskReadBytes: energy.diskReadBytes, wakeups: energy.wakeups,
+                networkSentBytes: traffic.total.sent, networkReceivedBytes: traffic.total.received,
                 cpuLimit: plan.limits.cpuLimit.map(\.description) ?? plan.limits.cpuLimitExemption.map { "none: \($0)" } ?? "none")
         }
         if keepsProcess {

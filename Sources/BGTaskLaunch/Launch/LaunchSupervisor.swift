@@ -424,6 +424,7 @@ public struct LaunchSupervisor: Sendable {
         state.keepsProcess = true
         state.resumed = (startNs > process.suspendedAtNs ? startNs - process.suspendedAtNs : 0, process.launches + 1)
         state.energyAtStart = process.energy
+        state.traffic = process.traffic
         var start = assignment(plan, cgroup: process.cgroup, groups: [], identity: nil)
         start.expiresAtNs = startNs + UInt64((plan.expireAfter ?? plan.limits.budget).nanoseconds)
         start.backgroundRefreshStatus = plan.backgroundRefreshStatus
@@ -548,6 +549,7 @@ public struct LaunchSupervisor: Sendable {
             sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
             suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs, hearsResumes: state.hearsResumes)
         process.energy = energy
+        process.traffic = state.traffic.continued()
         if !apps.suspend(process) {
             // The host is stopping: the process ends instead, its launch over all the same.
             apps.endUnkept(process)

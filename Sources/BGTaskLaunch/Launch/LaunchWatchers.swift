@@ -393,6 +393,17 @@ extension LaunchLoop {
         guard state.lookBeforeKill == nil else { return }
         let app = memory.app ?? ProcessTree.appProcess(of: pid)
         state.lookBeforeKill = (CPUMonitor.cpuNs(pid: pid, app: app, cgroup: state.cgroup), app.flatMap { EnergyCounters.of($0) })
+        if let app { state.traffic.sample(app, now: bgtask_monotonic_ns()) }
+    }
+
+    /// How often a running launch's sockets are sampled at most (`SocketTraffic`): with the
+    /// memory sampler's ticks, no oftener than this.
+    static let trafficInterval: UInt64 = 250_000_000
+
+    /// The app's sockets' bytes so far (`SocketTraffic`).
+    package func sampleTraffic(_ state: inout LaunchState, now: UInt64) {
+        guard let app = memory.app ?? ProcessTree.appProcess(of: pid) else { return }
+        state.traffic.sample(app, now: now)
     }
 
     mutating func checkCPU(at now: UInt64, _ state: LaunchState) -> String? {

@@ -39,6 +39,9 @@ package struct SuspendedApp {
     /// Its energy counters when it was suspended (`EnergyCounters.of`): a resumed launch counts
     /// from there.
     package var energy = EnergyCounters()
+    /// Its open connections' bytes at its suspension (`SocketTraffic.continued`): the next
+    /// launch counts from them.
+    package var traffic = SocketTraffic()
     /// The plugin hears resumed launches (a resume handler): without it, only launches that
     /// bring tasks alone may resume the process.
     package var hearsResumes: Bool

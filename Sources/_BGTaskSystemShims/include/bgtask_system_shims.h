@@ -295,4 +295,16 @@ void bgtask_name_thread(const char *name);
  * Async-signal-safe: yes */
 long bgtask_send_nonblocking(int fd, const void *bytes, unsigned long count);
 
+/* One TCP socket of a process: its inode and the payload bytes it sent and received. */
+struct bgtask_socket_bytes {
+    uint64_t inode;
+    uint64_t sent;
+    uint64_t received;
+};
+
+/* The TCP sockets open in process `pid` (at most `capacity`), each read through a duplicate of
+ * its descriptor (pidfd_getfd, TCP_INFO; sockets.c). How many, or -errno.
+ * Async-signal-safe: no — opendir allocates; called by the host's supervision loops only. */
+int bgtask_process_tcp_bytes(pid_t pid, struct bgtask_socket_bytes *out, int capacity);
+
 #endif
