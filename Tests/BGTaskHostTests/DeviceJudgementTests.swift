@@ -61,6 +61,43 @@ import Testing
         #expect(garbage.sources["thermalState"] != "override")
     }
 
+    /// A zone falls back a state only once it is its hysteresis under the trip it crossed
+    /// (the kernel's `trip_point_N_hyst`, else 2 °C): a sensor hovering at a trip holds its state.
+    @Test func aZoneHoveringAtATripPointDoesNotFlap() throws {
+        let (root, scratch) = try thermalDirectory(["thermal_zone0": ("84000", nil, [("active", 60_000), ("passive", 85_000), ("critical", 105_000)])])
+        defer { scratch.remove() }
+        let temp = root.appendingPathComponent("thermal_zone0/temp")
+        func reading(_ millidegrees: Int) throws -> ThermalState? {
+            try "\(millidegrees)\n".write(to: temp, atomically: true, encoding: .utf8)
+            var reader = MachineConditionsReader()
+            reader.thermalDirectory = root
+            return reader.thermalState()
+        }
+        // A reader per reading (no cache), sharing nothing: hysteresis lives in one reader.
+        var reader = MachineConditionsReader()
+        reader.thermalDirectory = root
+        func read(_ millidegrees: Int) throws -> ThermalState? {
+            try "\(millidegrees)\n".write(to: temp, atomically: true, encoding: .utf8)
+            return reader.uncachedThermalState()
+        }
+        #expect(try read(84_000) == .fair)
+        #expect(try read(85_000) == .serious)
+        #expect(try read(84_000) == .serious, "1 °C under the passive trip: still serious")
+        #expect(try read(83_500) == .serious)
+        #expect(try read(82_900) == .fair, "2 °C under it: fair again")
+        #expect(try reading(84_000) == .fair, "a new reader has no history")
+        // The zone's own hysteresis, when it states one.
+        try "5000\n".write(to: root.appendingPathComponent("thermal_zone0/trip_point_1_hyst"), atomically: true, encoding: .utf8)
+        #expect(try read(85_000) == .serious)
+        #expect(try read(81_000) == .serious, "4 °C under: within the zone's 5 °C")
+        #expect(try read(79_900) == .fair)
+        // Pure: with no previous state, no hysteresis.
+        let trips = ["passive": 85_000, "critical": 105_000]
+        #expect(MachineConditionsReader.thermalState(temperature: 104_000, trips: trips, hysteresis: 2_000, previous: .critical) == .critical)
+        #expect(MachineConditionsReader.thermalState(temperature: 102_000, trips: trips, hysteresis: 2_000, previous: .critical) == .serious)
+        #expect(MachineConditionsReader.thermalState(temperature: 104_000, trips: trips, hysteresis: 2_000, previous: .nominal) == .serious)
+    }
+
     @Test func processingWaitsWhenSeriousAndNothingRunsWhenCritical() {
         func blockers(_ kind: TaskKind, _ thermal: ThermalState, _ policy: SchedulingPolicy) -> [String] {
             var conditions = DeviceConditions(thermalState: thermal)

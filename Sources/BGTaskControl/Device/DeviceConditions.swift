@@ -88,6 +88,8 @@ public struct MachineConditionsReader: Sendable {
     /// temperature can take milliseconds to read (ACPI), and the host asks for its conditions
     /// on the launch path. Shared by copies of this reader.
     private let thermalCache = LockedValue<(at: UInt64, state: ThermalState?)?>(nil)
+    /// Each zone's last state, for hysteresis (`thermalState(temperature:trips:hysteresis:previous:)`).
+    private let thermalZones = LockedValue<[String: ThermalState]>([:])
     public static let thermalCacheNs: UInt64 = 2_000_000_000
 
     public init() {}
@@ -192,6 +194,11 @@ public struct MachineConditionsReader: Sendable {
     ///   when it has none;
     /// - nominal below. A zone without trip points, or with an unreadable temperature, counts
     ///   as nominal.
+    ///
+    /// A zone's state falls only once its temperature is its trip's hysteresis under the
+    /// threshold it crossed (the kernel's `trip_point_N_hyst`, else 2 °C), as the kernel's own
+    /// trips and iOS's states do: a sensor hovering at a trip point does not flap between two
+    /// states, expiring and holding work at every crossing.
     public func thermalState() -> ThermalState? {
         let now = bgtask_monotonic_ns()
         if let cached = thermalCache.withLock({ $0 }), now < cached.at + Self.thermalCacheNs { return cached.state }
@@ -200,15 +207,22 @@ public struct MachineConditionsReader: Sendable {
         return state
     }
 
+    /// A reading now, past the cache (tests).
+    package func uncachedThermalState() -> ThermalState? { readThermalState() }
+
     private func readThermalState() -> ThermalState? {
         let zones = SysFS.entries(of: thermalDirectory).filter { $0.hasPrefix("thermal_zone") }
         guard !zones.isEmpty else { return nil }
         var hottest = ThermalState.nominal
+        var states: [String: ThermalState] = [:]
+        let previous = thermalZones.withLock { $0 }
+        defer { thermalZones.withLock { $0 = states } }
         for zone in zones {
             let directory = thermalDirectory.appendingPathComponent(zone)
             if SysFS.firstLine(of: directory.appendingPathComponent("mode")) == "disabled" { continue }
             guard let text = SysFS.firstLine(of: directory.appendingPathComponent("temp")), let temperature = Int(text) else { continue }
             var trips: [String: Int] = [:]
+            var hysteresis = Self.defaultHysteresis
             for entry in SysFS.entries(of: directory) where entry.hasPrefix("trip_point_") && entry.hasSuffix("_type") {
                 let stem = entry.dropLast("_type".count)
                 guard let type = SysFS.firstLine(of: directory.appendingPathComponent(entry)),
@@ -216,10 +230,28 @@ public struct MachineConditionsReader: Sendable {
                       value > 0 else { continue }
                 let kind = type == "hot" ? "critical" : type
                 trips[kind] = min(trips[kind] ?? .max, value)
+                // The largest the zone's trips state (bounded: a garbage figure cannot hold a state for good).
+                if let hyst = SysFS.firstLine(of: directory.appendingPathComponent(stem + "_hyst")).flatMap({ Int($0) }), hyst > 0 {
+                    hysteresis = max(hysteresis, min(hyst, Self.maximumHysteresis))
+                }
             }
-            hottest = max(hottest, Self.thermalState(temperature: temperature, trips: trips))
+            let state = Self.thermalState(temperature: temperature, trips: trips, hysteresis: hysteresis, previous: previous[zone] ?? .nominal)
+            states[zone] = state
+            hottest = max(hottest, state)
         }
         return hottest
+    }
+
+    /// Hysteresis when a zone states none, and the most one may state (millidegrees).
+    package static let defaultHysteresis = 2_000
+    package static let maximumHysteresis = 10_000
+
+    /// One zone's state with hysteresis: what its temperature says, or, when that is lower
+    /// than `previous`, the state `hysteresis` more would say (never above `previous`).
+    package static func thermalState(temperature: Int, trips: [String: Int], hysteresis: Int, previous: ThermalState) -> ThermalState {
+        let now = thermalState(temperature: temperature, trips: trips)
+        guard now < previous else { return now }
+        return max(now, min(previous, thermalState(temperature: temperature + hysteresis, trips: trips)))
     }
 
     /// One zone's state from its temperature and lowest trip of each kind (`critical` (with
