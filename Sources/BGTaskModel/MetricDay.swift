@@ -33,7 +33,7 @@ public struct MetricDay: Codable, Sendable, Equatable {
 
     /// MXBackgroundExitData's counts.
     public struct Exits: Codable, Sendable, Equatable {
-        /// Ended as asked (exited, or suspended after its work).
+        /// Ended as asked (exited; a launch suspended after its work is no exit).
         public var normal: Int = 0
         /// Jetsam: over its memory limit.
         public var memoryLimit: Int = 0
@@ -47,13 +47,16 @@ public struct MetricDay: Codable, Sendable, Equatable {
         public var abnormal: Int = 0
         public var badAccess: Int = 0
         public var illegalInstruction: Int = 0
+        /// Ended while suspended for memory pressure (the host's suspended-memory budget, the
+        /// kernel's pressure): iOS's jetsam of suspended apps.
+        public var memoryPressure: Int = 0
         /// Killed for its disk use (the host's reserve or the app's quota): iOS has no such kill;
         /// MetricKit has no count of them, bgtask's payload lists them apart.
         public var disk: Int = 0
 
         public init() {}
 
-        public var total: Int { normal + memoryLimit + cpuLimit + watchdog + backgroundTaskAssertionTimeout + abnormal + disk }
+        public var total: Int { normal + memoryLimit + memoryPressure + cpuLimit + watchdog + backgroundTaskAssertionTimeout + abnormal + disk }
     }
 
     public init(begin: Date, end: Date, launches: Int = 0, cpuMs: Double = 0, backgroundMs: Double = 0, foregroundMs: Double = 0,

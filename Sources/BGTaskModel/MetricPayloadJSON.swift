@@ -123,13 +123,13 @@ public enum MetricPayloadJSON {
     /// `cumulativeAbnormalExitCount` is "uncaught exceptions, calls to abort", bad accesses
     /// and illegal instructions are counted apart), while `MetricDay.Exits.abnormal` counts
     /// every crash: the abnormal count here is the crashes that were neither. The host never
-    /// ends an app for memory pressure or for a locked file when suspended: those are zero.
+    /// ends a suspended app for a locked file: that is zero.
     public static func backgroundExitData(_ exits: MetricDay.Exits) -> [String: Int] {
         [
             "cumulativeNormalAppExitCount": exits.normal,
             "cumulativeMemoryResourceLimitExitCount": exits.memoryLimit,
             "cumulativeCPUResourceLimitExitCount": exits.cpuLimit,
-            "cumulativeMemoryPressureExitCount": 0,
+            "cumulativeMemoryPressureExitCount": exits.memoryPressure,
             "cumulativeBadAccessExitCount": exits.badAccess,
             "cumulativeAbnormalExitCount": max(0, exits.abnormal - exits.badAccess - exits.illegalInstruction),
             "cumulativeIllegalInstructionExitCount": exits.illegalInstruction,

@@ -154,6 +154,17 @@ extension PendingRequestStore {
         }
     }
 
+    /// A suspended process of `app` was evicted for memory pressure on `day` (the host's clock):
+    /// counted with that day's exits (no launch ended: the launch before it ended `suspended`).
+    public func countMemoryPressureExit(app: String, day: Date) throws(BGTaskError) {
+        try writeUnsynced("count a memory-pressure exit of \(app)") { db in
+            try db.cachedStatement(sql: """
+                INSERT INTO app_day (app, day, exit_memory_pressure) VALUES (?, ?, 1)
+                ON CONFLICT(app, day) DO UPDATE SET exit_memory_pressure = exit_memory_pressure + 1
+                """).execute(arguments: [app, day.timeIntervalSince1970])
+        }
+    }
+
     /// Diagnostics handed to one launch at most.
     public static let deliveredDiagnostics = 50
 
@@ -162,7 +173,7 @@ extension PendingRequestStore {
         let rows = try Row.fetchAll(db, sql: """
             SELECT day, launches, cpu_ms, background_ms, foreground_ms, peak_memory, disk_written, disk_read, wakeups,
                    exit_normal, exit_memory, exit_cpu, exit_watchdog, exit_assertion, exit_abnormal, exit_bad_access, exit_illegal, exit_disk,
-                   delivered, excess, network_sent, network_received
+                   delivered, excess, network_sent, network_received, exit_memory_pressure
             FROM app_day \(sql)
             """, arguments: arguments)
         return try rows.map { row in
@@ -172,7 +183,7 @@ extension PendingRequestStore {
             var exits = MetricDay.Exits()
             (exits.normal, exits.memoryLimit, exits.cpuLimit, exits.watchdog) = (try count(9), try count(10), try count(11), try count(12))
             (exits.backgroundTaskAssertionTimeout, exits.abnormal, exits.badAccess) = (try count(13), try count(14), try count(15))
-            (exits.illegalInstruction, exits.disk) = (try count(16), try count(17))
+            (exits.illegalInstruction, exits.disk, exits.memoryPressure) = (try count(16), try count(17), try count(22))
             var day = MetricDay(begin: begin, end: begin.addingTimeInterval(86_400 - 0.001), launches: try count(1), cpuMs: try row.decode(Double.self, atIndex: 2),
                                 backgroundMs: try row.decode(Double.self, atIndex: 3), foregroundMs: try row.decode(Double.self, atIndex: 4),
                                 peakMemoryBytes: try bytes(5), diskWrittenBytes: try bytes(6), diskReadBytes: try bytes(7), wakeups: try bytes(8), exits: exits)

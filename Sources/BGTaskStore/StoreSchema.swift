@@ -264,9 +264,12 @@ extension StoreSchema {
 
 extension StoreSchema {
     /// The bytes apps' own TCP connections moved (`SocketTraffic`), summed per day beside what
-    /// the host moved for their background sessions (the `transfer` table's).
+    /// the host moved for their background sessions (the `transfer` table's); suspended apps
+    /// evicted for memory pressure.
     package static let v7 = """
         ALTER TABLE app_day ADD COLUMN network_sent INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE app_day ADD COLUMN network_received INTEGER NOT NULL DEFAULT 0;
+        -- Suspended processes evicted for memory pressure (MetricKit's memory-pressure exits).
+        ALTER TABLE app_day ADD COLUMN exit_memory_pressure INTEGER NOT NULL DEFAULT 0;
         """
 }

@@ -107,6 +107,14 @@ import Testing
         #expect(listed.process == "not-running" && listed.lastEviction?.contains("over the budget of") == true, "\(listed)")
         let next = try launch(host, "\(Self.misbehaving).ok")
         #expect(next.resumed == false && next.previousProcess?.contains("--suspended-memory") == true, "\(next)")
+        // MetricKit counts each eviction as a memory-pressure exit of the day (two: the second
+        // launch's process was evicted too); a launch that ended suspended is no exit.
+        #expect(eventually {
+            let day = (try? host.call(.metrics(app: Self.misbehaving)))?.first?.day
+            return day?.exits.memoryPressure == 2 && day?.exits.normal == 0 && day?.launches == 2
+        }, "\(String(describing: try? host.call(.metrics(app: Self.misbehaving)).first?.day.exits))")
+        let exitData = MetricPayloadJSON.backgroundExitData((try host.call(.metrics(app: Self.misbehaving))).first!.day.exits)
+        #expect(exitData["cumulativeMemoryPressureExitCount"] == 2)
     }
 
     /// A launch whose work is over holds no launch slot while it settles: with one slot, the

@@ -114,6 +114,7 @@ final class LaunchCoordinator: HostPart {
     /// them, record them as `host-lost`, and make their requests pending again.
     func start() throws(BGTaskError) {
         undeliveredDays = try core.store.undeliveredDays()
+        supervisor.suspendedApps?.onMemoryPressureEviction = { [weak self] app in self?.core.async { self?.evictedForMemoryPressure(app) } }
         let state = core.configuration.stateDirectory
         for launch in try core.store.interruptedLaunches() {
             var detail = "the host stopped during the launch"

@@ -38,3 +38,17 @@ extension LaunchCoordinator {
         }
     }
 }
+
+extension LaunchCoordinator {
+    /// A suspended process of `app` was evicted for memory pressure: counted with today's exits
+    /// (MetricKit's memory-pressure exits), and today is a day its metrics are offered for.
+    func evictedForMemoryPressure(_ app: String) {
+        let today = EnergyBudget.day(of: core.clock.now)
+        do {
+            try core.store.countMemoryPressureExit(app: app, day: today)
+            if (undeliveredDays[app] ?? .distantFuture) > today { undeliveredDays[app] = today }
+        } catch {
+            core.logger.error("cannot count a memory-pressure exit", metadata: ["bundle.id": "\(app)", "error": "\(error)"])
+        }
+    }
+}

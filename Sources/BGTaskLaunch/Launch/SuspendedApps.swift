@@ -157,6 +157,9 @@ package final class SuspendedApps: @unchecked Sendable {
     package static let bandSeconds: UInt64 = 10
     private let logger: Logger
     private let lock = NSLock()
+    /// Called with the app after a suspended app was evicted for memory pressure (the budget,
+    /// the kernel's pressure): MetricKit counts those exits (`cumulativeMemoryPressureExitCount`).
+    package var onMemoryPressureEviction: (@Sendable (String) -> Void)?
     private var suspended: [String: SuspendedApp] = [:]
     /// Per suspended app: the watch over the pidfds of the host's child and of the app's own
     /// process (below a namespace's init, which is stopped too and would not notice the app's
@@ -310,7 +313,7 @@ package final class SuspendedApps: @unchecked Sendable {
             let reason = count > maximumCount
                 ? "more than \(maximumCount) apps were suspended (--max-suspended-apps \(self.maximumCount); a quarter of the host's RLIMIT_NOFILE \(Descriptors.limit()) holds \(Descriptors.limit() / 4 / Self.descriptorsPerApp))"
                 : "the suspended apps held \(RunRecord.mib(total)), over the budget of \(RunRecord.mib(budgetBytes)) (--suspended-memory)"
-            evict(first, reason: "jetsam: \(reason); it was the least recently used")
+            if evict(first, reason: "jetsam: \(reason); it was the least recently used") { onMemoryPressureEviction?(first) }
         }
     }
 
@@ -390,7 +393,9 @@ package final class SuspendedApps: @unchecked Sendable {
     /// order goes.
     package func pressureReported() {
         guard let first = evictionOrder().first else { return }
-        evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used")
+        if evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used") {
+            onMemoryPressureEviction?(first)
+        }
     }
 }
 
