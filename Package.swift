@@ -1,4 +1,4 @@
-// swift-tools-version: 6.0
+// swift-tools-version: 6.1
 //
 // Targets are split by who uses them:
 //   - `BackgroundTasks`   the API plugin authors import (Apple's framework, the Swift face of the ABI)
@@ -94,6 +94,14 @@ let package = Package(
         // The supervision loops' deadline heap and the launch workers' queue (already built for
         // SwiftNIO, which depends on it).
         .package(url: "https://github.com/apple/swift-collections", from: "1.1.0"),
+        // The dashboard's HTTP server (issue 32, docs/dashboard.md): routing, streamed
+        // responses for server-sent events, on the SwiftNIO above. Without its default traits:
+        // swift-configuration and full Foundation are not needed.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.20.0", traits: []),
+        // /metrics: swift-metrics' API, Prometheus's text format from its backend.
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.5.0"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.0.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.1.0"),
     ],
     targets: [
         // MARK: The ABI and the SDK
@@ -187,10 +195,24 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ]
         ),
+        // The dashboard and /metrics (issue 32): an HTTP server over the host's answers and
+        // launch events, its pages embedded in the binary.
+        .target(
+            name: "BGTaskDashboard",
+            dependencies: [
+                "BGTaskControl", "BGTaskModel",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            resources: [.embedInCode("Pages/index.html"), .embedInCode("Pages/dashboard.js"), .embedInCode("Pages/dashboard.css")]
+        ),
         .target(
             name: "BGTaskHost",
             dependencies: [
-                "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
+                "BGTaskDashboard", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims", "BGTaskLogLine",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -214,7 +236,7 @@ let package = Package(
         .executableTarget(
             name: "bgtask",
             dependencies: [
-                "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskLogLine", "_BGTaskSystemShims",
+                "BGTaskHost", "BGTaskDashboard", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskLogLine", "_BGTaskSystemShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

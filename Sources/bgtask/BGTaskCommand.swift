@@ -19,7 +19,7 @@ struct BGTaskCommand: ParsableCommand {
         version: BGTaskVersion.current,
         subcommands: [Run.self, Bundle.self, Validate.self, Host.self, Apps.self, Submit.self, Pending.self, Cancel.self,
                       CancelAll.self, SimulateLaunch.self, SimulateExpire.self, Evict.self, History.self, Why.self, Device.self, Clock.self,
-                      Extension.self, Open.self, Progress.self, CancelTask.self, Push.self, Pushes.self, DeviceToken.self, Transfers.self, Notifications.self, Respond.self, Metrics.self, Log.self, Doctor.self]
+                      Extension.self, Open.self, Progress.self, CancelTask.self, Push.self, Pushes.self, DeviceToken.self, Transfers.self, Notifications.self, Respond.self, Metrics.self, Top.self, Log.self, Doctor.self]
     )
 }
 

@@ -1,4 +1,5 @@
 import ArgumentParser
+import BGTaskDashboard
 import BGTaskHost
 import BGTaskControl
 import BGTaskModel
@@ -108,6 +109,18 @@ extension BGTaskCommand {
         @Flag(name: .customLong("allow-notifications"), help: "Authorize local notifications for every app whose own switch (bgtask device --app A --notifications) is not off. Default: denied, as on a fresh device.")
         var allowNotifications = false
 
+        @Option(name: .customLong("http-port"), help: ArgumentHelp("Serve the dashboard (a live timeline of launches, apps, pending requests and why, each launch's record and log) and /metrics (Prometheus) on this port. 0: any free port (logged). Off by default.", valueName: "port"))
+        var httpPort: Int?
+
+        @Option(name: .customLong("http-address"), help: ArgumentHelp("The address the dashboard listens on. Default: 127.0.0.1 (loopback only); any other needs --http-token-file.", valueName: "address"))
+        var httpAddress = "127.0.0.1"
+
+        @Option(name: .customLong("http-token-file"), help: ArgumentHelp("A file holding the token every dashboard client off loopback must present (Authorization: Bearer TOKEN, or ?token= once). At least 16 characters; the file must not be readable by others.", valueName: "file"), completion: .file())
+        var httpTokenFile: String?
+
+        @Flag(name: .customLong("http-actions"), help: "Let the dashboard act (simulate a launch or an expiration, push, change the device's conditions, advance a virtual clock, cancel a request). Read-only without it.")
+        var httpActions = false
+
         @Flag(name: .customLong("no-desktop-notifications"), help: "Do not post delivered notifications to the desktop (org.freedesktop.Notifications), even where a session bus is present.")
         var noDesktopNotifications = false
 
@@ -124,6 +137,8 @@ extension BGTaskCommand {
             }
             if apnsTeamID != nil && apnsAuthKeys.isEmpty { throw ValidationError("--apns-team-id needs --apns-auth-key") }
             if apnsTLSCertificate != nil && apnsPort == nil { throw ValidationError("--apns-tls-certificate needs --apns-port") }
+            if let httpPort, !(0...65535).contains(httpPort) { throw ValidationError("--http-port must be 0 to 65535, not \(httpPort)") }
+            if httpPort == nil && (httpTokenFile != nil || httpActions) { throw ValidationError("--http-token-file and --http-actions need --http-port") }
             guard maxLaunches >= 1 else { throw ValidationError("--max-launches must be at least 1") }
             guard maxContinued >= 1 else { throw ValidationError("--max-continued must be at least 1") }
             guard historyPerApp >= 1 else { throw ValidationError("--history-per-app must be at least 1") }
@@ -175,6 +190,10 @@ extension BGTaskCommand {
             configuration.historyPerApp = historyPerApp
             configuration.logPrivateValues = logPrivate
             configuration.apnsEndpoint = apnsPort.map { (apnsAddress, $0) }
+            if let httpPort {
+                configuration.dashboard = DashboardOptions(address: httpAddress, port: httpPort, token: try httpTokenFile.map(Self.readToken),
+                                                           actions: httpActions)
+            }
             if let apnsTLSCertificate, let apnsTLSKey { configuration.apnsTLS = (apnsTLSCertificate, apnsTLSKey) }
             for key in apnsAuthKeys {
                 let parts = key.split(separator: ":", maxSplits: 1).map(String.init)
@@ -229,3 +248,21 @@ extension SchedulingPolicy: ExpressibleByArgument {}
 extension HostClock.Mode: ExpressibleByArgument {}
 extension SandboxMode: ExpressibleByArgument {}
 extension AppLifecycle: ExpressibleByArgument {}
+
+extension BGTaskCommand.Host {
+    /// The dashboard's token from its file: one line, at least 16 characters, in a file no
+    /// one but its owner can read.
+    static func readToken(_ path: String) throws -> String {
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw ValidationError("--http-token-file \(path): \(String(cString: strerror(errno)))") }
+        guard info.st_mode & 0o077 == 0 else {
+            throw ValidationError("--http-token-file \(path): readable or writable by others (mode \(String(info.st_mode & 0o777, radix: 8))); chmod 600 it")
+        }
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw ValidationError("--http-token-file \(path): not readable UTF-8 text") }
+        let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard token.count >= 16, !token.contains(where: { $0.isWhitespace || $0 == ";" }) else {
+            throw ValidationError("--http-token-file \(path): the token must be one word of at least 16 characters")
+        }
+        return token
+    }
+}

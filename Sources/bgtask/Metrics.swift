@@ -26,7 +26,7 @@ extension BGTaskCommand {
             lines.append("  cpu \(DurationText.format(seconds: day.cpuMs / 1000)), background \(DurationText.format(seconds: day.backgroundMs / 1000)), foreground \(DurationText.format(seconds: day.foregroundMs / 1000)), peak memory \(RunRecord.bytesText(day.peakMemoryBytes))")
             lines.append("  storage \(RunRecord.bytesText(day.diskWrittenBytes)) written, \(RunRecord.bytesText(day.diskReadBytes)) read; \(day.wakeups) wake-ups; network \(RunRecord.bytesText(day.networkUploadBytes)) up, \(RunRecord.bytesText(day.networkDownloadBytes)) down")
             let exits = day.exits
-            let counts = [("normal", exits.normal), ("memory-limit", exits.memoryLimit), ("cpu-limit", exits.cpuLimit), ("watchdog", exits.watchdog),
+            let counts = [("normal", exits.normal), ("memory-limit", exits.memoryLimit), ("memory-pressure", exits.memoryPressure), ("cpu-limit", exits.cpuLimit), ("watchdog", exits.watchdog),
                           ("background-task-assertion-timeout", exits.backgroundTaskAssertionTimeout), ("abnormal", exits.abnormal), ("disk", exits.disk)]
                 .filter { $0.1 > 0 }.map { "\($0.0) \($0.1)" }
             lines.append("  background exits: \(counts.isEmpty ? "none" : counts.joined(separator: ", "))")

@@ -14,6 +14,7 @@ import Testing
             "apps", "submit", "pending", "cancel", "cancel-all", "simulate-launch", "simulate-expire", "history",
             "why", "device", "clock", "status", "extension-run", "open", "progress", "cancel-task",
             "notifications", "pending-notifications", "push", "pushes", "device-token", "transfers", "evict", "metrics", "respond",
+            "running",
         ])
         #expect(ControlRequest.verbs == ControlVerb.allCases.map(\.rawValue))
     }
@@ -79,6 +80,7 @@ import Testing
         case .transfers: .transfers(app: "com.example.a", limit: 1000)
         case .metrics: .metrics(app: "com.example.a")
         case .respond: .respond(notification: 42, action: "com.example.a.reply", wait: true)
+        case .running: .running
         case .evict: .evict(app: "com.example.a")
         }
     }

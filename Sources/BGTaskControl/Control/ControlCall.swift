@@ -264,3 +264,10 @@ extension ControlCall where Answer == [MetricReport] {
         return Self(command) { response throws(ControlFailure) in try required(response.metrics, "metrics", command) }
     }
 }
+
+extension ControlCall where Answer == [RunningLaunchReport] {
+    public static var running: Self {
+        let command = ControlCommand.running
+        return Self(command) { response throws(ControlFailure) in try required(response.running, "running launches", command) }
+    }
+}

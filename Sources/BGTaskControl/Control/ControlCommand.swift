@@ -56,6 +56,8 @@ public enum ControlCommand: Sendable, Equatable {
     /// The user opens delivered notification `notification` (or acts on it: `action`): its app
     /// comes to the foreground and its notification center's delegate hears `didReceive`.
     case respond(notification: Int64, action: String? = nil, wait: Bool = false)
+    /// The launches running now, with their time and memory (`bgtask top`, the dashboard).
+    case running
 
     /// The command's verb.
     public var verb: ControlVerb {
@@ -85,6 +87,7 @@ public enum ControlCommand: Sendable, Equatable {
         case .transfers: .transfers
         case .metrics: .metrics
         case .respond: .respond
+        case .running: .running
         }
     }
 }
@@ -178,7 +181,7 @@ extension ControlCommand {
     package var wire: ControlRequest {
         var wire = ControlRequest(verb: verb.rawValue)
         switch self {
-        case .status, .progress: break
+        case .status, .progress, .running: break
         case let .apps(limit, after): (wire.limit, wire.after) = (limit, after)
         case let .submit(app, request, delay): (wire.app, wire.request, wire.delay) = (app, request, delay)
         case let .pending(app), let .pendingNotifications(app): wire.app = app
@@ -226,6 +229,7 @@ extension ControlCommand {
         switch verb {
         case .status: self = .status
         case .progress: self = .progress
+        case .running: self = .running
         case .apps: self = .apps(limit: try limit(), after: wire.after)
         case .submit:
             guard let app = wire.app, let request = wire.request else { throw .badRequest("submit needs an app and a request") }

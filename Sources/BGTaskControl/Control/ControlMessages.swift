@@ -109,6 +109,8 @@ public enum ControlVerb: String, CaseIterable, Sendable {
     case metrics
     /// The user opens a delivered notification (`bgtask respond ID`).
     case respond
+    /// The launches running now (`bgtask top`).
+    case running
 }
 
 /// `push`: a payload and APNs's headers (`bgtask push`).
@@ -401,6 +403,8 @@ public struct ControlResponse: Codable, Sendable {
     public var transfers: [TransferReport]?
     /// `metrics`: the app's days, newest first.
     public var metrics: [MetricReport]?
+    /// `running`: the launches running now, oldest first.
+    public var running: [RunningLaunchReport]?
 
     public init(ok: Bool = true) { self.ok = ok }
 
@@ -409,7 +413,7 @@ public struct ControlResponse: Codable, Sendable {
         ok && error == nil && apps == nil && invalid == nil && pending == nil && record == nil && records == nil
             && launchID == nil && why == nil && device == nil && clock == nil && removed == nil && continued == nil && next == nil
             && truncated == nil && omitted == nil && push == nil && pushes == nil && deviceToken == nil && apnsReason == nil
-            && notifications == nil && notificationApps == nil && transfers == nil && metrics == nil
+            && notifications == nil && notificationApps == nil && transfers == nil && metrics == nil && running == nil
     }
 
     public static func failure(_ failure: ControlFailure) -> ControlResponse {

@@ -91,6 +91,10 @@ final class ControlVerbs: @unchecked Sendable {
             return respond { var r = ControlResponse(); r.deviceToken = try store.deviceToken(app: app); return r }
         case let .notifications(app, after, limit): return notifications(app: app, after: after, limit: limit, pending: false)
         case .pendingNotifications(let app): return notifications(app: app, after: nil, limit: nil, pending: true)
+        case .running:
+            var response = ControlResponse()
+            response.running = LaunchCoordinator.withMemory(core.sync { launches.runningReports() })
+            return response
         case let .metrics(app):
             guard core.sync({ catalog.apps[app] != nil }) else { return notInCatalog(app) }
             return respond {

@@ -1,4 +1,5 @@
 import BGTaskControl
+import BGTaskDashboard
 import BGTaskLaunch
 import BGTaskTransfers
 import BGTaskStore
@@ -99,6 +100,8 @@ public final class TaskHost: @unchecked Sendable {
         public var apnsTeamID: String?
         /// The APNs endpoint's connection cap, handshake, request and idle timeouts, streams per connection.
         public var apnsLimits = APNsEndpointLimits()
+        /// Serve the dashboard and /metrics (`--http-port`; nil: not served).
+        public var dashboard: DashboardOptions?
         /// Local notifications are authorized for every app whose own switch is not off
         /// (`--allow-notifications`); otherwise denied until the operator allows an app.
         public var allowNotifications = false
@@ -261,6 +264,9 @@ public final class TaskHost: @unchecked Sendable {
         if let (address, port) = configuration.apnsEndpoint {
             let scheduling = self.scheduling
             list.append(APNsEndpoint(options: .init(host: address, port: port, tls: configuration.apnsTLS, providerKeys: configuration.apnsProviderKeys, teamID: configuration.apnsTeamID, limits: configuration.apnsLimits), core: core, pushes: pushes, evaluate: { scheduling.evaluate() }))
+        }
+        if let options = configuration.dashboard {
+            list.append(DashboardPart(options: options, verbs: verbs, launches: launches, logger: core.logger))
         }
         // Before scheduling: its first pass sees the transfers a previous host left.
         list.append(transfers)

@@ -1,4 +1,5 @@
 import BGTaskControl
+import BGTaskDashboard
 import BGTaskLaunch
 import BGTaskStore
 import BGTaskModel
@@ -43,6 +44,10 @@ final class LaunchCoordinator: HostPart {
         var thermalExpired = false
         /// The day before which its MetricKit days were offered to it (nil: none were).
         var metricsOfferedBefore: Date?
+        /// What `running` reports (`RunningLaunches.swift`).
+        var startedAt = Date()
+        var limits: (budgetMs: Double, graceMs: Double, memoryBytes: UInt64) = (0, 0, 0)
+        var pid: Int32?
     }
 
     let core: HostCore
@@ -53,6 +58,8 @@ final class LaunchCoordinator: HostPart {
     /// left), with their launch's control: read by the notifications part off this queue, to
     /// hand a notification delivered to such an app to its delegate's `willPresent`.
     nonisolated let foreground = LockedValue<[String: LaunchControl]>([:])
+    /// Told of each launch as it begins and ends (the dashboard), on this queue.
+    var observer: (@Sendable (DashboardEvent) -> Void)?
     /// Per app, the day (of the host's clock) its MetricKit payloads were last looked for, and
     /// its oldest day not delivered yet (from the store at the start, then as launches end): a
     /// launch reads the store for its metrics only when it has days that have ended to take.
@@ -286,7 +293,9 @@ final class LaunchCoordinator: HostPart {
             id: launchID, app: bundle.identifier, reason: reason.rawValue, tasks: tasks,
             requests: Dictionary(requests.map { ($0.request.identifier, $0.request) }, uniquingKeysWith: { a, _ in a }),
             control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1), device: (plan.thermalState, plan.lowPowerMode),
-            metricsOfferedBefore: plan.metricsJSON == nil ? nil : EnergyBudget.day(of: core.clock.now))
+            metricsOfferedBefore: plan.metricsJSON == nil ? nil : EnergyBudget.day(of: core.clock.now),
+            limits: (plan.limits.budget.milliseconds, plan.limits.grace.milliseconds, plan.limits.memoryLimitBytes))
+        observer?(.launchBegan(report(running[launchID]!)))
         // The launch's preparation (containers, channel, log) starts on a launch worker while
         // the launch is recorded here; its process starts only once admitted, so the record
         // still comes before the process. It is then supervised by a supervision loop, and its
@@ -353,6 +362,7 @@ final class LaunchCoordinator: HostPart {
     }
 
     private func notePID(_ launchID: String, _ pid: Int32) {
+        running[launchID]?.pid = pid
         startedPIDs.append((launchID, pid))
         guard startedPIDs.count == 1 else { return }
         core.async { [weak self] in
@@ -377,6 +387,7 @@ final class LaunchCoordinator: HostPart {
     /// A launch's record came back: written with the others that come back in this turn of
     /// the queue (`recordEnded`), in one transaction.
     private func ended(_ record: RunRecord) {
+        observer?(.launchEnded(record))
         endedRecords.append(record)
         if endedRecords.count == 1 { core.async { [weak self] in self?.recordEnded() } }
     }

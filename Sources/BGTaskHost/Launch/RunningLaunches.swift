@@ -1,0 +1,38 @@
+import BGTaskControl
+import BGTaskModel
+import BGTaskDashboard
+import BGTaskSystem
+import Foundation
+
+extension LaunchCoordinator {
+    /// A running launch as `running` reports it (memory left to `withMemory`, off this queue).
+    func report(_ launch: RunningLaunch) -> RunningLaunchReport {
+        RunningLaunchReport(
+            launchID: launch.id, app: launch.app, reason: launch.reason, role: launch.role.rawValue, identifiers: launch.tasks.map(\.identifier),
+            startedAt: launch.startedAt, budgetMs: launch.limits.budgetMs, graceMs: launch.limits.graceMs,
+            expired: launch.thermalExpired || !launch.expiredTasks.isEmpty, workOver: launch.workOver, pid: launch.pid,
+            memoryLimitBytes: launch.limits.memoryBytes)
+    }
+
+    /// Every running launch, oldest first.
+    func runningReports() -> [RunningLaunchReport] {
+        running.values.sorted { ($0.startedAt, $0.id) < ($1.startedAt, $1.id) }.map(report)
+    }
+
+    /// `reports` with each one's resident memory now (its process tree's, from /proc): read on
+    /// the caller's thread, not the host's queue.
+    nonisolated static func withMemory(_ reports: [RunningLaunchReport]) -> [RunningLaunchReport] {
+        reports.map { report in
+            var report = report
+            // The launch is running as far as the host knows: its pid is its runner's (the
+            // supervisor reaps it only once the launch has ended). Its app process's and its
+            // children's resident memory, as the memory sampler counts a launch's (not the
+            // runner's, nor a PID namespace's init, which share the app's pages).
+            if let pid = report.pid, pid > 0, let app = ProcessTree.appProcess(of: pid) {
+                let bytes = ProcessTree.residentBytes(of: app)
+                if bytes > 0 { report.residentBytes = bytes }
+            }
+            return report
+        }
+    }
+}
