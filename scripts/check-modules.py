@@ -21,17 +21,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # module: what it must never reach (targets or products, transitively).
 FORBIDDEN = {
-    "BGTaskControl": {"BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "GRDB", "NIOCore", "NIOPosix", "AsyncHTTPClient", "Logging"},
+    "BGTaskControl": {"BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "BGTaskDashboard", "GRDB", "NIOCore", "NIOPosix", "AsyncHTTPClient", "Logging"},
     "BGTaskStore": {"BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "NIOCore", "AsyncHTTPClient"},
     "BGTaskLaunch": {"BGTaskStore", "BGTaskTransfers", "BGTaskHost", "GRDB", "NIOCore", "AsyncHTTPClient"},
     "BGTaskTransfers": {"BGTaskHost"},
+    # The dashboard reads the host only through its answers: no store, no launches, no daemon.
+    "BGTaskDashboard": {"BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "GRDB"},
     # App developers' tests: the protocol and its client, never the daemon's store or network stack.
-    "BackgroundTasksTestKit": {"BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "GRDB", "NIOCore", "NIOPosix", "NIOHTTP2", "AsyncHTTPClient", "Crypto"},
+    "BackgroundTasksTestKit": {"BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "BGTaskDashboard", "Hummingbird", "GRDB", "NIOCore", "NIOPosix", "NIOHTTP2", "AsyncHTTPClient", "Crypto"},
     # The child process and the SDK: nothing of the host.
     "bgtask-runner": {"BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "GRDB", "NIOCore", "Logging"},
     "BackgroundTasks": {"BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost", "BGTaskModel", "GRDB", "NIOCore", "Logging"},
 }
-HOST_MODULES = ["BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskHost"]
+HOST_MODULES = ["BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskDashboard", "BGTaskHost"]
 FILE_LINES, MODULE_LINES = 600, 5500
 
 
