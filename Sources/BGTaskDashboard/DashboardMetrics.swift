@@ -22,6 +22,7 @@ public final class DashboardMetrics: Sendable {
     private let watchdogLateness: Metrics.Timer
     private let handlerLatency: Metrics.Timer
     private let launchDuration: Metrics.Timer
+    private let storeCommit: Metrics.Timer
 
     public init() {
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -29,6 +30,10 @@ public final class DashboardMetrics: Sendable {
         factory.durationHistogramBuckets["bgtask_expiry_lateness_seconds"] = Self.latencyBuckets
         factory.durationHistogramBuckets["bgtask_watchdog_lateness_seconds"] = Self.latencyBuckets
         factory.durationHistogramBuckets["bgtask_handler_latency_seconds"] = Self.latencyBuckets
+        factory.durationHistogramBuckets["bgtask_store_commit_seconds"] = [
+            .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(100), .seconds(1),
+        ]
         factory.durationHistogramBuckets["bgtask_launch_duration_seconds"] = [
             .milliseconds(10), .milliseconds(100), .seconds(1), .seconds(5), .seconds(30), .seconds(60), .seconds(300), .seconds(1800),
         ]
@@ -37,6 +42,7 @@ public final class DashboardMetrics: Sendable {
         watchdogLateness = Metrics.Timer(label: "bgtask_watchdog_lateness_seconds", factory: factory)
         handlerLatency = Metrics.Timer(label: "bgtask_handler_latency_seconds", factory: factory)
         launchDuration = Metrics.Timer(label: "bgtask_launch_duration_seconds", factory: factory)
+        storeCommit = Metrics.Timer(label: "bgtask_store_commit_seconds", factory: factory)
     }
 
     static let latencyBuckets: [Duration] = [
@@ -64,6 +70,11 @@ public final class DashboardMetrics: Sendable {
         if let started = record.tasks.compactMap(\.startedMs).min() {
             handlerLatency.recordNanoseconds(Int64(started * 1_000_000))
         }
+    }
+
+    /// One write transaction of the host's store took `nanoseconds`, BEGIN to COMMIT.
+    public func storeCommitted(nanoseconds: UInt64) {
+        storeCommit.recordNanoseconds(Int64(clamping: nanoseconds))
     }
 
     /// The host's state now, as gauges: refreshed at each scrape.

@@ -34,6 +34,9 @@ public final class PendingRequestStore: @unchecked Sendable {
     /// Writes to the transfer table so far (each of TransferStore.swift's writes counts one,
     /// before it runs): a reader that found nothing to do can tell that nothing changed since.
     package let transferWrites = LockedValue<UInt64>(0)
+    /// Told how long each write transaction took, BEGIN to COMMIT, in nanoseconds (the
+    /// dashboard's `bgtask_store_commit_seconds`); nil: nobody asks.
+    package let commitObserver = LockedValue<(@Sendable (UInt64) -> Void)?>(nil)
     /// Concurrent `submit` calls, gathered into shared transactions.
     private let submissionGroups = GroupCommit<PendingSubmission, Result<SubmissionRules.Rejection?, BGTaskError>>()
     /// The write-ahead log, synced after a group of submissions is committed and visible.

@@ -43,7 +43,7 @@ extension PendingRequestStore {
     package func write<T>(_ operation: @autoclosure () -> String, _ body: (Database) throws -> T) throws(BGTaskError) -> T {
         do {
             return try withReserve {
-                try pool.writeWithoutTransaction { db in try db.inCachedTransaction("IMMEDIATE") { try body(db) } }
+                try pool.writeWithoutTransaction { db in try timed { try db.inCachedTransaction("IMMEDIATE") { try body(db) } } }
             }
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
@@ -65,7 +65,7 @@ extension PendingRequestStore {
             return try withReserve(usingReserve) { try pool.writeWithoutTransaction { db in
                 try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute()
                 do {
-                    let result = try db.inCachedTransaction("IMMEDIATE") { try body(db) }
+                    let result = try timed { try db.inCachedTransaction("IMMEDIATE") { try body(db) } }
                     try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
                     return result
                 } catch {
@@ -77,6 +77,14 @@ extension PendingRequestStore {
         } catch {
             throw StoreErrors.wrap(error, file: databaseURL.path, operation: operation())
         }
+    }
+
+    /// `transaction` timed for `commitObserver`, when there is one.
+    private func timed<T>(_ transaction: () throws -> T) rethrows -> T {
+        guard let observer = commitObserver.withLock({ $0 }) else { return try transaction() }
+        let start = DispatchTime.now().uptimeNanoseconds
+        defer { observer(DispatchTime.now().uptimeNanoseconds - start) }
+        return try transaction()
     }
 
     /// Runs `attempt` (a whole transaction); when it failed because the disk is full

@@ -26,9 +26,11 @@ final class DashboardPart: HostPart {
         }
         let dashboard = self.dashboard
         launches.observer = { event in dashboard.publish(event) }
+        launches.core.store.commitObserver.withLock { $0 = { dashboard.metrics.storeCommitted(nanoseconds: $0) } }
     }
 
     func stop() {
+        launches.core.store.commitObserver.withLock { $0 = nil }
         launches.observer = nil
         dashboard.stop()
     }
