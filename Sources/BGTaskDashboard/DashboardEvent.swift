@@ -12,6 +12,9 @@ public enum DashboardEvent: Sendable {
 /// control socket (the same verbs, the same checks), called on the server's threads.
 public protocol DashboardSource: Sendable {
     func answer(_ command: ControlCommand) -> ControlResponse
+    /// Records as JSON texts, newest first, as the host keeps them (the history page passes
+    /// them on as they are). Throws what the host's store says.
+    func historyJSON(app: String?, limit: Int) throws -> [String]
 }
 
 /// `bgtask host --http-port`'s settings.

@@ -217,6 +217,16 @@ extension PendingRequestStore {
 
     /// Run records, newest first, of `app` or of every app.
     public func history(app: String?, limit: Int) throws(BGTaskError) -> [RunRecord] {
+        try historyJSON(app: app, limit: limit).map { text throws(BGTaskError) in
+            do { return try RunRecord.decode(Data(text.utf8)) } catch {
+                throw StoreErrors.wrap(error, file: databaseURL.path, operation: "read the launch history")
+            }
+        }
+    }
+
+    /// `history`'s records as the store keeps them: each one's JSON, the encoder's text (what a
+    /// page that only passes them on needs, without decoding and encoding each again).
+    public func historyJSON(app: String?, limit: Int) throws(BGTaskError) -> [String] {
         try read("read the launch history") { db in
             let limit = max(0, limit)
             // `record IS NOT NULL` (the same as state = 'ended') rather than `state = ...`, so
@@ -232,7 +242,7 @@ extension PendingRequestStore {
                     db, sql: "SELECT record FROM launch WHERE record IS NOT NULL ORDER BY started_at DESC, id DESC LIMIT ?",
                     arguments: [limit])
             }
-            return try texts.map { try RunRecord.decode(Data($0.utf8)) }
+            return texts
         }
     }
 

@@ -17,7 +17,7 @@ struct BGTaskBench: ParsableCommand {
             """)
 
     enum Section: String, CaseIterable, ExpressibleByArgument {
-        case launch, limits, submit, pending, e2e, scale, confinement, transfer
+        case launch, limits, submit, pending, e2e, scale, confinement, transfer, dashboard
     }
 
     @Flag(help: "Fewer iterations and 100,000 pending requests instead of 1,000,000 (under 2 minutes).")
@@ -35,7 +35,7 @@ struct BGTaskBench: ParsableCommand {
     @Flag(help: "Keep the scratch directory.")
     var keep = false
 
-    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, e2e, scale, confinement, transfer).")
+    @Option(parsing: .upToNextOption, help: "Run only these sections (launch, limits, submit, pending, e2e, scale, confinement, transfer, dashboard).")
     var only: [Section] = []
 
     @Option(name: .customLong("scale-sizes"), parsing: .upToNextOption, help: ArgumentHelp(
@@ -118,6 +118,7 @@ struct BGTaskBench: ParsableCommand {
             case .scale: try runner.scale()
             case .confinement: try runner.confinement()
             case .transfer: try runner.transfer()
+            case .dashboard: try runner.dashboard()
             }
             progress("\(section.rawValue): done in \(String(format: "%.1f", seconds(since: t0))) s")
         }

@@ -48,6 +48,11 @@ struct Iterations {
     var scaleBudget: Double = 15
     /// Launches per confinement variant.
     var confinementLatency: Int = 300
+    /// The dashboard: launches running, records stored, requests per page, launches watched.
+    var dashboardRunning: Int = 1000
+    var dashboardRecords: Int = 100_000
+    var dashboardRequests: Int = 50
+    var dashboardEvents: Int = 50
 
     static let full = Iterations(
         quick: false, forkLatency: 5000, forkThroughput: 3000, launchLatency: 500, launchThroughput: 300,
@@ -61,5 +66,6 @@ struct Iterations {
         submitApps: 1000, submitThreads: 4, submitClients: 32, submitSeconds: 3, resubmitSeconds: 2,
         pending: 100_000, pendingApps: 10_000, lookups: 200, idleSeconds: 3,
         e2eLatency: 100, e2eApps: 50, e2eRounds: 1, e2eSimulate: 20, e2ePush: 20,
-        scaleSizes: [10, 50], scaleBudget: 6, confinementLatency: 60)
+        scaleSizes: [10, 50], scaleBudget: 6, confinementLatency: 60,
+        dashboardRunning: 50, dashboardRecords: 10_000, dashboardRequests: 20, dashboardEvents: 20)
 }

@@ -1,5 +1,6 @@
 import BGTaskControl
 import BGTaskDashboard
+import BGTaskStore
 import Dispatch
 import Foundation
 import Logging
@@ -13,7 +14,7 @@ final class DashboardPart: HostPart {
     var partName: String { "dashboard" }
 
     nonisolated init(options: DashboardOptions, verbs: ControlVerbs, launches: LaunchCoordinator, logger: Logger) {
-        dashboard = Dashboard(options: options, source: VerbsSource(verbs: verbs), logger: logger)
+        dashboard = Dashboard(options: options, source: VerbsSource(verbs: verbs, store: launches.core.store), logger: logger)
         self.launches = launches
         self.logger = logger
     }
@@ -40,6 +41,11 @@ final class DashboardPart: HostPart {
 /// Launches by hand never wait for their record here (the page follows them live).
 private struct VerbsSource: DashboardSource {
     let verbs: ControlVerbs
+    let store: PendingRequestStore
+
+    func historyJSON(app: String?, limit: Int) throws -> [String] {
+        try store.historyJSON(app: app, limit: limit)
+    }
 
     func answer(_ command: ControlCommand) -> ControlResponse {
         var command = command
