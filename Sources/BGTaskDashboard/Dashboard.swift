@@ -80,11 +80,17 @@ public final class Dashboard: Sendable {
         task.get()?.cancel()
     }
 
-    /// A launch began or ended: to the pages watching, and (an end) to /metrics.
+    /// A launch began or ended: to the pages watching, and (an end) to /metrics. Called on the
+    /// host's queue: the encoding and counting happen on the dashboard's own serial queue, in
+    /// the order the events came, so the host's queue pays only a hop per launch.
     public func publish(_ event: DashboardEvent) {
-        if case .launchEnded(let record) = event { metrics.record(record) }
-        hub.publish(event)
+        events.async { [metrics, hub] in
+            if case .launchEnded(let record) = event { metrics.record(record) }
+            hub.publish(event)
+        }
     }
+
+    private let events = DispatchQueue(label: "bgtask.dashboard.events")
 
     /// Connections at once (a page holds one for its events, and a few for its reads).
     static let maximumConnections = 256

@@ -14,13 +14,17 @@ extension LaunchCoordinator {
             memoryLimitBytes: launch.limits.memoryBytes)
     }
 
-    /// Every running launch, oldest first.
+    /// Every running launch, oldest first, with its memory at the supervisor's last sample.
     func runningReports() -> [RunningLaunchReport] {
-        running.values.sorted { ($0.startedAt, $0.id) < ($1.startedAt, $1.id) }.map(report)
+        running.values.sorted { ($0.startedAt, $0.id) < ($1.startedAt, $1.id) }.map { launch in
+            var report = report(launch)
+            report.residentBytes = launch.control.residentBytes
+            return report
+        }
     }
 
-    /// `reports` with each one's resident memory now (its process tree's, from /proc): read on
-    /// the caller's thread, not the host's queue.
+    /// `reports` with the resident memory of those the supervisor does not sample (under a
+    /// cgroup's limit), read from /proc: on the caller's thread, not the host's queue.
     nonisolated static func withMemory(_ reports: [RunningLaunchReport]) -> [RunningLaunchReport] {
         reports.map { report in
             var report = report
@@ -28,7 +32,7 @@ extension LaunchCoordinator {
             // supervisor reaps it only once the launch has ended). Its app process's and its
             // children's resident memory, as the memory sampler counts a launch's (not the
             // runner's, nor a PID namespace's init, which share the app's pages).
-            if let pid = report.pid, pid > 0, let app = ProcessTree.appProcess(of: pid) {
+            if report.residentBytes == nil, let pid = report.pid, pid > 0, let app = ProcessTree.appProcess(of: pid) {
                 let bytes = ProcessTree.residentBytes(of: app)
                 if bytes > 0 { report.residentBytes = bytes }
             }

@@ -36,6 +36,14 @@ public final class LaunchControl: @unchecked Sendable {
 
     private let lock = NSLock()
     private var commands: [Command] = []
+    private var sampledResident: UInt64?
+
+    /// The launch's resident memory at the memory sampler's last sample (nil before the first,
+    /// or under a cgroup's limit, where the kernel enforces it and nothing is sampled): what the
+    /// dashboard and `bgtask top` show, with no /proc read of their own.
+    public var residentBytes: UInt64? { lock.withLock { sampledResident } }
+
+    package func sampled(residentBytes: UInt64) { lock.withLock { sampledResident = residentBytes } }
     private var pipeFDs: [Int32] = [-1, -1]
     public var onStart: (@Sendable (Int32) -> Void)?
     /// Called once on the supervision loop when the launch's work is over as far as the host

@@ -202,9 +202,11 @@ package struct LaunchLoop {
             state.cpuLimitExceeded = exceeded
             kill(.cpuLimit, &state, "cpu limit kill")
         } else if sampling,
-                  let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }),
-                  rss > plan.limits.memoryLimitBytes {
-            kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
+                  let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }) {
+            control?.sampled(residentBytes: rss)
+            if rss > plan.limits.memoryLimitBytes {
+                kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
+            }
         }
     }
 
