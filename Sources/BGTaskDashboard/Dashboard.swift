@@ -22,8 +22,8 @@ public final class Dashboard: Sendable {
     let hub = DashboardHub()
     public let metrics = DashboardMetrics()
     private let logger: Logger
-    private let task = LockedBox<Task<Void, Never>?>(nil)
-    private let heartbeat = LockedBox<(any DispatchSourceTimer)?>(nil)
+    private let task = LockedValue<Task<Void, Never>?>(nil)
+    private let heartbeat = LockedValue<(any DispatchSourceTimer)?>(nil)
 
     public init(options: DashboardOptions, source: any DashboardSource, logger: Logger) {
         self.options = options
@@ -40,44 +40,47 @@ public final class Dashboard: Sendable {
         let router = Router(context: DashboardContext.self)
         router.add(middleware: DashboardAccess(options: options))
         routes(router)
-        let bound = LockedBox<Result<Int, any Error>?>(nil)
+        let bound = LockedValue<Result<Int, any Error>?>(nil)
         let ready = DispatchSemaphore(value: 0)
         let app = Application(
             router: router,
             configuration: .init(address: .hostname(options.address, port: options.port), serverName: "bgtask",
                                  availableConnectionsDelegate: MaximumAvailableConnections(Self.maximumConnections)),
             onServerRunning: { channel in
-                bound.set(.success(channel.localAddress?.port ?? 0))
+                bound.withLock { $0 = .success(channel.localAddress?.port ?? 0) }
                 ready.signal()
             },
             logger: logger)
         let logger = logger
-        task.set(Task {
+        task.withLock { $0 = Task {
             do {
                 try await app.runService(gracefulShutdownSignals: [])
             } catch {
                 logger.error("the dashboard stopped", metadata: ["error": "\(error)"])
-                if bound.get() == nil {
-                    bound.set(.failure(error))
-                    ready.signal()
+                // It never listened: `start` is told why.
+                let first = bound.withLock { value -> Bool in
+                    guard value == nil else { return false }
+                    value = .failure(error)
+                    return true
                 }
+                if first { ready.signal() }
             }
-        })
+        } }
         if ready.wait(timeout: .now() + 30) == .timedOut { throw DashboardError("the dashboard did not start listening within 30 s") }
-        let port = try bound.get()!.get()
+        let port = try bound.withLock { $0 }!.get()
         let timer = DispatchSource.makeTimerSource(queue: .global())
         timer.schedule(deadline: .now() + 15, repeating: 15)
         timer.setEventHandler { [hub] in hub.heartbeat() }
         timer.resume()
-        heartbeat.set(timer)
+        heartbeat.withLock { $0 = timer }
         logger.info("dashboard listening", metadata: ["address": "\(options.address)", "port": "\(port)", "actions": "\(options.actions)"])
         return port
     }
 
     public func stop() {
-        heartbeat.get()?.cancel()
+        heartbeat.withLock { $0 }?.cancel()
         hub.close()
-        task.get()?.cancel()
+        task.withLock { $0 }?.cancel()
     }
 
     /// A launch began or ended: to the pages watching, and (an end) to /metrics. Called on the
@@ -183,13 +186,4 @@ struct DashboardAccess: RouterMiddleware {
         }
         return difference == 0
     }
-}
-
-/// A value behind a lock.
-final class LockedBox<Value>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Value
-    init(_ value: Value) { self.value = value }
-    func get() -> Value { lock.withLock { value } }
-    func set(_ newValue: Value) { lock.withLock { value = newValue } }
 }

@@ -30,8 +30,6 @@ final class DashboardHub: @unchecked Sendable {
         return stream
     }
 
-    var subscriberCount: Int { lock.withLock { subscribers.count } }
-
     func publish(_ event: DashboardEvent) {
         let text: String?
         switch event {

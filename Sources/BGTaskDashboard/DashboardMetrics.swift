@@ -16,7 +16,8 @@ public final class DashboardMetrics: Sendable {
     public static let appLabelLimit = 200
     let registry = PrometheusCollectorRegistry()
     private let factory: PrometheusMetricsFactory
-    private let apps = LockedApps()
+    /// The apps given their own label value, in the order first seen, up to the limit.
+    private let labelled = LockedValue<Set<String>>([])
 
     private let expiryLateness: Metrics.Timer
     private let watchdogLateness: Metrics.Timer
@@ -52,7 +53,12 @@ public final class DashboardMetrics: Sendable {
 
     /// A launch ended: counted by app and termination, its timings into the histograms.
     public func record(_ record: RunRecord) {
-        let app = apps.label(record.app)
+        let app = labelled.withLock { known in
+            if known.contains(record.app) { return record.app }
+            guard known.count < Self.appLabelLimit else { return "other" }
+            known.insert(record.app)
+            return record.app
+        }
         Metrics.Counter(label: "bgtask_launches_total", dimensions: [("app", app), ("termination", record.termination.rawValue)], factory: factory)
             .increment()
         launchDuration.recordNanoseconds(Int64(record.wallMs * 1_000_000))
@@ -100,19 +106,4 @@ public final class DashboardMetrics: Sendable {
 
     /// The text format, for /metrics.
     public func text() -> String { registry.emitToString() }
-}
-
-/// The apps given their own label value, in the order first seen, up to the limit.
-private final class LockedApps: @unchecked Sendable {
-    private let lock = NSLock()
-    private var known: Set<String> = []
-
-    func label(_ app: String) -> String {
-        lock.withLock {
-            if known.contains(app) { return app }
-            guard known.count < DashboardMetrics.appLabelLimit else { return "other" }
-            known.insert(app)
-            return app
-        }
-    }
 }

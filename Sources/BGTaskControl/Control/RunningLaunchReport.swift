@@ -1,7 +1,8 @@
 import Foundation
 
 /// A launch running now (`running`: `bgtask top`, the dashboard): its time against its budget,
-/// its memory against its limit. Read when asked: memory from /proc at that moment.
+/// its memory against its limit (the supervisor's last sample; read from /proc when asked for a
+/// launch under a cgroup's limit, which it does not sample).
 public struct RunningLaunchReport: Codable, Sendable, Equatable {
     public var launchID: String
     public var app: String
@@ -16,7 +17,7 @@ public struct RunningLaunchReport: Codable, Sendable, Equatable {
     public var expired: Bool
     public var workOver: Bool
     public var pid: Int32?
-    /// Resident memory of its processes now (nil before its process started or once gone).
+    /// Resident memory of its app process and that process's children (nil before the first sample).
     public var residentBytes: UInt64?
     public var memoryLimitBytes: UInt64
 

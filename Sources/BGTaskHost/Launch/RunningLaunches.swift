@@ -5,7 +5,7 @@ import BGTaskSystem
 import Foundation
 
 extension LaunchCoordinator {
-    /// A running launch as `running` reports it (memory left to `withMemory`, off this queue).
+    /// A running launch as `running` reports it, without its memory (`runningReports` adds it).
     func report(_ launch: RunningLaunch) -> RunningLaunchReport {
         RunningLaunchReport(
             launchID: launch.id, app: launch.app, reason: launch.reason, role: launch.role.rawValue, identifiers: launch.tasks.map(\.identifier),
