@@ -67,9 +67,11 @@ public final class DashboardMetrics: Sendable {
             expiryLateness.recordNanoseconds(Int64((expired - record.budgetMs) * 1_000_000))
         }
         // Watchdog lateness: the kill after the grace's end (the record's end is the reap,
-        // a little after the kill: an upper bound).
+        // a little after the kill: an upper bound). The grace runs from the deadline, not from
+        // when the expiration was sent: from the budget's end, or from a simulated or device
+        // expiration's moment.
         if record.termination == .watchdog, let expired = record.expiredAtMs {
-            let due = expired + record.graceMs
+            let due = (record.expirationReason == nil ? record.budgetMs : expired) + record.graceMs
             if record.wallMs >= due { watchdogLateness.recordNanoseconds(Int64((record.wallMs - due) * 1_000_000)) }
         }
         // From the launch's start to its first handler.
