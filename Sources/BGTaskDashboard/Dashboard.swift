@@ -108,10 +108,13 @@ struct DashboardError: Error, CustomStringConvertible {
 struct DashboardContext: RequestContext, RemoteAddressRequestContext {
     var coreContext: CoreRequestContextStorage
     let remoteAddress: SocketAddress?
+    /// The client's connection (an event stream frees its place when it closes).
+    let channel: any Channel
 
     init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)
         remoteAddress = source.channel.remoteAddress
+        channel = source.channel
     }
 }
 

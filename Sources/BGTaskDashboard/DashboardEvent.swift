@@ -15,6 +15,8 @@ public protocol DashboardSource: Sendable {
     /// Records as JSON texts, newest first, as the host keeps them (the history page passes
     /// them on as they are). Throws what the host's store says.
     func historyJSON(app: String?, limit: Int) throws -> [String]
+    /// Where the host keeps launches' logs and samples (`LAUNCH_ID.log`, `LAUNCH_ID.samples`).
+    var logsDirectory: String { get }
 }
 
 /// `bgtask host --http-port`'s settings.

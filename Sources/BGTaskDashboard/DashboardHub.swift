@@ -12,8 +12,8 @@ final class DashboardHub: @unchecked Sendable {
     private var subscribers: [UUID: AsyncStream<String>.Continuation] = [:]
     private var closed = false
 
-    /// A new subscriber's stream, or nil when there are too many.
-    func subscribe() -> AsyncStream<String>? {
+    /// A new subscriber's stream and its id (for `unsubscribe`), or nil when there are too many.
+    func subscribe() -> (stream: AsyncStream<String>, id: UUID)? {
         let id = UUID()
         let (stream, continuation) = AsyncStream<String>.makeStream(bufferingPolicy: .bufferingNewest(Self.bufferedEvents))
         let added: Bool = lock.withLock {
@@ -27,7 +27,13 @@ final class DashboardHub: @unchecked Sendable {
             _ = self.lock.withLock { self.subscribers.removeValue(forKey: id) }
         }
         continuation.yield("retry: 2000\n: bgtask events\n\n")
-        return stream
+        return (stream, id)
+    }
+
+    /// A subscriber's connection closed: its stream ends and its place is free at once (not
+    /// at the next heartbeat's failed write).
+    func unsubscribe(_ id: UUID) {
+        lock.withLock { subscribers.removeValue(forKey: id) }?.finish()
     }
 
     func publish(_ event: DashboardEvent) {

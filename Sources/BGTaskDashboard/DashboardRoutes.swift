@@ -1,4 +1,5 @@
 import BGTaskControl
+import BGTaskModel
 import Dispatch
 import Foundation
 import Hummingbird
@@ -43,20 +44,35 @@ extension Dashboard {
             let app = request.uri.queryParameters.get("app")
             let source = self.source
             return try await json { () -> LaunchPage? in
+                // A launch ID names files: letters, digits and dashes only.
+                guard !id.isEmpty, id.count <= 64, id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else { return nil }
+                let logs = source.logsDirectory
+                let samples = LaunchSamples.read("\(logs)/\(id).samples")
                 // Found among the stored texts, and only it decoded.
                 let key = "\"launch_id\":\"\(id)\""
-                guard !id.isEmpty, !id.contains("\""), let text = (try? source.historyJSON(app: app, limit: 5000))?.first(where: { $0.contains(key) }),
-                      let record = try? RunRecord.decode(Data(text.utf8)), record.launchID == id else { return nil }
-                return LaunchPage(record: record, log: record.log.flatMap(Self.logTail))
+                if let text = (try? source.historyJSON(app: app, limit: 5000))?.first(where: { $0.contains(key) }),
+                   let record = try? RunRecord.decode(Data(text.utf8)), record.launchID == id {
+                    return LaunchPage(record: record, log: record.log.flatMap(Self.logTail), samples: samples)
+                }
+                // Still running: what it has written and sampled so far.
+                guard let running = self.answer(.running).running?.first(where: { $0.launchID == id }) else { return nil }
+                return LaunchPage(running: running, log: Self.logTail("\(logs)/\(id).log"), samples: samples)
             }
         }
         router.get("/api/pushes") { [self] _, _ in try await json { self.answer(.pushes(limit: 500)).pushes ?? [] } }
         router.get("/api/transfers") { [self] _, _ in try await json { self.answer(.transfers(limit: 500)).transfers ?? [] } }
         router.get("/api/notifications") { [self] _, _ in try await json { self.answer(.notifications(limit: 500)).notifications ?? [] } }
-        router.get("/events") { [hub] _, _ -> Response in
-            guard let stream = hub.subscribe() else {
+        router.get("/events") { [hub] _, context -> Response in
+            guard let (stream, id) = hub.subscribe() else {
+                // The server reads nothing while it streams, so a page that went away is found
+                // only when a write to it fails (on loopback, the second after its close): full,
+                // the watchers are sent two heartbeats, and a page that retries (as
+                // EventSource does, after 2 s) takes a place that was held by a gone one.
+                hub.heartbeat()
+                hub.heartbeat()
                 return DashboardAccess.refusal(.serviceUnavailable, "\(DashboardHub.maximumSubscribers) pages are watching already")
             }
+            context.channel.closeFuture.whenComplete { _ in hub.unsubscribe(id) }
             return Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-store"], body: .init { writer in
                 for await text in stream { try await writer.write(ByteBuffer(string: text)) }
                 try await writer.finish(nil)
@@ -103,9 +119,17 @@ extension Dashboard {
         var why: WhyReport?
     }
 
+    /// One launch: its record once it has ended, or what is known of it while it runs; its
+    /// log (its end), and its memory and CPU over time.
     struct LaunchPage: Encodable {
-        var record: RunRecord
+        var record: RunRecord?
+        var running: RunningLaunchReport?
         var log: String?
+        var samples: [LaunchSamples.Point]
+
+        init(record: RunRecord? = nil, running: RunningLaunchReport? = nil, log: String?, samples: [LaunchSamples.Point]) {
+            (self.record, self.running, self.log, self.samples) = (record, running, log, samples)
+        }
     }
 
     /// The most pending requests the overview asks why of (each is one question to the host).

@@ -46,18 +46,18 @@ import Glibc
     }
 
     /// A staged host (`stage`) for a test that drives it with a client from the venv.
-    static func withStagedHost(_ body: (HostProcess, Int, Scratch) throws -> Void) throws {
+    static func withStagedHost(_ extra: [String] = [], _ body: (HostProcess, Int, Scratch) throws -> Void) throws {
         try ProviderLibraries.require()
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let (host, port) = try started(scratch)
+        let (host, port) = try started(scratch, extra)
         defer { host.stop() }
         try stage(host)
         try body(host, port, scratch)
     }
 
     @Test(.enabled(if: ProviderLibraries.runnable)) func aPersonSeesTheLaunchesTheWhyAndALiveLaunchInARealBrowser() throws {
-        try Self.withStagedHost { host, port, scratch in
+        try Self.withStagedHost(["--http-actions"]) { host, port, scratch in
             let shots = ProcessInfo.processInfo.environment["BGTASK_DASHBOARD_SCREENSHOTS"] ?? scratch.url.appendingPathComponent("shots").path
             let browsed = try runCommand([ProviderLibraries.python, ProviderLibraries.interop.appendingPathComponent("dashboard_browser.py").path,
                                           "http://127.0.0.1:\(port)/", Products.cli, scratch.state.path, shots], timeout: .seconds(180))
@@ -66,6 +66,12 @@ import Glibc
                                     "\(browsed.stdout)")
             #expect((seen["why"] as? String)?.contains("power") == true, "\(seen)")
             #expect(seen["new"] as? Bool == true)
+            // The watchdog-killed launch's memory and CPU were drawn from its samples; the page's
+            // forms pushed (a mark on the timeline) and put the device on power (the why changed).
+            #expect((seen["chart_points"] as? Int ?? 0) >= 2, "\(seen)")
+            #expect(seen["push_mark"] as? Bool == true && seen["power_cleared"] as? Bool == true, "\(seen)")
+            let pushes = try host.send(.pushes(limit: 10)).pushes ?? []
+            #expect(pushes.count == 1 && pushes.first?.app == Self.app, "\(pushes.map(\.text))")
             // What the page showed is what the host recorded.
             let records = try host.send(.history(limit: 10)).records ?? []
             #expect(Set(records.map(\.termination.rawValue)).isSuperset(of: ["watchdog", "jetsam"]), "\(records.map(\.termination))")
@@ -179,7 +185,7 @@ import Glibc
     @Test func topShowsARunningLaunchAgainstItsBudgetAndLimit() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }
-        let (host, _) = try Self.started(scratch)
+        let (host, port) = try Self.started(scratch)
         defer { host.stop() }
         let launched = try host.cli(["simulate-launch", "\(Self.app).block", "--force", "--type", "processing", "--no-wait"])
         let id = try #require(launched.stdout.split(separator: " ").last.map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }, "\(launched.stdout)")
@@ -193,9 +199,110 @@ import Glibc
         let reports = try JSONDecoder.control.decode([RunningLaunchReport].self, from: Data(json.stdout.utf8))
         #expect(reports.count == 1 && reports[0].launchID == id && reports[0].budgetMs == 2000 && reports[0].memoryLimitBytes == 64 << 20
                 && (reports[0].residentBytes ?? 0) > 1 << 20 && (reports[0].residentBytes ?? 0) < 64 << 20, "\(reports)")
+        // The dashboard's page of the launch while it runs: what is known so far.
+        let running = try Self.get(port, "/api/launch/\(id)")
+        #expect(running.status == 200, "\(running)")
+        let live = try #require(try JSONSerialization.jsonObject(with: Data(running.body.utf8)) as? [String: Any], "\(running.body)")
+        #expect((live["running"] as? [String: Any])?["launch_id"] as? String == id && live["record"] == nil, "\(live)")
         // Killed by the watchdog at 3 s: then nothing runs.
         _ = try host.waitForHistory(count: 1)
         #expect(try host.cli(["top", "--once"]).stdout.contains("0 launch(es) running"))
+        // Its record now, and its memory and CPU over its 3 s: a point a second, from the
+        // supervisor's samples, kept beside its log.
+        let ended = try Self.get(port, "/api/launch/\(id)")
+        let page = try #require(try JSONSerialization.jsonObject(with: Data(ended.body.utf8)) as? [String: Any], "\(ended.body)")
+        #expect((page["record"] as? [String: Any])?["termination"] as? String == "watchdog", "\(Array(page.keys))")
+        let samples = page["samples"] as? [[String: Any]] ?? []
+        #expect(samples.count >= 2 && samples.count <= 5, "\(samples)")
+        let times = samples.compactMap { $0["ms"] as? Double }
+        #expect(times == times.sorted() && (times.last ?? 0) < 3_500, "\(times)")
+        #expect(samples.allSatisfy { ($0["resident_bytes"] as? Int ?? 0) > 1 << 20 && ($0["resident_bytes"] as? Int ?? 0) < 64 << 20 }, "\(samples)")
+        #expect(samples.contains { $0["cpu_ms"] is Double }, "\(samples)")
+        #expect(FileManager.default.fileExists(atPath: host.scratch.state.appendingPathComponent("logs/\(id).samples").path))
+    }
+
+    /// A GET on the dashboard: its status and body (curl, loopback).
+    static func get(_ port: Int, _ path: String) throws -> (status: Int, body: String) {
+        let curl = try runCommand(["/usr/bin/curl", "-s", "-w", "\n%{http_code}", "--max-time", "10", "http://127.0.0.1:\(port)\(path)"])
+        let lines = curl.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+        return (Int(lines.last ?? "") ?? -1, lines.dropLast().joined(separator: "\n"))
+    }
+
+    /// Hostile clients: an action body past its bound, more event streams than allowed, a
+    /// launch ID that tries to name another file. Each is refused with a reason and the
+    /// dashboard goes on answering.
+    @Test func hostileClientsAreBoundedAndTheDashboardGoesOn() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let (host, port) = try Self.started(scratch, ["--http-actions"])
+        defer { host.stop() }
+        // 1 MiB for an action whose bound is 64 KiB.
+        let big = scratch.url.appendingPathComponent("big.json")
+        try Data(("{\"verb\": \"push\", \"app\": \"\(Self.app)\", \"push\": {\"payload\": \"" + String(repeating: "x", count: 1 << 20) + "\"}}").utf8).write(to: big)
+        let posted = try runCommand(["/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--max-time", "20",
+                                     "-H", "X-Bgtask-Action: 1", "-H", "Content-Type: application/json", "--data-binary", "@\(big.path)",
+                                     "http://127.0.0.1:\(port)/api/action"])
+        #expect(posted.stdout == "413", "\(posted.stdout) \(posted.stderr)")
+        #expect(try host.send(.pushes(limit: 10)).pushes?.isEmpty == true)
+        // A launch ID naming another file: no page, nothing read.
+        for path in ["/api/launch/..%2F..%2Fetc%2Fpasswd", "/api/launch/%2E%2E", "/api/launch/a%00b"] {
+            let answer = try Self.get(port, path)
+            #expect(answer.status == 200 && answer.body == "null", "\(path): \(answer)")
+        }
+        // 64 pages watching at once; the 65th is told why, and is let in once one has gone
+        // (found by the heartbeats the refusal sends).
+        var streams: [Int32] = []
+        defer { for fd in streams { close(fd) } }
+        for index in 0..<64 {
+            let fd = try Self.openEventStream(port)
+            streams.append(fd)
+            let head = Self.read(fd, until: "bgtask events")
+            #expect(head.hasPrefix("HTTP/1.1 200"), "stream \(index): \(head)")
+        }
+        let refused = try Self.openEventStream(port)
+        let answer = Self.read(refused, until: "watching already")
+        close(refused)
+        #expect(answer.hasPrefix("HTTP/1.1 503") && answer.contains("64 pages are watching already"), "\(answer)")
+        #expect(try Self.get(port, "/api/overview").status == 200, "the dashboard still answers")
+        close(streams.removeLast())
+        var admitted = ""
+        #expect(eventually(within: 10) {
+            guard let fd = try? Self.openEventStream(port) else { return false }
+            admitted = Self.read(fd, until: "bgtask events")
+            if admitted.hasPrefix("HTTP/1.1 200") { streams.append(fd); return true }
+            close(fd)
+            return false
+        }, "\(admitted)")
+    }
+
+    /// A connection that asked for /events (HTTP/1.1, loopback), with a 5 s receive timeout.
+    static func openEventStream(_ port: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HostTestError("socket: \(errno)") }
+        var timeout = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard connected == 0 else { close(fd); throw HostTestError("connect: \(errno)") }
+        let request = "GET /events HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nAccept: text/event-stream\r\n\r\n"
+        _ = request.withCString { send(fd, $0, strlen($0), 0) }
+        return fd
+    }
+
+    /// What `fd` sends until `marker` appears (or 5 s without a byte, or 64 KiB).
+    static func read(_ fd: Int32, until marker: String) -> String {
+        var received = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while received.count < 1 << 16 {
+            let count = recv(fd, &buffer, buffer.count, 0)
+            guard count > 0 else { break }
+            received += buffer[0..<count]
+            if String(decoding: received, as: UTF8.self).contains(marker) { break }
+        }
+        return String(decoding: received, as: UTF8.self)
     }
 
     /// An address of this machine that is not loopback (its first up interface's IPv4), if any.

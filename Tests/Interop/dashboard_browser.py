@@ -9,7 +9,10 @@ Checks, failing with a message naming what was missing:
   - the pending table shows the held request with why it has not run;
   - a launch started after the page loaded (with the real CLI: BGTASK simulate-launch) appears
     on the timeline without a reload (server-sent events);
-  - a click on a bar opens its launch: the record and its log.
+  - a click on a bar opens its launch: the record and its log; the watchdog-killed launch's
+    memory against the jetsam line and its CPU, drawn from the supervisor's samples;
+  - the action forms (the host runs with --http-actions): a push sent from the page appears on
+    the timeline; the device put on power from the page clears the held request's why.
 Saves screenshots (timeline.png, launch.png) into SCREENSHOTS. Prints one JSON line of what it
 saw on success.
 """
@@ -91,9 +94,29 @@ def main():
                               ".dispatchEvent(new MouseEvent('click', {bubbles: true}))", launch_id)
         summary = wait_for(driver, "the launch's record", lambda: driver.find_element(By.ID, "launch-summary").text or None)
         log = wait_for(driver, "the launch's log", lambda: (lambda t: t if "misbehaving: ok" in t else None)(driver.find_element(By.ID, "launch-log").text))
+        # The watchdog kill's memory and CPU over its three seconds.
+        killed = next(launch for launch, termination, _ in bars(driver) if termination == "watchdog")
+        driver.execute_script("document.querySelector(`#timeline rect.bar[data-launch='${arguments[0]}']`)"
+                              ".dispatchEvent(new MouseEvent('click', {bubbles: true}))", killed)
+        points = wait_for(driver, "the killed launch's memory chart", lambda: driver.execute_script(
+            "const c = document.querySelector('#usage-chart'); if (!c || !document.querySelector('#launch-title').textContent.startsWith(arguments[0])) return null;"
+            "const line = c.querySelector('polyline.mem-line'); return line && c.querySelector('.jetsam-line') ? line.getAttribute('points').split(' ').length : null", killed))
+        driver.execute_script("document.querySelector('#launch-section').scrollIntoView()")
         driver.save_screenshot(os.path.join(shots, "launch.png"))
+        # The forms: a push, then the device on power.
+        wait_for(driver, "the actions panel", lambda: driver.find_element(By.ID, "actions-section").is_displayed())
+        driver.find_element(By.CSS_SELECTOR, "#act-push button").click()
+        wait_for(driver, "the push's answer", lambda: (lambda t: t if t.startswith("push") else None)(driver.find_element(By.ID, "action-result").text))
+        push_mark = wait_for(driver, "the push on the timeline", lambda: driver.execute_script("return document.querySelectorAll('#timeline circle.push').length > 0"))
+        device = driver.find_element(By.ID, "act-device")
+        device.find_element(By.CSS_SELECTOR, "select[name=condition]").send_keys("power")
+        device.find_element(By.CSS_SELECTOR, "select[name=value]").send_keys("on")
+        device.find_element(By.TAG_NAME, "button").click()
+        power_cleared = wait_for(driver, "the held request's why without power", lambda: not any("power" in text.lower() for text in driver.execute_script(
+            "return [...document.querySelectorAll('#pending tbody tr')].map(r => r.innerText)")))
         print(json.dumps({"bars": terminations, "why": why, "live": live[0], "new": launch_id not in before,
-                          "summary": summary.splitlines()[:3], "log_lines": len(log.splitlines())}))
+                          "summary": summary.splitlines()[:3], "log_lines": len(log.splitlines()), "chart_points": points,
+                          "push_mark": push_mark, "power_cleared": power_cleared}))
     finally:
         driver.quit()
 

@@ -191,6 +191,9 @@ public struct AppSummary: Codable, Sendable, Equatable {
     /// Why the app's last process ended while suspended (its eviction), and when.
     public var lastEviction: String? = nil
     public var lastEvictionAt: Date? = nil
+    /// The entitlements the bundle claims (those set to true), and its app groups.
+    public var entitlements: [String]? = nil
+    public var appGroups: [String]? = nil
 
     /// The memberwise initializer, for the modules above this one.
     package init(identifier: String, path: String, permittedIdentifiers: [String], backgroundModes: [String], extensions: [String], running: String? = nil, refreshEnabled: Bool, penaltyLevel: Int, penaltyUntil: Date? = nil, pending: Int, process: String? = nil, processID: Int32? = nil, processBytes: UInt64? = nil, suspendedSince: Date? = nil, processLaunches: Int? = nil, lastEviction: String? = nil, lastEvictionAt: Date? = nil) {

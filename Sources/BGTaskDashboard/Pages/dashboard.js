@@ -23,6 +23,8 @@ const state = {
   end: null,            // right edge (ms since 1970); null: follow now
   selected: null,
   actions: false,
+  pushes: [],           // the host's pushes (/api/pushes), marks on the timeline
+  transfers: [],        // its transfers (/api/transfers), spans on the timeline
 };
 
 async function get(path) {
@@ -37,8 +39,28 @@ async function act(request) {
     headers: { "Content-Type": "application/json", "X-Bgtask-Action": "1" }, body: JSON.stringify(request),
   });
   const text = await response.text();
-  if (!response.ok) alert(text);
+  const out = $("#action-result");
+  if (out) {
+    out.textContent = `${request.verb}: ${response.ok ? summarise(text) : text}`;
+    out.classList.toggle("failed", !response.ok);
+  } else if (!response.ok) {
+    alert(text);
+  }
   refresh();
+  drawEvents().catch(console.error);
+}
+
+// What an action's answer says, in a line or a few.
+function summarise(text) {
+  try {
+    const answer = JSON.parse(text);
+    if (answer.error) return `refused: ${answer.error.message || JSON.stringify(answer.error)}`;
+    if (answer.message) return answer.message;
+    const keys = Object.keys(answer).filter((k) => answer[k] != null && k !== "ok");
+    return keys.length ? keys.map((k) => `${k}: ${typeof answer[k] === "object" ? JSON.stringify(answer[k]).slice(0, 300) : answer[k]}`).join("\n") : "done";
+  } catch {
+    return text;
+  }
 }
 
 // MARK: The timeline
@@ -49,6 +71,8 @@ function rows() {
   const names = new Set(state.apps.map((a) => a.identifier));
   for (const r of state.records.values()) names.add(r.app);
   for (const r of state.running.values()) names.add(r.app);
+  for (const p of state.pushes) names.add(p.app);
+  for (const t of state.transfers) names.add(t.app);
   return [...names].sort();
 }
 
@@ -107,6 +131,23 @@ function drawTimeline() {
     if (!rowOf.has(r.app) || state.records.has(r.launch_id)) continue;
     const begin = Date.parse(r.started_at);
     bar(r, begin, now, "running", r.budget_ms, null, false);
+  }
+  // Pushes: a dot where each came in (filled once delivered); transfers: a thin line under the
+  // row from creation to the end (or now), a diamond where it finished.
+  for (const p of state.pushes) {
+    const t = Date.parse(p.received_at);
+    if (!rowOf.has(p.app) || t < start || t > end) continue;
+    const y = AXIS + rowOf.get(p.app) * ROW + ROW - 3;
+    parts.push(`<circle class="event push ${esc(p.state)}" data-push="${esc(p.id)}" cx="${x(t)}" cy="${y}" r="3.5"><title>push ${esc(p.id)} (${esc(p.kind)}, priority ${p.priority}): ${esc(p.state)}${p.detail ? "\n" + esc(p.detail) : ""}\n${esc(new Date(t).toLocaleString())}</title></circle>`);
+  }
+  for (const t of state.transfers) {
+    const from = Date.parse(t.created_at), to = t.finished_at ? Date.parse(t.finished_at) : now;
+    if (!rowOf.has(t.app) || to < start || from > end) continue;
+    const y = AXIS + rowOf.get(t.app) * ROW + ROW - 2;
+    const left = Math.max(x(from), LABEL), right = Math.min(x(to), width - 8);
+    const title = `<title>transfer ${esc(t.id)} ${esc(t.kind)}: ${esc(t.state)}\n${esc(t.url)}\n${mib(t.bytes_received || t.bytes_sent)} of ${mib(t.bytes_expected_to_receive || t.bytes_expected_to_send)}</title>`;
+    parts.push(`<line class="event transfer" data-transfer="${esc(t.id)}" x1="${left}" x2="${Math.max(right, left + 2)}" y1="${y}" y2="${y}">${title}</line>`);
+    if (t.finished_at && to >= start && to <= end) parts.push(`<path class="event transfer-end" d="M${x(to)},${y - 4} L${x(to) + 4},${y} L${x(to)},${y + 4} L${x(to) - 4},${y} Z">${title}</path>`);
   }
   if (now >= start && now <= end) parts.push(`<line class="now" x1="${x(now)}" x2="${x(now)}" y1="${AXIS - 6}" y2="${height}"/>`);
   svg.innerHTML = parts.join("");
@@ -169,7 +210,7 @@ function wireTimeline() {
   window.addEventListener("resize", drawTimeline);
   $("#legend").innerHTML = Object.entries(TERMINATIONS).filter(([t]) => !["disk-quota", "host-lost"].includes(t))
     .map(([t, [label]]) => `<span><i style="background:${colour(t)}"></i>${esc(label)}</span>`).join("") +
-    '<span>┆ budget ends</span><span style="color:#f9ab00">▼</span><span>expired</span><span>✕ killed</span>';
+    '<span>┆ budget ends</span><span style="color:#f9ab00">▼</span><span>expired</span><span>✕ killed</span><span>● push</span><span>─◆ transfer</span>';
   markRange();
 }
 
@@ -195,8 +236,25 @@ async function showLaunch(id, app) {
   const page = await get(`/api/launch/${encodeURIComponent(id)}${app ? "?app=" + encodeURIComponent(app) : ""}`);
   if (!page) return;
   state.selected = id;
-  const r = page.record;
   $("#launch-section").hidden = false;
+  const r = page.record;
+  if (!r) {
+    // Still running: what is known so far.
+    const l = page.running;
+    $("#launch-title").textContent = `${l.launch_id} (${l.app}), running`;
+    const elapsed = Date.now() - Date.parse(l.started_at);
+    $("#launch-summary").innerHTML = [
+      ["state", `<span class="term" style="background:${colour("running")}">running</span>${l.expired ? " expired, in its grace" : ""}${l.work_over ? ", its work over" : ""}`],
+      ["reason", esc(l.reason)], ["started", esc(new Date(l.started_at).toLocaleString())],
+      ["time", `${ms(elapsed)} of a ${ms(l.budget_ms)} budget + ${ms(l.grace_ms)} grace`],
+      ["memory", `${mib(l.resident_bytes)} of ${mib(l.memory_limit_bytes)}`],
+      ["tasks", l.identifiers.map(esc).join("<br>") || "none"], ["pid", esc(l.pid)],
+    ].map(([k, v]) => `<dt>${esc(k)}</dt><dd>${v}</dd>`).join("");
+    drawUsage(page.samples, l.memory_limit_bytes, l.budget_ms, null, elapsed);
+    launchLog = page.log || "";
+    drawLog();
+    return;
+  }
   $("#launch-title").textContent = `${r.launch_id} (${r.app})`;
   const facts = [
     ["termination", `<span class="term" style="background:${colour(r.termination)}">${esc(r.termination)}</span> ${esc(r.error || "")}`],
@@ -211,9 +269,43 @@ async function showLaunch(id, app) {
     ["process", r.resumed ? `resumed after ${ms(r.suspended_ms)} suspended (launch ${r.process_launches} of its process)` : esc(r.previous_process || "new")],
   ];
   $("#launch-summary").innerHTML = facts.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${v}</dd>`).join("");
+  drawUsage(page.samples, r.memory_limit_bytes, r.budget_ms, r.expired_at_ms, r.wall_ms);
   launchLog = page.log || "";
   drawLog();
   $("#launch-section").scrollIntoView({ behavior: "smooth" });
+}
+
+// Memory (against the jetsam line) and CPU over the launch, from the supervisor's samples.
+function drawUsage(samples, limit, budgetMs, expiredMs, endMs) {
+  const box = $("#launch-usage");
+  if (!samples || samples.length < 2) {
+    box.innerHTML = `<p class="hint">${samples?.length ? "one sample" : "no samples"} of memory and CPU (taken every second or more while a launch runs, where the host samples memory)</p>`;
+    return;
+  }
+  const W = 760, H = 170, L = 64, R = 54, T = 10, B = 22;
+  const last = Math.max(samples[samples.length - 1].ms, endMs || 0);
+  const span = Math.max(last, 1);
+  const top = Math.max(limit || 0, ...samples.map((p) => p.resident_bytes)) * 1.05 || 1;
+  const cpu = [];
+  for (let i = 1; i < samples.length; i++) {
+    const a = samples[i - 1], b = samples[i];
+    if (a.cpu_ms != null && b.cpu_ms != null && b.ms > a.ms) cpu.push([b.ms, Math.max(0, (100 * (b.cpu_ms - a.cpu_ms)) / (b.ms - a.ms))]);
+  }
+  const cpuTop = Math.max(100, ...cpu.map(([, v]) => v));
+  const x = (t) => L + (t / span) * (W - L - R), ym = (b) => T + (1 - b / top) * (H - T - B), yc = (v) => T + (1 - v / cpuTop) * (H - T - B);
+  const parts = [`<svg id="usage-chart" viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="memory and CPU over the launch">`];
+  parts.push(`<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`);
+  parts.push(`<text class="axis-label" x="${L}" y="${H - 6}">0</text><text class="axis-label" x="${W - R}" y="${H - 6}" text-anchor="end">${ms(last)}</text>`);
+  parts.push(`<text class="axis-label mem" x="${L - 6}" y="${ym(top / 1.05) + 4}" text-anchor="end">${mib(top / 1.05)}</text>`);
+  parts.push(`<text class="axis-label cpu" x="${W - R + 6}" y="${yc(cpuTop) + 8}">${cpuTop.toFixed(0)} %</text>`);
+  if (limit) parts.push(`<line class="jetsam-line" x1="${L}" x2="${W - R}" y1="${ym(limit)}" y2="${ym(limit)}"><title>memory limit (jetsam) ${mib(limit)}</title></line><text class="axis-label jetsam" x="${L + 4}" y="${ym(limit) - 3}">jetsam ${mib(limit)}</text>`);
+  if (budgetMs && budgetMs <= span) parts.push(`<line class="budget-line" x1="${x(budgetMs)}" x2="${x(budgetMs)}" y1="${T}" y2="${H - B}"><title>budget ends</title></line>`);
+  if (expiredMs != null && expiredMs <= span) parts.push(`<line class="expired-line" x1="${x(expiredMs)}" x2="${x(expiredMs)}" y1="${T}" y2="${H - B}"><title>expired</title></line>`);
+  parts.push(`<polyline class="mem-line" points="${samples.map((p) => `${x(p.ms).toFixed(1)},${ym(p.resident_bytes).toFixed(1)}`).join(" ")}"><title>resident memory</title></polyline>`);
+  if (cpu.length) parts.push(`<polyline class="cpu-line" points="${cpu.map(([t, v]) => `${x(t).toFixed(1)},${yc(v).toFixed(1)}`).join(" ")}"><title>CPU, % of one core</title></polyline>`);
+  parts.push("</svg>");
+  const peak = Math.max(...samples.map((p) => p.resident_bytes));
+  box.innerHTML = `<h3>Memory and CPU <span class="count">${samples.length} samples; peak ${mib(peak)}; <span class="mem">━ memory</span> <span class="cpu">━ CPU % of a core</span></span></h3>` + parts.join("");
 }
 
 function drawLog() {
@@ -235,21 +327,24 @@ function drawRunning() {
   const now = Date.now();
   const rows = [...state.running.values()].map((l) => {
     const elapsed = now - Date.parse(l.started_at);
-    return `<tr data-launch="${esc(l.launch_id)}"><td>${esc(l.app)}</td><td>${esc(l.launch_id)} <span class="state">${esc(l.role)}</span></td><td>${l.identifiers.map(esc).join("<br>")}</td>` +
+    const expire = state.actions ? l.identifiers.map((i) => `<button class="act" data-act="expire" data-id="${esc(i)}" title="simulate the expiration of ${esc(i)}">expire</button>`).join(" ") : "";
+    return `<tr class="clickable" data-launch="${esc(l.launch_id)}" data-app="${esc(l.app)}"><td>${esc(l.app)}</td><td>${esc(l.launch_id)} <span class="state">${esc(l.role)}</span></td><td>${l.identifiers.map(esc).join("<br>")}</td>` +
       `<td>${meter(elapsed, l.budget_ms, `${ms(elapsed)} / ${ms(l.budget_ms)}${l.expired ? " expired" : ""}`)}</td>` +
-      `<td>${meter(l.resident_bytes || 0, l.memory_limit_bytes, `${mib(l.resident_bytes)} / ${mib(l.memory_limit_bytes)}`)}</td></tr>`;
+      `<td>${meter(l.resident_bytes || 0, l.memory_limit_bytes, `${mib(l.resident_bytes)} / ${mib(l.memory_limit_bytes)}`)}</td><td>${expire}</td></tr>`;
   });
-  $("#running tbody").innerHTML = rows.join("") || '<tr><td colspan="5">nothing is running</td></tr>';
+  $("#running tbody").innerHTML = rows.join("") || '<tr><td colspan="6">nothing is running</td></tr>';
   $("#running-count").textContent = `(${state.running.size})`;
 }
 
 function drawOverview(overview) {
   state.actions = overview.actions;
+  state.clockMode = overview.clock?.mode;
   $("#clock").textContent = `${overview.clock?.mode === "virtual" ? "virtual clock " : ""}${new Date(overview.clock?.now || overview.now).toLocaleString()}`;
   $("#pending tbody").innerHTML = overview.pending.map(({ request, why }) => {
     const blockers = (why?.blockers || []).map((b) => `<span class="blocker ${b.blocking ? "" : "note"}">${b.blocking ? "" : "note: "}${esc(b.message)} <code>${esc(b.code)}</code></span>`).join("");
     const eligible = why && why.state === "pending" && !(why.blockers || []).some((b) => b.blocking);
-    const run = state.actions ? `<button class="act" data-act="launch" data-app="${esc(request.app)}" data-id="${esc(request.request.identifier)}">run now</button>` : "";
+    const run = state.actions ? `<button class="act" data-act="launch" data-app="${esc(request.app)}" data-id="${esc(request.request.identifier)}">run now</button> ` +
+      `<button class="act" data-act="cancel" data-app="${esc(request.app)}" data-id="${esc(request.request.identifier)}">cancel</button>` : "";
     return `<tr data-app="${esc(request.app)}" data-identifier="${esc(request.request.identifier)}"><td>${esc(request.app)}</td><td>${esc(request.request.identifier)}</td><td>${esc(request.request.kind)}</td>` +
       `<td>${esc(new Date(request.submittedAt).toLocaleString())}</td><td class="why">${request.runningLaunch ? "running now" : eligible ? "eligible: it runs at the next launch" : blockers || "…"}</td><td>${run}</td></tr>`;
   }).join("") || '<tr><td colspan="6">no pending request</td></tr>';
@@ -258,7 +353,7 @@ function drawOverview(overview) {
   $("#apps tbody").innerHTML = overview.apps.map((a) => `<tr><td>${esc(a.identifier)}<br><small>${esc(a.path)}</small></td>` +
     `<td><span class="state ${esc(a.process || (a.running ? "running" : "not-running"))}">${esc(a.process || (a.running ? "running" : "not running"))}</span>${a.processBytes ? " " + mib(a.processBytes) : ""}${a.lastEviction ? `<br><small>last evicted: ${esc(a.lastEviction)}</small>` : ""}</td>` +
     `<td title="${esc((a.permittedIdentifiers || []).join("\n"))}">${(a.permittedIdentifiers || []).slice(0, 3).map(esc).join("<br>")}${(a.permittedIdentifiers || []).length > 3 ? `<br><small>and ${a.permittedIdentifiers.length - 3} more</small>` : ""}</td><td>${(a.backgroundModes || []).map(esc).join(", ")}</td><td>${a.pending}</td>` +
-    `<td>${a.penaltyLevel ? `level ${a.penaltyLevel}` : ""}</td></tr>`).join("");
+    `<td>${a.penaltyLevel ? `level ${a.penaltyLevel}` : ""}</td><td>${appDetails(a)}</td><td>${lastLaunches(a.identifier)}</td></tr>`).join("");
   $("#apps-count").textContent = `(${overview.apps.length})`;
   const device = overview.device || {};
   const sources = device.sources || {};
@@ -267,10 +362,46 @@ function drawOverview(overview) {
     `<dt>clock</dt><dd>${esc(overview.clock?.mode)}${overview.clock?.nextDue ? `, next due ${esc(new Date(overview.clock.nextDue).toLocaleString())}` : ""}</dd>`;
   state.running = new Map(overview.running.map((l) => [l.launch_id, l]));
   drawRunning();
+  drawActions();
+}
+
+// An app's entitlements and groups (its bundle), and its sandbox and disk at its last launch.
+function appDetails(a) {
+  const last = latestRecord(a.identifier);
+  const lines = [];
+  if ((a.entitlements || []).length) lines.push(`entitlements: ${a.entitlements.map(esc).join(", ")}`);
+  if ((a.appGroups || []).length) lines.push(`groups: ${a.appGroups.map(esc).join(", ")}`);
+  if (last?.sandbox) {
+    const layers = Object.entries(last.sandbox);
+    lines.push(`sandbox: ${layers.filter(([, v]) => v.applied).map(([k]) => esc(k)).join(", ") || "none"}${layers.some(([, v]) => !v.applied) ? ` <small>(not: ${layers.filter(([, v]) => !v.applied).map(([k]) => esc(k)).join(", ")})</small>` : ""}`);
+  }
+  if (last?.disk) {
+    const d = last.disk;
+    lines.push(`disk: ${d.bytes != null ? mib(d.bytes) : "?"}${d.quota_bytes ? ` of ${mib(d.quota_bytes)}` : ""}${d.inodes != null ? `, ${d.inodes} files${d.quota_inodes ? ` of ${d.quota_inodes}` : ""}` : ""}${d.exceeded ? ` <b>${esc(d.exceeded)}</b>` : ""}`);
+  }
+  return lines.map((l) => `<small>${l}</small>`).join("<br>");
+}
+
+function recordsOf(app) {
+  return [...state.records.values()].filter((r) => r.app === app).sort((a, b) => Date.parse(b.started_at) - Date.parse(a.started_at));
+}
+
+function latestRecord(app) {
+  let latest = null;
+  for (const r of state.records.values()) if (r.app === app && (!latest || r.started_at > latest.started_at)) latest = r;
+  return latest;
+}
+
+// An app's last launches: a square each, coloured by termination, newest first.
+function lastLaunches(app) {
+  return recordsOf(app).slice(0, 8).map((r) => `<span class="dot clickable" data-launch="${esc(r.launch_id)}" data-app="${esc(r.app)}" title="${esc(`${new Date(r.started_at).toLocaleString()}: ${r.termination} after ${ms(r.wall_ms)}`)}" style="background:${colour(r.termination)}"></span>`).join("");
 }
 
 async function drawEvents() {
   const [pushes, transfers, notifications] = await Promise.all([get("/api/pushes"), get("/api/transfers"), get("/api/notifications")]);
+  state.pushes = pushes;
+  state.transfers = transfers;
+  drawTimeline();
   $("#pushes tbody").innerHTML = pushes.slice(0, 100).map((p) => `<tr><td>${esc(new Date(p.received_at).toLocaleString())}</td><td>${esc(p.app)}</td><td>${esc(p.kind)}</td><td>${esc(p.state)}</td><td>${esc(p.detail || "")}</td></tr>`).join("") || '<tr><td colspan="5">none</td></tr>';
   $("#transfers tbody").innerHTML = transfers.slice(0, 100).map((t) => {
     const total = t.bytes_expected_to_receive || t.bytes_expected_to_send || 0, done = t.bytes_received || t.bytes_sent || 0;
@@ -286,6 +417,50 @@ async function refresh() {
   } catch (error) {
     console.error(error);
   }
+}
+
+// MARK: Actions (when the host enables them)
+
+function wireActions() {
+  const form = (id, build) => $(id).addEventListener("submit", (event) => {
+    event.preventDefault();
+    const request = build(new FormData(event.target));
+    if (request) act(request);
+  });
+  form("#act-launch", (f) => ({ verb: "simulate-launch", app: f.get("app"), identifier: f.get("identifier"), force: f.get("force") === "on", wait: false }));
+  form("#act-expire", (f) => ({ verb: "simulate-expire", identifier: f.get("identifier") }));
+  form("#act-push", (f) => {
+    const push = { payload: f.get("payload"), push_type: f.get("push_type") };
+    if (f.get("priority")) push.priority = Number(f.get("priority"));
+    return { verb: "push", app: f.get("app"), push };
+  });
+  form("#act-device", (f) => ({ verb: "device", device: { [f.get("condition")]: f.get("value") } }));
+  form("#act-clock", (f) => ({ verb: "clock", advance: Number(f.get("advance")) }));
+  $("#act-launch select[name=app]").addEventListener("change", fillIdentifiers);
+}
+
+// The app choices of the action forms, and the chosen app's permitted identifiers.
+function drawActions() {
+  $("#actions-section").hidden = !state.actions;
+  if (!state.actions) return;
+  for (const select of document.querySelectorAll("#actions-section select[name=app]")) {
+    const chosen = select.value;
+    const names = state.apps.map((a) => a.identifier);
+    if (select.dataset.names === names.join("\n")) continue;
+    select.dataset.names = names.join("\n");
+    select.innerHTML = names.map((n) => `<option${n === chosen ? " selected" : ""}>${esc(n)}</option>`).join("");
+  }
+  fillIdentifiers();
+  $("#act-clock").hidden = state.clockMode !== "virtual";
+}
+
+function fillIdentifiers() {
+  const app = state.apps.find((a) => a.identifier === $("#act-launch select[name=app]").value);
+  const list = $("#identifiers");
+  const ids = app?.permittedIdentifiers || [];
+  if (list.dataset.app === app?.identifier) return;
+  list.dataset.app = app?.identifier || "";
+  list.innerHTML = ids.map((i) => `<option value="${esc(i)}"></option>`).join("");
 }
 
 // MARK: Live
@@ -319,8 +494,21 @@ async function start() {
   $("#log-filter").addEventListener("input", drawLog);
   $("#pending").addEventListener("click", (event) => {
     const button = event.target.closest("button[data-act]");
-    if (button) act({ verb: "simulate-launch", identifier: button.dataset.id, app: button.dataset.app, force: true, wait: false });
+    if (!button) return;
+    if (button.dataset.act === "launch") act({ verb: "simulate-launch", identifier: button.dataset.id, app: button.dataset.app, force: true, wait: false });
+    if (button.dataset.act === "cancel") act({ verb: "cancel", identifier: button.dataset.id, app: button.dataset.app });
   });
+  $("#running").addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-act]");
+    if (button) { act({ verb: "simulate-expire", identifier: button.dataset.id }); return; }
+    const row = event.target.closest("tr[data-launch]");
+    if (row) showLaunch(row.dataset.launch, row.dataset.app);
+  });
+  $("#apps").addEventListener("click", (event) => {
+    const dot = event.target.closest("[data-launch]");
+    if (dot) showLaunch(dot.dataset.launch, dot.dataset.app);
+  });
+  wireActions();
   for (const record of await get("/api/history?limit=2000")) state.records.set(record.launch_id, record);
   // At first, the span of the history (15 seconds to a day), so that its bars can be seen.
   const starts = [...state.records.values()].map((r) => Date.parse(r.started_at));

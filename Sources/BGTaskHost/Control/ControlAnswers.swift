@@ -56,6 +56,8 @@ extension ControlVerbs {
         strings += bundle.permittedIdentifiers
         strings += bundle.backgroundModes
         strings += bundle.extensions.map(\.identifier)
+        strings += bundle.appGroups
+        strings += bundle.entitlements.keys
         return 256 + strings.reduce(0) { $0 + 2 * $1.utf8.count + 3 }
     }
 }

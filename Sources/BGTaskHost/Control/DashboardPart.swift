@@ -14,7 +14,9 @@ final class DashboardPart: HostPart {
     var partName: String { "dashboard" }
 
     nonisolated init(options: DashboardOptions, verbs: ControlVerbs, launches: LaunchCoordinator, logger: Logger) {
-        dashboard = Dashboard(options: options, source: VerbsSource(verbs: verbs, store: launches.core.store), logger: logger)
+        dashboard = Dashboard(options: options, source: VerbsSource(
+            verbs: verbs, store: launches.core.store,
+            logsDirectory: launches.core.configuration.stateDirectory.appendingPathComponent("logs", isDirectory: true).path), logger: logger)
         self.launches = launches
         self.logger = logger
     }
@@ -42,6 +44,7 @@ final class DashboardPart: HostPart {
 private struct VerbsSource: DashboardSource {
     let verbs: ControlVerbs
     let store: PendingRequestStore
+    let logsDirectory: String
 
     func historyJSON(app: String?, limit: Int) throws -> [String] {
         try store.historyJSON(app: app, limit: limit)

@@ -377,11 +377,15 @@ final class LaunchCoordinator: HostPart {
 
     // MARK: Ending
 
-    /// The logs of launches pruned from the history go with them (`logs/LAUNCH_ID.log`).
+    /// The logs of launches pruned from the history go with them (`logs/LAUNCH_ID.log`, and
+    /// their memory and CPU over time, `.samples`).
     private func removeLogs(of launchIDs: [String]) {
         guard !launchIDs.isEmpty else { return }
         let logs = core.configuration.stateDirectory.appendingPathComponent("logs", isDirectory: true).path
-        for id in launchIDs { unlink("\(logs)/\(id).log") }
+        for id in launchIDs {
+            unlink("\(logs)/\(id).log")
+            unlink("\(logs)/\(id).samples")
+        }
     }
 
     /// A launch's record came back: written with the others that come back in this turn of

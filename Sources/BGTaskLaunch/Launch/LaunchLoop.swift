@@ -33,6 +33,7 @@ package struct LaunchLoop {
     /// Resident memory, sampled when there is a limit and no cgroup enforces it.
     fileprivate(set) var memory: MemorySampler
     private let sampling: Bool
+    private var nextPointNs: UInt64 = 0, points = 0
     private var disk: DiskReserveWatch
     /// The background CPU limit (`LaunchLimits.cpuLimit`), nil without one.
     var cpu: CPUMonitor?
@@ -204,10 +205,20 @@ package struct LaunchLoop {
         } else if sampling,
                   let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }) {
             control?.sampled(residentBytes: rss)
+            if now >= nextPointNs && points < LaunchSamples.maximumPoints { samplePoint(rss, now: now, state) }
             if rss > plan.limits.memoryLimitBytes {
                 kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
             }
         }
+    }
+
+    /// A point of the launch's memory and CPU over time (`LaunchSamples`).
+    private mutating func samplePoint(_ rss: UInt64, now: UInt64, _ state: LaunchState) {
+        let elapsed = now - state.startNs
+        nextPointNs = now + LaunchSamples.interval(afterNs: elapsed)
+        let cpu = CPUMonitor.cpuNs(pid: pid, app: memory.app, cgroup: nil).map { Double($0) / 1e6 }
+        LaunchSamples.append(.init(ms: Double(elapsed) / 1e6, residentBytes: rss, cpuMs: cpu), to: LaunchSamples.path(forLog: plan.logFile.path), first: points == 0)
+        points += 1
     }
 
     // MARK: Disk walks, off the loop
