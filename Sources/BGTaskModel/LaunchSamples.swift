@@ -58,6 +58,26 @@ public enum LaunchSamples {
         _ = line.utf8CString.withUnsafeBufferPointer { write(fd, $0.baseAddress, $0.count - 1) }
     }
 
+    /// A launch's points as its supervisor takes them: `sample` at each memory sample, which
+    /// writes a point when one is due.
+    public struct Writer: Sendable {
+        public let path: String
+        private var nextNs: UInt64 = 0
+        private var count = 0
+
+        public init(log: String) { path = LaunchSamples.path(forLog: log) }
+
+        /// `resident` bytes sampled at `nowNs` (monotonic) of a launch begun at `startNs`; the
+        /// app's CPU time is read (`cpuNs`) only when a point is written.
+        public mutating func sample(resident: UInt64, nowNs: UInt64, startNs: UInt64, cpuNs: () -> UInt64?) {
+            guard nowNs >= nextNs, count < maximumPoints, nowNs >= startNs else { return }
+            let elapsed = nowNs - startNs
+            nextNs = nowNs + interval(afterNs: elapsed)
+            append(Point(ms: Double(elapsed) / 1e6, residentBytes: resident, cpuMs: cpuNs().map { Double($0) / 1e6 }), to: path, first: count == 0)
+            count += 1
+        }
+    }
+
     /// The points of a samples file, at most `maximumPoints` (malformed lines skipped); empty
     /// when there is none.
     public static func read(_ path: String) -> [Point] {

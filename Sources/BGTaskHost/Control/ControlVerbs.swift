@@ -308,8 +308,7 @@ final class ControlVerbs: @unchecked Sendable {
                 running: runningByApp[bundle.identifier],
                 refreshEnabled: state.refreshEnabled, penaltyLevel: state.penaltyLevel, penaltyUntil: state.penaltyUntil,
                 pending: pendingCounts[bundle.identifier] ?? 0)
-            summary.entitlements = bundle.entitlements.filter(\.value).keys.sorted()
-            summary.appGroups = bundle.appGroups
+            (summary.entitlements, summary.appGroups) = (bundle.entitlements.filter(\.value).keys.sorted(), bundle.appGroups)
             if keepsProcesses {
                 let process = processes[bundle.identifier]
                 summary.process = runningByApp[bundle.identifier] != nil ? AppProcessState.State.running.rawValue

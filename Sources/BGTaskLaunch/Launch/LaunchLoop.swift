@@ -27,13 +27,12 @@ package struct LaunchLoop {
     private let grace: UInt64
     private var killAt: UInt64?
     private var channelOpen = true
-    /// `control.onWorkOver` was called.
-    private var workOverSaid = false
+    private var workOverSaid = false // `control.onWorkOver` was called
     private var channelClosedAt: UInt64?
     /// Resident memory, sampled when there is a limit and no cgroup enforces it.
     fileprivate(set) var memory: MemorySampler
     private let sampling: Bool
-    private var nextPointNs: UInt64 = 0, points = 0
+    private var points: LaunchSamples.Writer // its memory and CPU over time, at the memory samples
     private var disk: DiskReserveWatch
     /// The background CPU limit (`LaunchLimits.cpuLimit`), nil without one.
     var cpu: CPUMonitor?
@@ -62,7 +61,7 @@ package struct LaunchLoop {
             limit: plan.limits.memoryLimitBytes, startNs: state.startNs, sampleInterval: UInt64(supervisor.memorySampleInterval.nanoseconds),
             maximumInterval: UInt64(supervisor.maximumMemorySampleInterval.nanoseconds), burstBytesPerNs: supervisor.memoryBurstBytesPerSecond / 1e9,
             descendantInterval: UInt64(supervisor.descendantSampleInterval.nanoseconds), checkInterval: UInt64(supervisor.descendantCheckInterval.nanoseconds))
-        sampling = plan.limits.memoryLimitBytes > 0 && state.cgroup == nil
+        (sampling, points) = (plan.limits.memoryLimitBytes > 0 && state.cgroup == nil, LaunchSamples.Writer(log: plan.logFile.path))
         disk = DiskReserveWatch(
             reserve: plan.limits.diskReserveBytes,
             containers: [plan.dataDirectory.path] + plan.bundle.appGroups.map { AppContainer.groupDirectory(root: plan.groupsDirectory.path, identifier: $0) },
@@ -205,20 +204,11 @@ package struct LaunchLoop {
         } else if sampling,
                   let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }) {
             control?.sampled(residentBytes: rss)
-            if now >= nextPointNs && points < LaunchSamples.maximumPoints { samplePoint(rss, now: now, state) }
+            points.sample(resident: rss, nowNs: now, startNs: state.startNs) { [pid, app = memory.app] in CPUMonitor.cpuNs(pid: pid, app: app, cgroup: nil) }
             if rss > plan.limits.memoryLimitBytes {
                 kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
             }
         }
-    }
-
-    /// A point of the launch's memory and CPU over time (`LaunchSamples`).
-    private mutating func samplePoint(_ rss: UInt64, now: UInt64, _ state: LaunchState) {
-        let elapsed = now - state.startNs
-        nextPointNs = now + LaunchSamples.interval(afterNs: elapsed)
-        let cpu = CPUMonitor.cpuNs(pid: pid, app: memory.app, cgroup: nil).map { Double($0) / 1e6 }
-        LaunchSamples.append(.init(ms: Double(elapsed) / 1e6, residentBytes: rss, cpuMs: cpu), to: LaunchSamples.path(forLog: plan.logFile.path), first: points == 0)
-        points += 1
     }
 
     // MARK: Disk walks, off the loop
