@@ -330,6 +330,7 @@ let package = Package(
             name: "BGTaskHostTests",
             dependencies: [
                 "BGTaskHost", "BGTaskControl", "BGTaskStore", "BGTaskLaunch", "BGTaskTransfers", "BGTaskModel", "BGTaskWire", "BGTaskSystem", "_BGTaskSystemShims",
+                "BGTaskDashboard",
                 .product(name: "Crypto", package: "swift-crypto"),
                 // The transfer tests' own HTTP/1.1 server (TransferTestServer.swift).
                 .product(name: "NIOCore", package: "swift-nio"),

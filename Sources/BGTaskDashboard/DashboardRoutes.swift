@@ -24,7 +24,10 @@ extension Dashboard {
         router.get("/") { _, _ in Self.asset(PackageResources.index_html, "text/html; charset=utf-8") }
         router.get("/dashboard.js") { _, _ in Self.asset(PackageResources.dashboard_js, "text/javascript; charset=utf-8") }
         router.get("/dashboard.css") { _, _ in Self.asset(PackageResources.dashboard_css, "text/css; charset=utf-8") }
-        router.get("/api/overview") { [self] _, _ in try await json { self.overview() } }
+        router.get("/api/overview") { [self] _, _ in
+            let data = try await Self.blocking { try self.overview().json() }
+            return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-store"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        }
         router.get("/api/history") { [self] request, _ in
             let app = request.uri.queryParameters.get("app")
             let limit = min(max(request.uri.queryParameters.get("limit", as: Int.self) ?? 500, 1), 5000)

@@ -1,5 +1,6 @@
 @testable import BGTaskHost
 import BGTaskControl
+import BGTaskDashboard
 import BGTaskModel
 import Foundation
 import Testing
@@ -211,6 +212,38 @@ import Testing
     }
 
     /// Paths of the optionals left nil anywhere in `value` (records, arrays, dictionaries).
+    /// The dashboard's overview writes its apps and running launches with `RecordJSON`: read
+    /// back by `JSONDecoder`, they are what was written, with every field set and with none.
+    @Test func theOverviewsAppsAndRunningLaunchesDecodeAsWritten() throws {
+        let at = Date(timeIntervalSince1970: 1_795_000_000)
+        var app = AppSummary(
+            identifier: "com.example.\"quoted\"\\app", path: "/plugins/A.app", permittedIdentifiers: ["a.refresh", "a.\u{e9}t\u{e9}"],
+            backgroundModes: ["fetch", "processing"], extensions: ["com.example.ext"], running: "L-1", refreshEnabled: false, penaltyLevel: 2,
+            penaltyUntil: at, pending: 7, process: "suspended", processID: 4242, processBytes: 12_345_678, suspendedSince: at,
+            processLaunches: 3, lastEviction: "memory pressure: suspended budget", lastEvictionAt: at)
+        app.entitlements = ["com.apple.developer.healthkit"]
+        app.appGroups = ["group.example"]
+        #expect(Self.nilOptionals(in: app, path: "app").isEmpty, "\(Self.nilOptionals(in: app, path: "app"))")
+        let bare = AppSummary(identifier: "b", path: "/p", permittedIdentifiers: [], backgroundModes: [], extensions: [], refreshEnabled: true,
+                              penaltyLevel: 0, pending: 0)
+        let launch = RunningLaunchReport(launchID: "20261127T000000-0000abcd", app: "a\nb", reason: "simulated", role: "background",
+                                         identifiers: ["a.refresh"], startedAt: at, budgetMs: 30_000.5, graceMs: 1_000, expired: true,
+                                         workOver: true, pid: 99, residentBytes: 1 << 33, memoryLimitBytes: 64 << 20)
+        #expect(Self.nilOptionals(in: launch, path: "launch").isEmpty)
+        let bareLaunch = RunningLaunchReport(launchID: "x", app: "a", reason: "r", role: "foreground", identifiers: [], startedAt: at,
+                                             budgetMs: 0, graceMs: 0, memoryLimitBytes: 0)
+        for value in [app, bare] {
+            var out = RecordJSON()
+            out.app(value)
+            #expect(try JSONDecoder.control.decode(AppSummary.self, from: Data(try #require(out.text).utf8)) == value)
+        }
+        for value in [launch, bareLaunch] {
+            var out = RecordJSON()
+            out.running(value)
+            #expect(try JSONDecoder.control.decode(RunningLaunchReport.self, from: Data(try #require(out.text).utf8)) == value)
+        }
+    }
+
     static func nilOptionals(in value: Any, path: String = "record") -> [String] {
         let mirror = Mirror(reflecting: value)
         if mirror.displayStyle == .optional {

@@ -121,6 +121,12 @@ package struct RecordJSON {
 
     package mutating func date(_ value: Date) { string(RunRecord.iso8601(value)) }
 
+    /// A value already written as JSON (by `JSONEncoder`), as it is.
+    package mutating func json<Bytes: Sequence<UInt8>>(_ encoded: Bytes) {
+        separate()
+        bytes.append(contentsOf: encoded)
+    }
+
     // MARK: Optional fields (omitted when nil, as the synthesized `encodeIfPresent`)
 
     package mutating func field(_ name: StaticString, _ value: String?) { if let value { key(name); string(value) } }

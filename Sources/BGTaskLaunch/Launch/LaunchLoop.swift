@@ -177,7 +177,7 @@ package struct LaunchLoop {
         }
         guard state.killed == nil else { return }
         // Its connections' bytes, with the memory sampler's ticks (`SocketTraffic`).
-        if sampling, !state.finished, memory.app != nil, now >= state.traffic.sampledAtNs + Self.trafficInterval {
+        if sampling, !state.finished, memory.app != nil, now >= state.traffic.sampledAtNs + Self.trafficInterval(after: now - state.startNs) {
             sampleTraffic(&state, now: now)
         }
         // The child's word never disarms the watchdog: a launch is over when its process is
