@@ -14,7 +14,8 @@ import Glibc
 /// when the launch began (a resumed process's open connections); a socket opened and closed
 /// between two samples is not seen. The figure is a lower bound, exact for connections alive at
 /// a sample after their last byte: the supervisor samples at most every quarter second while the
-/// launch runs, when the app says its work is over, and before any kill. UDP (QUIC) has no byte
+/// launch runs (less often as it runs, and without an open socket), when the app says its work
+/// is over, and before any kill. UDP (QUIC) has no byte
 /// counters in the kernel and is not counted.
 public struct SocketTraffic: Sendable, Equatable {
     public struct Bytes: Sendable, Equatable {
@@ -39,6 +40,10 @@ public struct SocketTraffic: Sendable, Equatable {
     public static let socketsPerSample = 256
 
     public init() {}
+
+    /// Whether the last sample found a TCP socket open (the supervisor samples an app without
+    /// one less often).
+    public var hasOpenSockets: Bool { !open.isEmpty }
 
     /// The launch's bytes so far.
     public var total: Bytes {

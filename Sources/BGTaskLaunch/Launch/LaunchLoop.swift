@@ -157,6 +157,7 @@ package struct LaunchLoop {
 
     /// What the launch said after the loop ended (its last messages, up to 100,000).
     package mutating func drain(_ state: inout LaunchState) {
+        points.flush()
         answerWaitingCalls(&state)
         _ = receive(&state, limit: 100_000)
     }
@@ -176,8 +177,7 @@ package struct LaunchLoop {
             logger.debug("expiration sent")
         }
         guard state.killed == nil else { return }
-        // Its connections' bytes, with the memory sampler's ticks (`SocketTraffic`).
-        if sampling, !state.finished, memory.app != nil, now >= state.traffic.sampledAtNs + Self.trafficInterval(after: now - state.startNs) {
+        if sampling, !state.finished, memory.app != nil, now >= state.traffic.sampledAtNs + Self.trafficInterval(after: now - state.startNs, sockets: state.traffic.hasOpenSockets) { // its connections' bytes
             sampleTraffic(&state, now: now)
         }
         // The child's word never disarms the watchdog: a launch is over when its process is

@@ -397,11 +397,15 @@ extension LaunchLoop {
     }
 
     /// How often a running launch's sockets are sampled at most (`SocketTraffic`), `elapsed`
-    /// into it: every 250 ms at first, then an eighth of the time it has run, at most every 5 s.
-    /// Each sample lists the app's descriptors (/proc/PID/fd): every 250 ms for 1,000 sleeping
-    /// launches that was 9 % of the host's CPU (perf, `bgtask-bench --only dashboard`). The
-    /// work-over and pre-kill samples are taken whatever the interval.
-    static func trafficInterval(after elapsed: UInt64) -> UInt64 { min(max(250_000_000, elapsed / 8), 5_000_000_000) }
+    /// into it: every 250 ms at first, then an eighth of the time it has run, at most every 5 s;
+    /// an app that had no TCP socket open at the last sample, every second at first, then a
+    /// quarter of its time. Each sample lists the app's descriptors (/proc/PID/fd): every 250 ms
+    /// for 1,000 sleeping launches that was 9-10 % of the host's CPU (perf, `bgtask-bench --only
+    /// dashboard`, `--only scale`). The work-over and pre-kill samples are taken whatever the
+    /// interval.
+    static func trafficInterval(after elapsed: UInt64, sockets: Bool) -> UInt64 {
+        sockets ? min(max(250_000_000, elapsed / 8), 5_000_000_000) : min(max(1_000_000_000, elapsed / 4), 5_000_000_000)
+    }
 
     /// The app's sockets' bytes so far (`SocketTraffic`).
     package func sampleTraffic(_ state: inout LaunchState, now: UInt64) {
