@@ -71,6 +71,35 @@ struct SystemLayerTests {
         #expect(SignalName.of(SIGTERM) == "SIGTERM" && SignalName.of(63) == "SIG63")
     }
 
+    /// Another process's CPU time through its process CPU clock: a busy child's grows with
+    /// the CPU it spends and agrees with /proc's ticks; a sleeping one's does not grow; a
+    /// reaped one has none.
+    @Test func aProcessCPUClockCountsWhatItSpends() throws {
+        let busy = try Subprocess.spawn(["/bin/sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; sleep 30"], environment: [:])
+        let sleeper = try Subprocess.spawn(["/bin/sleep", "30"], environment: [:])
+        var running = [busy, sleeper]
+        defer {
+            for pid in running { kill(-pid, SIGKILL); _ = Subprocess.wait(pid) }
+        }
+        var spent: UInt64 = 0
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            spent = ProcessTree.cpuClockNanoseconds(of: busy) ?? 0
+            if spent > 200_000_000 { break }
+            usleep(50_000)
+        }
+        #expect(spent > 200_000_000, "\(spent)")
+        let ticks = try #require(ProcessTree.cpuNanoseconds(of: busy))
+        #expect(ticks <= spent + 20_000_000 && spent <= ticks + 200_000_000, "clock \(spent), /proc \(ticks)")
+        let asleep = try #require(ProcessTree.cpuClockNanoseconds(of: sleeper))
+        usleep(200_000)
+        #expect(try #require(ProcessTree.cpuClockNanoseconds(of: sleeper)) - asleep < 5_000_000)
+        kill(-sleeper, SIGKILL)
+        _ = Subprocess.wait(sleeper)
+        running = [busy]
+        #expect(ProcessTree.cpuClockNanoseconds(of: sleeper) == nil)
+    }
+
     /// An orphan comes to a child subreaper's main thread, whichever thread started its parent:
     /// what `ProcessTree.adoptedChildren` relies on to find a killed launch's leftovers with one
     /// read instead of one per host thread.

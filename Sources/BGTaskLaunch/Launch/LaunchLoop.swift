@@ -204,7 +204,7 @@ package struct LaunchLoop {
         } else if sampling,
                   let rss = memory.sample(at: now, runner: pid, state: &state, probe: { [channel] in Self.trySend(ParentMessage.probeChildren, on: channel) }) {
             control?.sampled(residentBytes: rss)
-            points.sample(resident: rss, nowNs: now, startNs: state.startNs) { [pid, app = memory.app] in CPUMonitor.cpuNs(pid: pid, app: app, cgroup: nil) }
+            points.sample(resident: rss, nowNs: now, startNs: state.startNs) { [app = memory.app] in app.flatMap(ProcessTree.cpuClockNanoseconds(of:)) }
             if rss > plan.limits.memoryLimitBytes {
                 kill(.jetsam, &state, "jetsam kill", ["rss": "\(rss)", "limit": "\(plan.limits.memoryLimitBytes)"], cgroup: false)
             }
