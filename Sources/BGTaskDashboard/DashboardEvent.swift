@@ -15,6 +15,8 @@ public protocol DashboardSource: Sendable {
     /// Records as JSON texts, newest first, as the host keeps them (the history page passes
     /// them on as they are). Throws what the host's store says.
     func historyJSON(app: String?, limit: Int) throws -> [String]
+    /// One ended launch's record as the host keeps it, by its ID (nil: none).
+    func recordJSON(launchID: String) throws -> String?
     /// Where the host keeps launches' logs and samples (`LAUNCH_ID.log`, `LAUNCH_ID.samples`).
     var logsDirectory: String { get }
 }

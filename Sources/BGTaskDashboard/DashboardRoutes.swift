@@ -9,7 +9,7 @@ import NIOCore
 /// - `/`, `/dashboard.js`, `/dashboard.css`: the pages, embedded in the binary;
 /// - `/api/overview`: the clock, the device, the apps, the running launches, the pending
 ///   requests each with why it has not run;
-/// - `/api/history?app=&limit=`: records, newest first; `/api/launch/ID?app=`: one record and
+/// - `/api/history?app=&limit=`: records, newest first; `/api/launch/ID`: one record and
 ///   its log; `/api/pushes`, `/api/transfers`, `/api/notifications`;
 /// - `/events`: server-sent events, `launch-began` and `launch-ended`;
 /// - `/metrics`: Prometheus's text format;
@@ -42,19 +42,16 @@ extension Dashboard {
             body.writeString("]")
             return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-store"], body: .init(byteBuffer: body))
         }
-        router.get("/api/launch/{id}") { [self] request, context in
+        router.get("/api/launch/{id}") { [self] _, context in
             let id = context.parameters.get("id") ?? ""
-            let app = request.uri.queryParameters.get("app")
             let source = self.source
             return try await json { () -> LaunchPage? in
                 // A launch ID names files: letters, digits and dashes only.
                 guard !id.isEmpty, id.count <= 64, id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else { return nil }
                 let logs = source.logsDirectory
                 let samples = LaunchSamples.read("\(logs)/\(id).samples")
-                // Found among the stored texts, and only it decoded.
-                let key = "\"launch_id\":\"\(id)\""
-                if let text = (try? source.historyJSON(app: app, limit: 5000))?.first(where: { $0.contains(key) }),
-                   let record = try? RunRecord.decode(Data(text.utf8)), record.launchID == id {
+                // By its ID (the store's primary key), however old.
+                if let text = try? source.recordJSON(launchID: id), let record = try? RunRecord.decode(Data(text.utf8)), record.launchID == id {
                     return LaunchPage(record: record, log: record.log.flatMap(Self.logTail), samples: samples)
                 }
                 // Still running: what it has written and sampled so far.

@@ -246,6 +246,14 @@ extension PendingRequestStore {
         }
     }
 
+    /// One ended launch's record as the store keeps it (its JSON), by its ID; nil when no
+    /// ended launch has it (running, pruned, or never).
+    public func recordJSON(launchID: String) throws(BGTaskError) -> String? {
+        try read("read a launch's record") { db in
+            try String.fetchOne(db, sql: "SELECT record FROM launch WHERE id = ? AND record IS NOT NULL", arguments: [launchID])
+        }
+    }
+
     /// `pruneHistory`, step 1: the launch of `app` that comes after the `?` newest (newest
     /// first, running ones included). A walk of launch_app_started alone (covering: app,
     /// started_at and id are its columns), never the table.

@@ -40,13 +40,13 @@ extension SectionRunner {
         guard running >= n.dashboardRunning else { throw BenchError("only \(running) of \(n.dashboardRunning) launches were running after 300 s") }
 
         var pages: [(String, String, Samples)] = []
-        for (name, path) in [("page", "/"), ("overview", "/api/overview"), ("history", "/api/history?limit=500"), ("metrics", "/metrics")] {
+        for (name, path) in [("page", "/"), ("overview", "/api/overview"), ("history", "/api/history?limit=500"), ("metrics", "/metrics"), ("launch", "/api/launch/seed00000000")] {
             progress("dashboard: \(n.dashboardRequests) × GET \(path)")
             var samples = Samples()
             for _ in 0..<n.dashboardRequests {
                 let start = monotonicNs()
-                let (status, _) = try Self.get(port: port, path: path)
-                guard status == 200 else { throw BenchError("GET \(path): \(status)") }
+                let (status, size) = try Self.get(port: port, path: path)
+                guard status == 200, size > 16 else { throw BenchError("GET \(path): \(status), \(size) bytes (the oldest record must be found)") }
                 samples.append(Double(monotonicNs() - start) / 1_000_000)
             }
             pages.append((name, path, samples))

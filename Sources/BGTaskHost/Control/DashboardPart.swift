@@ -50,6 +50,10 @@ private struct VerbsSource: DashboardSource {
         try store.historyJSON(app: app, limit: limit)
     }
 
+    func recordJSON(launchID: String) throws -> String? {
+        try store.recordJSON(launchID: launchID)
+    }
+
     func answer(_ command: ControlCommand) -> ControlResponse {
         var command = command
         if case let .simulateLaunch(identifier, app, force, kind, _) = command {
