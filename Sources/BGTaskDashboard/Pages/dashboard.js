@@ -40,10 +40,13 @@ async function act(request) {
   });
   const text = await response.text();
   const out = $("#action-result");
+  // Refused by the dashboard (HTTP), or by the host (`ok: false`, as on the control socket).
+  let refused = !response.ok;
+  try { refused ||= JSON.parse(text).ok === false; } catch { /* not JSON: the dashboard's refusal */ }
   if (out) {
     out.textContent = `${request.verb}: ${response.ok ? summarise(text) : text}`;
-    out.classList.toggle("failed", !response.ok);
-  } else if (!response.ok) {
+    out.classList.toggle("failed", refused);
+  } else if (refused) {
     alert(text);
   }
   refresh();
