@@ -9,6 +9,7 @@ Checks, failing with a message naming what was missing:
   - the pending table shows the held request with why it has not run;
   - a launch started after the page loaded (with the real CLI: BGTASK simulate-launch) appears
     on the timeline without a reload (server-sent events);
+  - the filter box narrows the timeline's rows (to none, for a name no app has);
   - a click on a bar opens its launch: the record and its log; the watchdog-killed launch's
     memory against the jetsam line and its CPU, drawn from the supervisor's samples;
   - the action forms (the host runs with --http-actions): a push sent from the page appears on
@@ -94,6 +95,11 @@ def main():
                               ".dispatchEvent(new MouseEvent('click', {bubbles: true}))", launch_id)
         summary = wait_for(driver, "the launch's record", lambda: driver.find_element(By.ID, "launch-summary").text or None)
         log = wait_for(driver, "the launch's log", lambda: (lambda t: t if "misbehaving: ok" in t else None)(driver.find_element(By.ID, "launch-log").text))
+        # The rows narrowed by the filter box, and back.
+        driver.find_element(By.ID, "app-filter").send_keys("no-such-app")
+        wait_for(driver, "the filter hiding every row", lambda: len(bars(driver)) == 0)
+        driver.execute_script("const f = document.querySelector('#app-filter'); f.value = ''; f.dispatchEvent(new Event('input'))")
+        wait_for(driver, "the bars back once the filter is cleared", lambda: len(bars(driver)) >= 4)
         # The watchdog kill's memory and CPU over its three seconds.
         killed = next(launch for launch, termination, _ in bars(driver) if termination == "watchdog")
         driver.execute_script("document.querySelector(`#timeline rect.bar[data-launch='${arguments[0]}']`)"

@@ -70,25 +70,40 @@ function summarise(text) {
 
 const ROW = 26, LABEL = 230, AXIS = 24;
 
-function rows() {
+// The timeline's rows: every app (and any app something happened to), narrowed by the filter
+// box and, when asked (by default with more than 30 apps), to apps with something in the span.
+function rows(start, end) {
   const names = new Set(state.apps.map((a) => a.identifier));
   for (const r of state.records.values()) names.add(r.app);
   for (const r of state.running.values()) names.add(r.app);
   for (const p of state.pushes) names.add(p.app);
   for (const t of state.transfers) names.add(t.app);
-  return [...names].sort();
+  const filter = ($("#app-filter")?.value || "").toLowerCase();
+  let shown = [...names].filter((n) => !filter || n.toLowerCase().includes(filter));
+  if ($("#active-only")?.checked) {
+    const active = new Set();
+    for (const r of state.records.values()) {
+      const begin = Date.parse(r.started_at);
+      if (begin <= end && begin + r.wall_ms >= start) active.add(r.app);
+    }
+    for (const r of state.running.values()) active.add(r.app);
+    for (const p of state.pushes) { const t = Date.parse(p.received_at); if (t >= start && t <= end) active.add(p.app); }
+    for (const t of state.transfers) if (!t.finished_at || Date.parse(t.finished_at) >= start) active.add(t.app);
+    shown = shown.filter((n) => active.has(n));
+  }
+  return shown.sort();
 }
 
 function drawTimeline() {
   const svg = $("#timeline");
   const width = svg.clientWidth || 1000;
-  const apps = rows();
-  const height = AXIS + Math.max(apps.length, 1) * ROW + 6;
-  svg.setAttribute("height", height);
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   const now = Date.now();
   const end = state.end ?? now;
   const start = end - state.range * 1000;
+  const apps = rows(start, end);
+  const height = AXIS + Math.max(apps.length, 1) * ROW + 6;
+  svg.setAttribute("height", height);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   const x = (t) => LABEL + ((t - start) / (end - start)) * (width - LABEL - 8);
   const parts = [];
   // The axis: about eight ticks at round steps.
@@ -210,6 +225,8 @@ function wireTimeline() {
     button.addEventListener("click", () => { state.range = Number(button.dataset.range); state.end = null; markRange(); drawTimeline(); });
   }
   $("#follow").addEventListener("click", () => { state.end = null; drawTimeline(); });
+  $("#app-filter").addEventListener("input", drawTimeline);
+  $("#active-only").addEventListener("change", drawTimeline);
   window.addEventListener("resize", drawTimeline);
   $("#legend").innerHTML = Object.entries(TERMINATIONS).filter(([t]) => !["disk-quota", "host-lost"].includes(t))
     .map(([t, [label]]) => `<span><i style="background:${colour(t)}"></i>${esc(label)}</span>`).join("") +
@@ -352,6 +369,8 @@ function drawOverview(overview) {
       `<td>${esc(new Date(request.submittedAt).toLocaleString())}</td><td class="why">${request.runningLaunch ? "running now" : eligible ? "eligible: it runs at the next launch" : blockers || "…"}</td><td>${run}</td></tr>`;
   }).join("") || '<tr><td colspan="6">no pending request</td></tr>';
   $("#pending-count").textContent = `(${overview.pending.length})`;
+  if (!state.appsSeen && overview.apps.length > 30) $("#active-only").checked = true;
+  state.appsSeen = true;
   state.apps = overview.apps;
   $("#apps tbody").innerHTML = overview.apps.map((a) => `<tr><td>${esc(a.identifier)}<br><small>${esc(a.path)}</small></td>` +
     `<td><span class="state ${esc(a.process || (a.running ? "running" : "not-running"))}">${esc(a.process || (a.running ? "running" : "not running"))}</span>${a.processBytes ? " " + mib(a.processBytes) : ""}${a.lastEviction ? `<br><small>last evicted: ${esc(a.lastEviction)}</small>` : ""}</td>` +
