@@ -126,7 +126,7 @@ function drawTimeline() {
     const y = AXIS + rowOf.get(launch.app) * ROW + 4;
     const left = Math.max(x(begin), LABEL), right = Math.min(x(finish), width - 8);
     const w = Math.max(right - left, 3);
-    parts.push(`<rect class="bar" data-launch="${esc(launch.launch_id)}" data-app="${esc(launch.app)}" data-termination="${esc(termination)}" x="${left}" y="${y}" width="${w}" height="${ROW - 8}" rx="2" fill="${colour(termination)}"/>`);
+    parts.push(`<rect class="bar" data-launch="${esc(launch.launch_id)}" data-termination="${esc(termination)}" x="${left}" y="${y}" width="${w}" height="${ROW - 8}" rx="2" fill="${colour(termination)}"/>`);
     if (budgetMs != null) {
       const b = x(begin + budgetMs);
       if (b >= LABEL && b <= width) parts.push(`<line class="budget" x1="${b}" x2="${b}" y1="${y - 2}" y2="${y + ROW - 6}"><title>budget ends</title></line>`);
@@ -195,7 +195,7 @@ function wireTimeline() {
   svg.addEventListener("mouseleave", () => { tip.hidden = true; });
   svg.addEventListener("click", (event) => {
     const id = event.target.dataset?.launch;
-    if (id && !dragged) showLaunch(id, event.target.dataset.app);
+    if (id && !dragged) showLaunch(id);
   });
   svg.addEventListener("wheel", (event) => {
     event.preventDefault();
@@ -252,8 +252,8 @@ function lineLevel(line) {
 
 let launchLog = "";
 
-async function showLaunch(id, app) {
-  const page = await get(`/api/launch/${encodeURIComponent(id)}${app ? "?app=" + encodeURIComponent(app) : ""}`);
+async function showLaunch(id) {
+  const page = await get(`/api/launch/${encodeURIComponent(id)}`);
   if (!page) return;
   state.selected = id;
   $("#launch-section").hidden = false;
@@ -348,7 +348,7 @@ function drawRunning() {
   const rows = [...state.running.values()].map((l) => {
     const elapsed = now - Date.parse(l.started_at);
     const expire = state.actions ? l.identifiers.map((i) => `<button class="act" data-act="expire" data-id="${esc(i)}" title="simulate the expiration of ${esc(i)}">expire</button>`).join(" ") : "";
-    return `<tr class="clickable" data-launch="${esc(l.launch_id)}" data-app="${esc(l.app)}"><td>${esc(l.app)}</td><td>${esc(l.launch_id)} <span class="state">${esc(l.role)}</span></td><td>${l.identifiers.map(esc).join("<br>")}</td>` +
+    return `<tr class="clickable" data-launch="${esc(l.launch_id)}"><td>${esc(l.app)}</td><td>${esc(l.launch_id)} <span class="state">${esc(l.role)}</span></td><td>${l.identifiers.map(esc).join("<br>")}</td>` +
       `<td>${meter(elapsed, l.budget_ms, `${ms(elapsed)} / ${ms(l.budget_ms)}${l.expired ? " expired" : ""}`)}</td>` +
       `<td>${meter(l.resident_bytes || 0, l.memory_limit_bytes, `${mib(l.resident_bytes)} / ${mib(l.memory_limit_bytes)}`)}</td><td>${expire}</td></tr>`;
   });
@@ -416,7 +416,7 @@ function latestRecord(app) {
 
 // An app's last launches: a square each, coloured by termination, newest first.
 function lastLaunches(app) {
-  return recordsOf(app).slice(0, 8).map((r) => `<span class="dot clickable" data-launch="${esc(r.launch_id)}" data-app="${esc(r.app)}" title="${esc(`${new Date(r.started_at).toLocaleString()}: ${r.termination} after ${ms(r.wall_ms)}`)}" style="background:${colour(r.termination)}"></span>`).join("");
+  return recordsOf(app).slice(0, 8).map((r) => `<span class="dot clickable" data-launch="${esc(r.launch_id)}" title="${esc(`${new Date(r.started_at).toLocaleString()}: ${r.termination} after ${ms(r.wall_ms)}`)}" style="background:${colour(r.termination)}"></span>`).join("");
 }
 
 async function drawEvents() {
@@ -503,7 +503,7 @@ function connect() {
     state.records.set(record.launch_id, record);
     drawTimeline();
     drawRunning();
-    if (state.selected === record.launch_id) showLaunch(record.launch_id, record.app);
+    if (state.selected === record.launch_id) showLaunch(record.launch_id);
   });
 }
 
@@ -524,11 +524,11 @@ async function start() {
     const button = event.target.closest("button[data-act]");
     if (button) { act({ verb: "simulate-expire", identifier: button.dataset.id }); return; }
     const row = event.target.closest("tr[data-launch]");
-    if (row) showLaunch(row.dataset.launch, row.dataset.app);
+    if (row) showLaunch(row.dataset.launch);
   });
   $("#apps").addEventListener("click", (event) => {
     const dot = event.target.closest("[data-launch]");
-    if (dot) showLaunch(dot.dataset.launch, dot.dataset.app);
+    if (dot) showLaunch(dot.dataset.launch);
   });
   wireActions();
   for (const record of await get("/api/history?limit=2000")) state.records.set(record.launch_id, record);
