@@ -75,6 +75,9 @@ int bgtask_wtermsig(int status) { return WTERMSIG(status); }
 int bgtask_set_child_subreaper(void) { return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 int bgtask_set_parent_death_signal(int sig) { return prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0); }
 
+/* The calling thread's id (gettid(2); glibc's wrapper is not declared under every feature set). */
+int bgtask_thread_id(void) { return (int)syscall(SYS_gettid); }
+
 /* Async-signal-safe: yes */
 uint64_t bgtask_monotonic_ns(void) {
     struct timespec ts;

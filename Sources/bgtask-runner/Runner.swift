@@ -55,9 +55,9 @@ final class Runner: @unchecked Sendable {
     /// Where launch handlers run: the main queue in a launch; nowhere in the zygote's rehearsal,
     /// which must start no thread and leave the main queue untouched for its children.
     var scheduleHandler: (@escaping () -> Void) -> Void = { _ in }
-    /// Made in the zygote's rehearsal too, which must stay single-threaded: making a queue starts
-    /// no thread, only its first `async` does.
-    let expirationQueue = DispatchQueue(label: "bgtask.runner.expiration")
+    /// Made in the zygote's rehearsal too, which must stay single-threaded: making it starts no
+    /// thread; the launch starts it (`main.swift`), with its parent reader.
+    let expirationQueue = SerialThread()
     /// Ends the launch once its work is over and the app has gone quiet (`settle`): exits, or
     /// says `idle` (a suspendable launch). Called once per launch, on the main queue (or on the
     /// expiration queue when the main thread is blocked in app code past `settleLimitNs`).
@@ -328,7 +328,7 @@ final class Runner: @unchecked Sendable {
     /// answer awaited), at most `settleLimitNs`.
     func settle(_ generation: UInt64) {
         let limitNs = bgtask_monotonic_ns() + Self.settleLimitNs
-        expirationQueue.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.settleLimitNs))) { [self] in endOnce(generation) }
+        expirationQueue.async(afterNs: Self.settleLimitNs) { [self] in endOnce(generation) }
         let seen = activity.load(ordering: .relaxed)
         scheduleHandler { [self] in waitForQuiet(generation, seen: seen, cpu: Self.processCPUNs(), limitNs: limitNs) }
     }
@@ -339,14 +339,16 @@ final class Runner: @unchecked Sendable {
     /// talked to the host nor used CPU, but its thread is runnable. Read at the launch's end
     /// only, while every thread lives (a walk of a process's tasks while they die is what
     /// makes a reap slow).
-    static func anotherThreadRunnable() -> Bool {
+    /// `besides`: a thread of the runner's own that is idle (the expiration thread between jobs,
+    /// which may still be on its way back to its wait).
+    static func anotherThreadRunnable(besides idle: Int32? = nil) -> Bool {
         guard let directory = opendir("/proc/self/task") else { return false }
         defer { closedir(directory) }
         let main = getpid()
         var buffer = [UInt8](repeating: 0, count: 512)
         while let entry = readdir(directory) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let tid = Int32(name), tid != main else { continue }
+            guard let tid = Int32(name), tid != main, tid != idle else { continue }
             let fd = open("/proc/self/task/\(tid)/stat", O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { continue }
             let count = read(fd, &buffer, buffer.count)
@@ -367,15 +369,20 @@ final class Runner: @unchecked Sendable {
     /// On the main queue, after everything queued before: ends the launch once `quietNs` passed
     /// with no activity and no answer awaited; otherwise looks again.
     func waitForQuiet(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
-        DispatchQueue.main.asyncAfter(deadline: .now() + .nanoseconds(Int(Self.quietNs))) { [self] in
-            let now = activity.load(ordering: .relaxed)
-            let cpuNow = Self.processCPUNs()
-            let awaiting = lock.withLock { !waiters.isEmpty }
-            if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs || Self.anotherThreadRunnable()) && bgtask_monotonic_ns() < limitNs {
-                waitForQuiet(generation, seen: now, cpu: cpuNow, limitNs: limitNs)
-            } else {
-                endOnce(generation)
-            }
+        // Timed on the expiration thread, then run on the main queue: Dispatch's own timer
+        // (`asyncAfter`) made a thread in each launch as it ended (see SerialThread).
+        expirationQueue.async(afterNs: Self.quietNs) { [self] in DispatchQueue.main.async { [self] in quietLooked(generation, seen: seen, cpu: cpu, limitNs: limitNs) } }
+    }
+
+    private func quietLooked(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
+        let now = activity.load(ordering: .relaxed)
+        let cpuNow = Self.processCPUNs()
+        let awaiting = lock.withLock { !waiters.isEmpty }
+        if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs || Self.anotherThreadRunnable(besides: expirationQueue.idleThreadID))
+            && bgtask_monotonic_ns() < limitNs {
+            waitForQuiet(generation, seen: now, cpu: cpuNow, limitNs: limitNs)
+        } else {
+            endOnce(generation)
         }
     }
 

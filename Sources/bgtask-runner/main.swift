@@ -81,6 +81,8 @@ func applyConfinement() {
 }
 applyConfinement()
 
+// Expiration's thread is made now, not at the deadline (see SerialThread).
+runner.expirationQueue.start()
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
 startThread {

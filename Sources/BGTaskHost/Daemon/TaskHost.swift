@@ -310,7 +310,9 @@ public final class TaskHost: @unchecked Sendable {
     }
 
     @HostActor private func launchesOrCatalogChanged() {
-        if shuttingDown { finishShutdownIfIdle() } else { scheduling.evaluate() }
+        // One pass for all the launches that end in a burst (queued behind them on the queue,
+        // not run once per launch: a thousand expiring at once made a thousand passes).
+        if shuttingDown { finishShutdownIfIdle() } else { scheduling.requestEvaluation() }
     }
 
     @HostActor private func finishShutdownIfIdle() {

@@ -54,6 +54,10 @@ final class LaunchCoordinator: HostPart {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
+    /// What each scheduling pass asks of `running`, kept in step with it (`noteAdded`,
+    /// `noteRemoved`, `noteWorkOver`): a pass per launch that ends, each counting a thousand
+    /// launches, was a third of the host's CPU while a thousand launches expired at once.
+    private var tally = RunningTally()
     /// The apps in the foreground now (a foreground launch whose entry returned and that has not
     /// left), with their launch's control: read by the notifications part off this queue, to
     /// hand a notification delivered to such an app to its delegate's `willPresent`.
@@ -167,15 +171,17 @@ final class LaunchCoordinator: HostPart {
     /// Launches that hold a launch slot (`--max-launches`): those whose work is not over. A
     /// launch whose tasks have ended finishes its main queue's turn and goes quiet before it
     /// is suspended or exits (milliseconds): the next app's launch does not wait for that.
-    var busyCount: Int { running.values.reduce(0) { $0 + ($1.workOver ? 0 : 1) } }
-    var runningApps: Set<String> { Set(running.values.map(\.app)) }
+    var busyCount: Int { tally.busy }
+    var runningApps: Set<String> { tally.apps }
     /// Foreground and extension launches: the ones clients start by hand.
-    var clientStartedCount: Int { running.values.filter { $0.role == .foreground || $0.role == .extension }.count }
+    var clientStartedCount: Int { tally.clientStarted }
     /// A processing task runs: device conditions must be watched while it does.
     /// A background launch runs: the machine's thermal state is watched (it is expired at critical).
-    var runsBackgroundLaunches: Bool { running.values.contains { $0.role != .foreground } }
-    var runsProcessingTasks: Bool { running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } } }
-    func launch(of app: String) -> RunningLaunch? { running.values.first { $0.app == app } }
+    var runsBackgroundLaunches: Bool { tally.background > 0 }
+    var runsProcessingTasks: Bool { tally.processing > 0 }
+    func launch(of app: String) -> RunningLaunch? {
+        tally.apps.contains(app) ? running.values.first { $0.app == app } : nil
+    }
     /// The launch running task `identifier` (of `app`, when given).
     func launch(running identifier: String, app: String?) -> RunningLaunch? {
         running.values.first { $0.tasks.contains { $0.identifier == identifier } && (app == nil || $0.app == app) }
@@ -283,8 +289,9 @@ final class LaunchCoordinator: HostPart {
             control.onWorkOver = { [weak self] in
                 guard let self else { return }
                 core.async {
-                    guard self.running[launchID] != nil else { return }
+                    guard let launch = self.running[launchID], !launch.workOver else { return }
                     self.running[launchID]?.workOver = true
+                    self.tally.noteWorkOver()
                     self.onEnded()
                 }
             }
@@ -295,6 +302,7 @@ final class LaunchCoordinator: HostPart {
             control: control, role: role, nextTaskID: base + UInt64(tasks.count + 1), device: (plan.thermalState, plan.lowPowerMode),
             metricsOfferedBefore: plan.metricsJSON == nil ? nil : EnergyBudget.day(of: core.clock.now),
             limits: (plan.limits.budget.milliseconds, plan.limits.grace.milliseconds, plan.limits.memoryLimitBytes))
+        tally.noteAdded(running[launchID]!)
         observer?(.launchBegan(report(running[launchID]!)))
         // The launch's preparation (containers, channel, log) starts on a launch worker while
         // the launch is recorded here; its process starts only once admitted, so the record
@@ -445,6 +453,7 @@ final class LaunchCoordinator: HostPart {
         }
         for record in batch {
             let ended = running.removeValue(forKey: record.launchID)
+            if let ended { tally.noteRemoved(ended) }
             if record.metricsDelivered == true, let day = ended?.metricsOfferedBefore { metricsTaken(record, offeredBefore: day) }
             if let control = ended?.control { foreground.withLock { if $0[record.app] === control { $0[record.app] = nil } } }
             let waiters = ended?.waiters ?? []
@@ -498,7 +507,13 @@ final class LaunchCoordinator: HostPart {
     /// of a new thermal state or Low Power Mode (`ProcessInfo`'s, and its notifications).
     func enforce(_ conditions: DeviceConditions) {
         let device = (thermalState: UInt32(conditions.thermalState.rawValue), lowPowerMode: conditions.lowPowerMode)
-        for (id, launch) in running {
+        // Under the conditions last enforced, only launches started since can be at odds with
+        // them (a pass per launch that ends looked at every launch each time).
+        let ids = tally.enforced == conditions ? tally.unenforced : Array(running.keys)
+        tally.enforced = conditions
+        tally.unenforced = []
+        for id in ids {
+            guard let launch = running[id] else { continue }
             if launch.device != device {
                 running[id]?.device = device
                 launch.control.device(thermalState: device.thermalState, lowPowerMode: device.lowPowerMode)
@@ -578,10 +593,12 @@ final class LaunchCoordinator: HostPart {
     func addTask(_ request: TaskRequest, kind: TaskKind, to launchID: String) -> TaskAssignment? {
         guard var launch = running[launchID] else { return nil }
         let task = TaskAssignment(task: launch.nextTaskID, identifier: request.identifier, kind: kind)
+        tally.noteRemoved(launch)
         launch.nextTaskID += 1
         launch.tasks.append(task)
         launch.requests[request.identifier] = request
         running[launchID] = launch
+        tally.noteAdded(launch)
         launch.control.startTask(task)
         return task
     }

@@ -44,3 +44,48 @@ extension LaunchCoordinator {
         }
     }
 }
+
+/// What the scheduling pass asks of the running launches, counted as they come and go instead
+/// of over all of them at each pass (`LaunchCoordinator.tally`), and which launches the device
+/// conditions were last enforced on.
+struct RunningTally {
+    /// Launches whose work is not over (`busyCount`).
+    private(set) var busy = 0
+    /// Apps with a launch, and how many each has.
+    private(set) var apps: Set<String> = []
+    private var launchesPerApp: [String: Int] = [:]
+    private(set) var clientStarted = 0
+    private(set) var background = 0
+    private(set) var processing = 0
+    /// The conditions `enforce` last applied, and the launches added since: while the
+    /// conditions are the same, only those need looking at.
+    var enforced: DeviceConditions?
+    var unenforced: [String] = []
+
+    private static func runsProcessing(_ launch: LaunchCoordinator.RunningLaunch) -> Bool {
+        launch.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch }
+    }
+
+    mutating func noteAdded(_ launch: LaunchCoordinator.RunningLaunch) {
+        if !launch.workOver { busy += 1 }
+        launchesPerApp[launch.app, default: 0] += 1
+        apps.insert(launch.app)
+        if launch.role == .foreground || launch.role == .extension { clientStarted += 1 }
+        if launch.role != .foreground { background += 1 }
+        if Self.runsProcessing(launch) { processing += 1 }
+        unenforced.append(launch.id)
+    }
+
+    mutating func noteRemoved(_ launch: LaunchCoordinator.RunningLaunch) {
+        if !launch.workOver { busy -= 1 }
+        let left = (launchesPerApp[launch.app] ?? 1) - 1
+        launchesPerApp[launch.app] = left > 0 ? left : nil
+        if left <= 0 { apps.remove(launch.app) }
+        if launch.role == .foreground || launch.role == .extension { clientStarted -= 1 }
+        if launch.role != .foreground { background -= 1 }
+        if Self.runsProcessing(launch) { processing -= 1 }
+    }
+
+    /// A running launch's work is over (it was not before).
+    mutating func noteWorkOver() { busy -= 1 }
+}

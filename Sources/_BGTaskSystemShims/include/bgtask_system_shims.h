@@ -69,6 +69,10 @@ int bgtask_pipe_cloexec(int fds[2]);
  * Async-signal-safe: yes */
 int bgtask_poll_ns(struct pollfd *fds, unsigned long count, int64_t timeout_ns);
 
+/* The calling thread's id (gettid(2)).
+ * Async-signal-safe: yes */
+int bgtask_thread_id(void);
+
 /* CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
  * Async-signal-safe: yes */
 uint64_t bgtask_monotonic_ns(void);
