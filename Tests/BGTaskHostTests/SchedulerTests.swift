@@ -1,5 +1,6 @@
 @testable import BGTaskHost
 import BGTaskControl
+import BGTaskLaunch
 import BGTaskStore
 import BGTaskModel
 import Foundation
@@ -59,5 +60,50 @@ import Testing
         #expect(decision.launches.isEmpty)
         #expect(decision.wakeAt == now.addingTimeInterval(60), "when the first request becomes due")
         #expect(decision.watchConditions, "power may come back at any moment")
+    }
+}
+
+/// What each scheduling pass asks of the running launches (`RunningTally`), counted as they
+/// come and go: it must agree with counting them all, whatever order they come and go in.
+@Suite struct RunningTallyTests {
+    func launch(_ id: String, app: String, role: LaunchRole, kinds: [TaskKind]) -> LaunchCoordinator.RunningLaunch {
+        LaunchCoordinator.RunningLaunch(
+            id: id, app: app, reason: "scheduled",
+            tasks: kinds.enumerated().map { TaskAssignment(task: UInt64($0.offset + 1), identifier: "t\($0.offset)", kind: $0.element) },
+            requests: [:], control: LaunchControl(), role: role)
+    }
+
+    @Test func theTallyAgreesWithCountingEveryLaunch() {
+        var tally = RunningTally()
+        var running: [String: LaunchCoordinator.RunningLaunch] = [:]
+        func check(_ when: String) {
+            #expect(tally.busy == running.values.filter { !$0.workOver }.count, "busy, \(when)")
+            #expect(tally.apps == Set(running.values.map(\.app)), "apps, \(when)")
+            #expect(tally.clientStarted == running.values.filter { $0.role == .foreground || $0.role == .extension }.count, "client-started, \(when)")
+            #expect((tally.background > 0) == running.values.contains { $0.role != .foreground }, "background, \(when)")
+            #expect((tally.processing > 0) == running.values.contains { $0.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch } },
+                    "processing, \(when)")
+        }
+        let launches = [
+            launch("a", app: "one", role: .background, kinds: [.refresh]),
+            launch("b", app: "one", role: .foreground, kinds: []),
+            launch("c", app: "two", role: .background, kinds: [.processing, .refresh]),
+            launch("d", app: "three", role: .extension, kinds: [.healthResearch]),
+        ]
+        for launch in launches {
+            running[launch.id] = launch
+            tally.noteAdded(launch)
+            check("after \(launch.id) began")
+        }
+        #expect(tally.unenforced == ["a", "b", "c", "d"])
+        // A background launch's work ends before its record comes back; another's never does.
+        running["c"]?.workOver = true
+        tally.noteWorkOver()
+        check("after c's work ended")
+        for id in ["a", "c", "b", "d"] {
+            tally.noteRemoved(running.removeValue(forKey: id)!)
+            check("after \(id) ended")
+        }
+        #expect(tally.busy == 0 && tally.apps.isEmpty && tally.background == 0 && tally.processing == 0 && tally.clientStarted == 0)
     }
 }
