@@ -17,7 +17,7 @@ extension SectionRunner {
         raiseDescriptorLimit()
         let budget = iterations.scaleBudget
         var figures: [(n: Int, cpuUsPerLaunchSecond: Double, hostRSS: Double, rssPerLaunch: Double, pssPerLaunch: Double, threads: Int,
-                       ramp: Double, expiry: Samples, watchdog: Samples, entered: Int)] = []
+                       ramp: Double, expiry: Samples, watchdog: Samples, entered: Int, endCPUMs: Double)] = []
         for size in iterations.scaleSizes {
             progress("scale: \(size) launches (budget \(Int(budget)) s, grace 1 s)")
             let e2e = try EndToEndHost(root: root.appendingPathComponent("scale-\(size)"), apps: size,
@@ -47,9 +47,13 @@ extension SectionRunner {
             let tree = ProcStat.treePSS(e2e.host.pid)
             let launches = max(entered.count, 1)
             let pss = tree.bytes - idlePSS
-            // Both halves end by the budget + grace + the watchdog's kill; then the records.
+            // Both halves end by the budget + grace + the watchdog's kill; then the records. The
+            // host's CPU from just before the first budget ends to then is what ending them cost.
+            usleep(UInt32(max(0, Double(budget) - 0.5 - seconds(since: t0)) * 1e6))
+            let endCPU0 = ProcStat.cpuNanoseconds(e2e.host.pid)
             let end = Double(budget) + 1 + 3
             usleep(UInt32(max(0, end - seconds(since: t0)) * 1e6))
+            let endCPUNs = Double(ProcStat.growth(from: endCPU0, to: ProcStat.cpuNanoseconds(e2e.host.pid)))
             var expiry = Samples(), watchdog = Samples()
             var recorded = 0
             for _ in 0..<30 {
@@ -68,7 +72,8 @@ extension SectionRunner {
                 usleep(500_000)
             }
             figures.append((size, cpuNs / 1000 / elapsed / Double(launches), hostRSS, (hostRSS - idleRSS) / Double(launches),
-                            pss / Double(launches), threads, ramp, expiry, watchdog, entered.count))
+                            pss / Double(launches), threads, ramp, expiry, watchdog, entered.count,
+                            endCPUNs / 1e6 / Double(max(1, expiry.count + watchdog.count))))
             if entered.count < size { report.note("scale \(size): only \(entered.count) of \(size) handlers entered within \(Int(budget * 0.8)) s; the per-launch figures are over those") }
             report.note("scale \(size): \(tree.processes) processes under the host while supervised (3 per launch with PID namespaces: outer, init, app)")
         }
@@ -86,6 +91,7 @@ extension SectionRunner {
             report.set("\(key)_watchdog_late_p99_ms", f.watchdog.p99)
             report.set("\(key)_watchdog_late_p50_ms", f.watchdog.p50)
             report.set("\(key)_entered", .int(f.entered))
+            report.set("\(key)_host_cpu_ms_per_launch_end", f.endCPUMs, 3)
             report.row("\(f.n) at once: host CPU per supervised launch", String(format: "%.1f µs/s", f.cpuUsPerLaunchSecond),
                        ratio: String(format: "host %.2f %% of a core", f.cpuUsPerLaunchSecond * Double(f.n) / 1e4), target: "linear, small")
             report.row("\(f.n) at once: host RSS (+ per launch) / PSS per launch", "\(mib(f.hostRSS)) (+\(String(format: "%.0f KiB", f.rssPerLaunch / 1024))) / \(String(format: "%.0f KiB", f.pssPerLaunch / 1024))",
@@ -94,6 +100,8 @@ extension SectionRunner {
                        target: "p99 ≤ 5 ms", verdict: verdict(f.expiry.p99 <= 5, missedBy: ms(f.expiry.p99 - 5) + " over"))
             report.row("\(f.n) at once: watchdog lateness p50 / p99", "\(ms(f.watchdog.p50)) / \(ms(f.watchdog.p99))", ratio: "\(f.watchdog.count) launches",
                        target: "p99 ≤ 5 ms", verdict: verdict(f.watchdog.p99 <= 5, missedBy: ms(f.watchdog.p99 - 5) + " over"))
+            report.row("\(f.n) at once: host CPU per launch ended (expired and suspended, or killed)", String(format: "%.2f ms", f.endCPUMs),
+                       ratio: "budget − 0.5 s → grace + 3 s", target: "≤ 0.3 ms", verdict: verdict(f.endCPUMs <= 0.3, missedBy: String(format: "%.2f ms over", f.endCPUMs - 0.3)))
             report.row("\(f.n) at once: submitted → all handlers entered", String(format: "%.2f s", f.ramp), ratio: perSecond(Double(f.entered) / f.ramp), target: "context")
         }
     }
