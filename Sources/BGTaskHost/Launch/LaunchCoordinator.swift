@@ -54,9 +54,7 @@ final class LaunchCoordinator: HostPart {
     private let device: DeviceState
     private let supervisor: LaunchSupervisor
     private(set) var running: [String: RunningLaunch] = [:]
-    /// What each scheduling pass asks of `running`, kept in step with it (`noteAdded`,
-    /// `noteRemoved`, `noteWorkOver`): a pass per launch that ends, each counting a thousand
-    /// launches, was a third of the host's CPU while a thousand launches expired at once.
+    /// What each scheduling pass asks of `running`, kept in step with it (see launch-ends-in-bursts.md).
     private var tally = RunningTally()
     /// The apps in the foreground now (a foreground launch whose entry returned and that has not
     /// left), with their launch's control: read by the notifications part off this queue, to
@@ -179,9 +177,7 @@ final class LaunchCoordinator: HostPart {
     /// A background launch runs: the machine's thermal state is watched (it is expired at critical).
     var runsBackgroundLaunches: Bool { tally.background > 0 }
     var runsProcessingTasks: Bool { tally.processing > 0 }
-    func launch(of app: String) -> RunningLaunch? {
-        tally.apps.contains(app) ? running.values.first { $0.app == app } : nil
-    }
+    func launch(of app: String) -> RunningLaunch? { tally.apps.contains(app) ? running.values.first { $0.app == app } : nil }
     /// The launch running task `identifier` (of `app`, when given).
     func launch(running identifier: String, app: String?) -> RunningLaunch? {
         running.values.first { $0.tasks.contains { $0.identifier == identifier } && (app == nil || $0.app == app) }
@@ -507,8 +503,7 @@ final class LaunchCoordinator: HostPart {
     /// of a new thermal state or Low Power Mode (`ProcessInfo`'s, and its notifications).
     func enforce(_ conditions: DeviceConditions) {
         let device = (thermalState: UInt32(conditions.thermalState.rawValue), lowPowerMode: conditions.lowPowerMode)
-        // Under the conditions last enforced, only launches started since can be at odds with
-        // them (a pass per launch that ends looked at every launch each time).
+        // Under the conditions last enforced, only launches started since can be at odds with them.
         let ids = tally.enforced == conditions ? tally.unenforced : Array(running.keys)
         tally.enforced = conditions
         tally.unenforced = []
