@@ -120,7 +120,7 @@ final class Runner: @unchecked Sendable {
     /// When the launch's time runs out (CLOCK_MONOTONIC ns; 0: unknown); moved earlier when a
     /// foreground launch leaves the foreground (`deadline`).
     var expiresAtNs: UInt64
-    /// The parent reader expired the launch at `expiresAtNs` itself (see `untilDeadline`).
+    /// The expiration thread expired the launch at `expiresAtNs` itself (see `armDeadline`).
     var expiredAtDeadline = false
     var nextSeq: UInt64 = 1
     var waiters: [UInt64: ReplyWaiter] = [:]

@@ -16,6 +16,7 @@ extension Runner {
             idle = true
             expiresAtNs = 0
         }
+        armDeadline()
     }
 
     func setResumeHandler(_ handler: bgtask_resume_handler?, _ context: UnsafeMutableRawPointer?) {
@@ -56,6 +57,7 @@ extension Runner {
             return true
         }
         guard resumed else { return false }
+        armDeadline()
         _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
         if lock.withLock({ () -> Bool in defer { deviceChangedWhileSuspended = false }; return deviceChangedWhileSuspended }) {
             tellDevice()
@@ -149,16 +151,24 @@ extension Runner {
     /// The launch's time now runs out at `at` (the host moved it: the app left the foreground).
     func setDeadline(_ at: UInt64) {
         lock.withLock { expiresAtNs = at }
+        armDeadline()
     }
 
-    /// Nanoseconds until the parent reader is to expire the launch itself (0: now), or nil
-    /// (no deadline, or done). The runner knows its deadline (`LaunchAssignment.expiresAtNs`,
-    /// moved by `ParentMessage.deadline`), so the budget's expiration does not wait for the
-    /// host's message: the reader, which waits for the host's messages anyway, waits until the
-    /// deadline at most and then expires the launch (`expireAtDeadline`). The host still sends
-    /// its own at the same moment (each task's expiration is delivered once, whichever comes
-    /// first) and still kills at the grace's end: an app that stops this thread gains nothing.
-    /// A host that is busy or stopped no longer delays the app's expiration.
+    /// Sets the expiration thread's alarm to the launch's deadline (or none). The runner knows
+    /// its deadline (`LaunchAssignment.expiresAtNs`, moved by `ParentMessage.deadline`), so the
+    /// budget's expiration does not wait for the host's message: at the deadline the
+    /// expiration thread wakes and expires the launch itself (`expireAtDeadline`), one wake-up
+    /// (the parent reader woke first and handed it over: two, on a machine where a thousand
+    /// launches expire together). The host still sends its own at the same moment (each task's
+    /// expiration is delivered once, whichever comes first) and still kills at the grace's
+    /// end: an app that stops this thread gains nothing. A host that is busy or stopped does
+    /// not delay the app's expiration.
+    func armDeadline() {
+        let at = lock.withLock { expiredAtDeadline ? 0 : expiresAtNs }
+        expirationQueue.setAlarm(atNs: at)
+    }
+
+    /// Nanoseconds until the launch is to expire itself (0: now), or nil (no deadline, or done).
     func untilDeadline() -> UInt64? {
         lock.withLock {
             guard expiresAtNs > 0, !expiredAtDeadline else { return nil }
@@ -167,10 +177,13 @@ extension Runner {
         }
     }
 
-    /// The deadline has passed: expiration to every open task, as the host's would.
+    /// The alarm rang (on the expiration thread): past the deadline, expiration to every open
+    /// task, as the host's would; a deadline moved later is armed again.
     func expireAtDeadline() {
+        guard let wait = untilDeadline() else { return }
+        guard wait == 0 else { return armDeadline() }
         lock.withLock { expiredAtDeadline = true }
-        expirationQueue.async { self.expire(only: nil) }
+        expire(only: nil)
     }
 
     /// The launch's time has run out: every assertion's expiration handler, once, on this (the

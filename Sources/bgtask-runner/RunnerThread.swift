@@ -34,7 +34,8 @@ private final class ThreadBody {
 }
 
 /// A serial queue on a POSIX thread of its own, started with the launch (`start`): where
-/// expiration is delivered and a launch's end is timed.
+/// expiration is delivered and a launch's end is timed, and whose alarm is the launch's
+/// deadline (`Runner.armDeadline`): at the deadline this one thread wakes and expires the launch.
 ///
 /// Not a `DispatchQueue`: Dispatch lets an idle worker thread go after a few seconds, so the
 /// expiration of a launch that slept through its budget made a new thread at its deadline, on
@@ -51,6 +52,10 @@ final class SerialThread: @unchecked Sendable {
     private var started = false
     private var thread: Int32?
     private var busy = false
+    /// When `onAlarm` runs next (monotonic ns; 0: never), before any job due later.
+    private var alarmNs: UInt64 = 0
+    /// Runs on the thread at the alarm (set before `start`).
+    var onAlarm: () -> Void = {}
 
     init() {
         pthread_mutex_init(mutex, nil)
@@ -86,6 +91,14 @@ final class SerialThread: @unchecked Sendable {
         if start { startThread { [self] in run() } }
     }
 
+    /// Sets the alarm (0: none), replacing the one set before.
+    func setAlarm(atNs: UInt64) {
+        pthread_mutex_lock(mutex)
+        alarmNs = atNs
+        pthread_cond_signal(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
     /// The thread's id while it runs no job (nil while it does, or before it started).
     var idleThreadID: Int32? {
         pthread_mutex_lock(mutex)
@@ -97,17 +110,28 @@ final class SerialThread: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         thread = bgtask_thread_id()
         while true {
-            guard let next = jobs.indices.min(by: { (jobs[$0].dueNs, jobs[$0].order) < (jobs[$1].dueNs, jobs[$1].order) }) else {
+            let now = bgtask_monotonic_ns()
+            if alarmNs != 0 && alarmNs <= now {
+                alarmNs = 0
+                busy = true
+                pthread_mutex_unlock(mutex)
+                onAlarm()
+                pthread_mutex_lock(mutex)
+                busy = false
+                continue
+            }
+            let next = jobs.indices.min { (jobs[$0].dueNs, jobs[$0].order) < (jobs[$1].dueNs, jobs[$1].order) }
+            let due = min(next.map { jobs[$0].dueNs } ?? .max, alarmNs == 0 ? .max : alarmNs)
+            if due == .max {
                 pthread_cond_wait(condition, mutex)
                 continue
             }
-            let due = jobs[next].dueNs
-            let now = bgtask_monotonic_ns()
             if due > now {
                 var until = timespec(tv_sec: Int(due / 1_000_000_000), tv_nsec: Int(due % 1_000_000_000))
                 pthread_cond_timedwait(condition, mutex, &until)
                 continue
             }
+            guard let next else { continue }
             let job = jobs.remove(at: next).job
             busy = true
             pthread_mutex_unlock(mutex)

@@ -81,25 +81,15 @@ func applyConfinement() {
 }
 applyConfinement()
 
-// Expiration's thread is made now, not at the deadline (see SerialThread).
+// Expiration's thread is made now, not at the deadline (see SerialThread), and its alarm is
+// the launch's deadline (see Runner.armDeadline).
+runner.expirationQueue.onAlarm = { runner.expireAtDeadline() }
 runner.expirationQueue.start()
+runner.armDeadline()
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.
 startThread {
     while true {
-        // The launch's own deadline: no message from the host until then, and the reader
-        // expires the launch itself (see Runner.untilDeadline).
-        if let wait = runner.untilDeadline() {
-            if wait == 0 {
-                runner.expireAtDeadline()
-                continue
-            }
-            var ready = pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)
-            let polled = bgtask_poll_ns(&ready, 1, Int64(clamping: wait))
-            // Timed out or interrupted: look at the deadline again. (A failed poll falls through
-            // to the receive, which says what is wrong with the channel.)
-            if polled == 0 || (polled < 0 && errno == EINTR) { continue }
-        }
         let message: ParentMessage?
         do {
             message = try channel.receive(ParentMessage.self)

@@ -161,6 +161,8 @@ package final class SuspendedApps: @unchecked Sendable {
     /// the kernel's pressure): MetricKit counts those exits (`cumulativeMemoryPressureExitCount`).
     package var onMemoryPressureEviction: (@Sendable (String) -> Void)?
     private var suspended: [String: SuspendedApp] = [:]
+    /// The resident bytes of all of `suspended`, kept as it changes (`put`, `takeOut`; under `lock`).
+    private var heldBytes: UInt64 = 0
     /// Per suspended app: the watch over the pidfds of the host's child and of the app's own
     /// process (below a namespace's init, which is stopped too and would not notice the app's
     /// death).
@@ -223,7 +225,7 @@ package final class SuspendedApps: @unchecked Sendable {
             evict(app, reason: "the launch brought what only a launch entry hears (the foreground, a push, an event) and the app set no resume handler (BGTaskPlugin.entry's didResume, UIApplication.entry)")
         }
         return lock.withLock {
-            if let process = suspended.removeValue(forKey: app), process.key == key, process.hearsResumes || !bringsEvents {
+            if let process = takeOut(app), process.key == key, process.hearsResumes || !bringsEvents {
                 watches.removeValue(forKey: app)?.cancel()
                 running[app] = process.pid
                 return (process, nil)
@@ -253,7 +255,7 @@ package final class SuspendedApps: @unchecked Sendable {
         let (accepted, watchPressure): (Bool, Bool) = lock.withLock {
             running.removeValue(forKey: process.app)
             guard !stopped else { return (false, false) }
-            suspended[process.app] = process
+            put(process)
             watches[process.app] = watch
             defer { pressureWatched = true }
             return (true, !pressureWatched && pressure >= 0)
@@ -273,7 +275,7 @@ package final class SuspendedApps: @unchecked Sendable {
     /// Puts `process` in the table as it is (no pidfd, no watcher, no budget): for tests of
     /// the eviction order.
     package func insertForTesting(_ process: SuspendedApp) {
-        lock.withLock { suspended[process.app] = process }
+        lock.withLock { put(process) }
     }
 
     // MARK: Jetsam
@@ -305,7 +307,7 @@ package final class SuspendedApps: @unchecked Sendable {
     /// make its next launch start over.
     package func enforceBudget(sparing: String? = nil) {
         while true {
-            let (total, count) = lock.withLock { (suspended.values.reduce(0) { $0 + $1.residentBytes }, suspended.count) }
+            let (total, count) = lock.withLock { (heldBytes, suspended.count) }
             let maximumCount = effectiveMaximumCount
             guard total > budgetBytes || count > maximumCount else { return }
             // Sorted only when one must go: each suspension sorting a thousand suspended apps
@@ -327,7 +329,7 @@ package final class SuspendedApps: @unchecked Sendable {
             // A watch's word is about its own process only: the app may have been resumed and
             // suspended again since (another process, another watch).
             if let watch, watches[app] !== watch { return nil }
-            guard let process = suspended.removeValue(forKey: app) else { return nil }
+            guard let process = takeOut(app) else { return nil }
             watches.removeValue(forKey: app)?.cancel()
             return process
         }
@@ -387,7 +389,20 @@ package final class SuspendedApps: @unchecked Sendable {
     }
 
     package var suspendedCount: Int { lock.withLock { suspended.count } }
-    package var suspendedBytes: UInt64 { lock.withLock { suspended.values.reduce(0) { $0 + $1.residentBytes } } }
+    package var suspendedBytes: UInt64 { lock.withLock { heldBytes } }
+
+    /// Under `lock`: `process` in the table, its bytes counted.
+    private func put(_ process: SuspendedApp) {
+        if let old = suspended.updateValue(process, forKey: process.app) { heldBytes -= old.residentBytes }
+        heldBytes += process.residentBytes
+    }
+
+    /// Under `lock`: `app`'s process out of the table, its bytes no longer counted.
+    private func takeOut(_ app: String) -> SuspendedApp? {
+        guard let process = suspended.removeValue(forKey: app) else { return nil }
+        heldBytes -= process.residentBytes
+        return process
+    }
 
     // MARK: The watches
 
