@@ -5,7 +5,7 @@ import Foundation
 import Testing
 
 /// The two counters that let the supervision of a sleeping launch skip its expensive looks
-/// (LaunchWatchers.swift, `MachineGate`): when they say nothing can have changed, nothing has;
+/// (BGTaskSystem/MachineGate.swift, `MachineGate`): when they say nothing can have changed, nothing has;
 /// when they cannot say, the look is done.
 @Suite struct MachineGateTests {
     typealias Counters = MachineGate.Counters
