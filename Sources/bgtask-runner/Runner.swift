@@ -58,9 +58,12 @@ final class Runner: @unchecked Sendable {
     /// Made in the zygote's rehearsal too, which must stay single-threaded: making it starts no
     /// thread; the launch starts it (`main.swift`), with its parent reader.
     let expirationQueue = SerialThread()
+    /// Times the launch's end (the quiet looks, the settle limit): never app code, so an
+    /// expiration handler that blocks the expiration thread does not stop the launch's end.
+    let endTimer = SerialThread()
     /// Ends the launch once its work is over and the app has gone quiet (`settle`): exits, or
     /// says `idle` (a suspendable launch). Called once per launch, on the main queue (or on the
-    /// expiration queue when the main thread is blocked in app code past `settleLimitNs`).
+    /// end timer's thread when the main thread is blocked in app code past `settleLimitNs`).
     var end: () -> Void = { _exit(0) }
 
     /// How long the app must be quiet after its work is over before its launch ends: work it
@@ -328,7 +331,7 @@ final class Runner: @unchecked Sendable {
     /// answer awaited), at most `settleLimitNs`.
     func settle(_ generation: UInt64) {
         let limitNs = bgtask_monotonic_ns() + Self.settleLimitNs
-        expirationQueue.async(afterNs: Self.settleLimitNs) { [self] in endOnce(generation) }
+        endTimer.async(afterNs: Self.settleLimitNs) { [self] in endOnce(generation) }
         let seen = activity.load(ordering: .relaxed)
         scheduleHandler { [self] in waitForQuiet(generation, seen: seen, cpu: Self.processCPUNs(), limitNs: limitNs) }
     }
@@ -339,16 +342,16 @@ final class Runner: @unchecked Sendable {
     /// talked to the host nor used CPU, but its thread is runnable. Read at the launch's end
     /// only, while every thread lives (a walk of a process's tasks while they die is what
     /// makes a reap slow).
-    /// `besides`: a thread of the runner's own that is idle (the expiration thread between jobs,
-    /// which may still be on its way back to its wait).
-    static func anotherThreadRunnable(besides idle: Int32? = nil) -> Bool {
+    /// `besides`: threads of the runner's own that are idle (the expiration thread and the end
+    /// timer between jobs, which may still be on their way back to their wait).
+    static func anotherThreadRunnable(besides idle: [Int32?] = []) -> Bool {
         guard let directory = opendir("/proc/self/task") else { return false }
         defer { closedir(directory) }
         let main = getpid()
         var buffer = [UInt8](repeating: 0, count: 512)
         while let entry = readdir(directory) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let tid = Int32(name), tid != main, tid != idle else { continue }
+            guard let tid = Int32(name), tid != main, !idle.contains(tid) else { continue }
             let fd = open("/proc/self/task/\(tid)/stat", O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { continue }
             let count = read(fd, &buffer, buffer.count)
@@ -369,16 +372,16 @@ final class Runner: @unchecked Sendable {
     /// On the main queue, after everything queued before: ends the launch once `quietNs` passed
     /// with no activity and no answer awaited; otherwise looks again.
     func waitForQuiet(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
-        // Timed on the expiration thread, then run on the main queue: Dispatch's own timer
+        // Timed on the end timer's thread, then run on the main queue: Dispatch's own timer
         // (`asyncAfter`) made a thread in each launch as it ended (see SerialThread).
-        expirationQueue.async(afterNs: Self.quietNs) { [self] in DispatchQueue.main.async { [self] in quietLooked(generation, seen: seen, cpu: cpu, limitNs: limitNs) } }
+        endTimer.async(afterNs: Self.quietNs) { [self] in DispatchQueue.main.async { [self] in quietLooked(generation, seen: seen, cpu: cpu, limitNs: limitNs) } }
     }
 
     private func quietLooked(_ generation: UInt64, seen: UInt64, cpu: UInt64, limitNs: UInt64) {
         let now = activity.load(ordering: .relaxed)
         let cpuNow = Self.processCPUNs()
         let awaiting = lock.withLock { !waiters.isEmpty }
-        if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs || Self.anotherThreadRunnable(besides: expirationQueue.idleThreadID))
+        if (now != seen || awaiting || cpuNow > cpu + Self.quietCPUNs || Self.anotherThreadRunnable(besides: [expirationQueue.idleThreadID, endTimer.idleThreadID]))
             && bgtask_monotonic_ns() < limitNs {
             waitForQuiet(generation, seen: now, cpu: cpuNow, limitNs: limitNs)
         } else {

@@ -85,6 +85,7 @@ applyConfinement()
 // the launch's deadline (see Runner.armDeadline).
 runner.expirationQueue.onAlarm = { runner.expireAtDeadline() }
 runner.expirationQueue.start()
+runner.endTimer.start()
 runner.armDeadline()
 // Parent messages arrive on their own thread so that expiration reaches a launch whose main
 // and handler threads are blocked.

@@ -203,6 +203,20 @@ import Testing
         }
     }
 
+    /// An expiration handler that completes its task and then never returns holds the thread
+    /// expiration is delivered on; the launch's end is timed elsewhere, so it still ends when it
+    /// goes quiet, long before the watchdog.
+    @Test func anExpirationHandlerThatNeverReturnsDoesNotHoldTheLaunchsEnd() throws {
+        let scratch = try Scratch()
+        defer { scratch.remove() }
+        let app = try scratch.bundle("Misbehaving", info: "Tests/Fixtures/Misbehaving/Info.plist", name: "M.app")
+        let (record, _) = try scratch.run(app, ["--task", "com.example.misbehaving.stuck-expiry:refresh", "--budget", "300ms", "--grace", "5s"])
+        #expect(record.termination == .exited, "\(record.termination)")
+        #expect(record.task("com.example.misbehaving.stuck-expiry")?.outcome == .expired)
+        #expect(record.task("com.example.misbehaving.stuck-expiry")?.expirationHandled == true)
+        #expect(record.wallMs < 2_000, "ended \(record.wallMs) ms after it began: it waited for the watchdog")
+    }
+
     @Test func registrationRulesEndOrRefuseAsOnIOS() throws {
         let scratch = try Scratch()
         defer { scratch.remove() }

@@ -205,6 +205,16 @@ enum Misbehaving {
             while true { pause() }
         }
 
+        // Completes its task from its expiration handler, then blocks that thread for good: the
+        // launch still ends once it goes quiet (its end is not timed on the expiration thread).
+        register("stuck-expiry") { task in
+            task.expirationHandler = {
+                print("misbehaving: stuck-expiry completes, then blocks its expiration thread")
+                task.setTaskCompleted(success: false)
+                while true { pause() }
+            }
+        }
+
         register("segfault") { _ in
             print("misbehaving: segfault dereferences a bad pointer")
             raise(SIGSEGV)
