@@ -26,6 +26,10 @@ public enum TaskKind: String, Codable, Sendable, CaseIterable {
         guard let kind = Self.allCases.first(where: { $0.abiValue == abiValue }) else { return nil }
         self = kind
     }
+
+    /// A processing task as iOS treats one: `BGProcessingTaskRequest` and its subclass
+    /// `BGHealthResearchTaskRequest` (power and network requirements, device conditions).
+    public var isProcessing: Bool { self == .processing || self == .healthResearch }
 }
 
 /// Why a process was launched (`bgtask_launch_role`).
@@ -145,7 +149,7 @@ public struct TaskRequest: Codable, Sendable, Equatable {
         try container.encode(kind, forKey: .kind)
         try container.encode(identifier, forKey: .identifier)
         try container.encodeIfPresent(earliestBeginDate, forKey: .earliestBeginDate)
-        if every || kind == .processing || kind == .healthResearch {
+        if every || kind.isProcessing {
             try container.encode(requiresNetworkConnectivity, forKey: .requiresNetworkConnectivity)
             try container.encode(requiresExternalPower, forKey: .requiresExternalPower)
         }

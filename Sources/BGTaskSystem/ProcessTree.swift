@@ -98,9 +98,6 @@ public enum ProcessTree {
         return kilobytes * 1024
     }
 
-    /// CPU time `pid` has used, all its threads, user and system (`/proc/PID/stat` fields 14
-    /// and 15, in clock ticks: 10 ms steps), in nanoseconds; nil when it cannot be read.
-    /// With `reapedChildren`, the CPU of the children it has waited for too (fields 16 and 17).
     /// The CPU time of `pid`'s threads so far, to the nanosecond, from its process CPU clock
     /// (`clock_getcpuclockid`'s clock, made here as glibc makes it, without glibc's check):
     /// one system call, no /proc path to open and parse. Nil once the process is gone.
@@ -112,6 +109,9 @@ public enum ProcessTree {
         return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
     }
 
+    /// CPU time `pid` has used, all its threads, user and system (`/proc/PID/stat` fields 14
+    /// and 15, in clock ticks: 10 ms steps), in nanoseconds; nil when it cannot be read.
+    /// With `reapedChildren`, the CPU of the children it has waited for too (fields 16 and 17).
     public static func cpuNanoseconds(of pid: pid_t, reapedChildren: Bool = false) -> UInt64? {
         let bytes = readFile("/proc/\(pid)/stat")
         // The command (field 2) may hold spaces and parentheses: fields count from its last ')'.

@@ -102,7 +102,7 @@ extension BGTaskCommand {
             if let cpuLimit = limitOptions.cpuLimit {
                 limits.cpuLimit = cpuLimit.limit
                 if cpuLimit.limit == nil { limits.cpuLimitExemption = "--cpu-limit off" }
-            } else if assignments.contains(where: { $0.kind == .processing || $0.kind == .healthResearch }),
+            } else if assignments.contains(where: { $0.kind.isProcessing }),
                       MachineConditionsReader().externalPower() {
                 // As the host does, as iOS does: no CPU monitor for processing work on external power.
                 limits.cpuLimit = nil

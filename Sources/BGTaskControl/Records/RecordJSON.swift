@@ -324,7 +324,7 @@ extension RecordJSON {
             if request.kind == .continuedProcessing {
                 json.key("requiredResources"); json.integer(request.requiredResources)
             }
-            if request.kind == .processing || request.kind == .healthResearch {
+            if request.kind.isProcessing {
                 json.key("requiresExternalPower"); json.bool(request.requiresExternalPower)
                 json.key("requiresNetworkConnectivity"); json.bool(request.requiresNetworkConnectivity)
             }

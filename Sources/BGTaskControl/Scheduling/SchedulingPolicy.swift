@@ -184,7 +184,7 @@ public struct Eligibility: Sendable {
         if thermal == .critical {
             // As iOS: a device this hot runs no background work at all, whatever the policy.
             result.append(Blocker(.thermalState, "the device's thermal state is critical (\(thermalSource)): nothing is launched until it cools to serious or below (bgtask device --thermal auto)"))
-        } else if thermal == .serious && policy == .realistic && (request.kind == .processing || request.kind == .healthResearch) {
+        } else if thermal == .serious && policy == .realistic && request.kind.isProcessing {
             result.append(Blocker(.thermalState, "the device's thermal state is serious (\(thermalSource)): processing work waits until it cools to fair or below (bgtask device --thermal auto)"))
         }
         if policy == .realistic {
@@ -194,7 +194,7 @@ public struct Eligibility: Sendable {
             let today = EnergyBudget.day(of: now)
             let excessive = state.energyExcessDay == today ? state.energyExcess : nil
             let tomorrow = today.addingTimeInterval(86_400)
-            if let excessive, request.kind == .processing || request.kind == .healthResearch {
+            if let excessive, request.kind.isProcessing {
                 result.append(Blocker(.energy, "\(stored.app) \(excessive): its processing tasks wait until the day ends (\(Self.format(tomorrow)))", until: tomorrow))
             }
             if request.kind == .refresh, let last = state.lastLaunchAt {

@@ -115,7 +115,7 @@ public enum SubmissionRules {
                 return Rejection(status: .tooManyPendingTaskRequests, message: "\(app.identifier) already has \(maximumPendingRefresh) pending refresh request (the limit)")
             }
         case .processing, .healthResearch:
-            if others.filter({ $0.kind == .processing || $0.kind == .healthResearch }).count >= maximumPendingProcessing {
+            if others.filter({ $0.kind.isProcessing }).count >= maximumPendingProcessing {
                 return Rejection(status: .tooManyPendingTaskRequests, message: "\(app.identifier) already has \(maximumPendingProcessing) pending processing requests (the limit)")
             }
         case .continuedProcessing:

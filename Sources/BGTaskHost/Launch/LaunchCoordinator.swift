@@ -251,7 +251,7 @@ final class LaunchCoordinator: HostPart {
         } else if role == .foreground {
             plan.limits.cpuLimit = nil
             plan.limits.cpuLimitExemption = "the app is in the foreground"
-        } else if conditions.externalPower, tasks.contains(where: { $0.kind == .processing || $0.kind == .healthResearch }) {
+        } else if conditions.externalPower, tasks.contains(where: { $0.kind.isProcessing }) {
             plan.limits.cpuLimit = nil
             plan.limits.cpuLimitExemption = "a processing task on external power"
         } else {
@@ -525,7 +525,7 @@ final class LaunchCoordinator: HostPart {
             for task in launch.tasks where !launch.expiredTasks.contains(task.task) {
                 guard let request = launch.requests[task.identifier] else { continue }
                 var reason: String?
-                if task.kind == .processing || task.kind == .healthResearch {
+                if task.kind.isProcessing {
                     if !conditions.idle { reason = "the device is no longer idle" }
                     if request.requiresExternalPower && !conditions.externalPower { reason = "external power was lost" }
                     if request.requiresNetworkConnectivity && !conditions.network { reason = "network connectivity was lost" }

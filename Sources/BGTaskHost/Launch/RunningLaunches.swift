@@ -63,7 +63,7 @@ struct RunningTally {
     var unenforced: [String] = []
 
     private static func runsProcessing(_ launch: LaunchCoordinator.RunningLaunch) -> Bool {
-        launch.tasks.contains { $0.kind == .processing || $0.kind == .healthResearch }
+        launch.tasks.contains { $0.kind.isProcessing }
     }
 
     mutating func noteAdded(_ launch: LaunchCoordinator.RunningLaunch) {
