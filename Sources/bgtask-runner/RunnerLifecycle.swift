@@ -57,8 +57,6 @@ extension Runner {
             return true
         }
         guard resumed else { return false }
-        armDeadline()
-        _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
         if lock.withLock({ () -> Bool in defer { deviceChangedWhileSuspended = false }; return deviceChangedWhileSuspended }) {
             tellDevice()
         }
@@ -70,6 +68,11 @@ extension Runner {
             }
             startTasks()
         }
+        // After the main queue has the launch: arming the deadline wakes the expiration thread,
+        // which went first and delayed the main thread's wake-up on a busy machine. The
+        // deadline is seconds away; its alarm is set microseconds after the handler is queued.
+        armDeadline()
+        _ = bgtask_set_process_title(CommandLine.unsafeArgv, CommandLine.argc, "bgtask-launch \(next.launchID) \(next.bundleIdentifier)")
         return true
     }
 
