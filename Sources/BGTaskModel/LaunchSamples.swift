@@ -14,7 +14,8 @@ import Glibc
 /// about 460 points and one of a day about 840; never more than `maximumPoints`. Only where
 /// the supervisor samples memory (a limit, no cgroup enforcing it): under a cgroup's limit
 /// there is no series. Appended ten points or ten seconds at a time (`Writer`), with one
-/// `open`/`write`/`close`, so a thousand running launches hold no descriptor for it.
+/// `open`/`write`/`close`, so a thousand running launches hold no descriptor for it. A launch
+/// with a single point (over within its first second) has no file.
 public enum LaunchSamples {
     public struct Point: Codable, Sendable, Equatable {
         public var ms: Double
@@ -94,8 +95,14 @@ public enum LaunchSamples {
         }
 
         /// Writes out the points kept since the last write (the launch ended, or is suspended).
+        /// A series of one point (a launch over within its first second) is not written: the
+        /// point says what the record says (its peak memory, its CPU), and its file was an
+        /// inode made, and later removed, per launch. On ext4 without a journal, whose inode
+        /// allocation skips every inode freed in the last minute, that file's `open` was the
+        /// largest single cost of the host's launches (a fifth of a resumed app's host CPU in
+        /// `bgtask-bench --only e2e`, under perf).
         public mutating func flush() {
-            guard pendingCount > 0 else { return }
+            guard pendingCount > 0, count >= 2 else { return }
             append(pending, to: path)
             (pending, pendingCount) = ("", 0)
         }
