@@ -244,6 +244,35 @@ import Testing
         #expect(next.resumed == false && next.pid != first.pid && next.termination == .suspended, "\(next)")
     }
 
+    /// A suspension counts the app by its resident memory (a bound: no page-table walk on the
+    /// launch's path); its private memory is read once the bound is over the budget, and the
+    /// budget then holds to what was read: nothing is evicted for the bound alone.
+    @Test func aSuspendedAppsPrivateMemoryIsReadOnlyWhenItMatters() throws {
+        let apps = SuspendedApps(budgetBytes: 256 << 20, maximumCount: .max, logger: .init(label: "test"))
+        let sleeper = try Subprocess.spawn(["/bin/sleep", "30"], environment: [:])
+        kill(sleeper, SIGSTOP)
+        let key = SuspendedApp.Key(bundlePath: "/a/A.app", executable: [], appGroups: [], confine: false, uid: nil)
+        func suspended(_ app: String, bound: UInt64) -> SuspendedApp {
+            SuspendedApp(app: app, pid: sleeper, appPID: sleeper, channel: LaunchChannel(fd: -1), logReadEnd: -1, cgroup: nil, sandbox: nil,
+                         launcher: "zygote", key: key, launches: 1, suspendedAtNs: bgtask_monotonic_ns(), suspendedAt: Date(),
+                         residentBytes: bound, residentMeasured: false, lastLaunchID: "l", cpuNs: 0, hearsResumes: true)
+        }
+        // Under the budget on its bound: not read.
+        apps.insertForTesting(suspended("small", bound: 100 << 20))
+        apps.enforceBudget()
+        #expect(apps.countedBytes == 100 << 20)
+        // Suspended again with a bound over the budget: read, and it fits.
+        apps.insertForTesting(suspended("small", bound: 1 << 30))
+        apps.enforceBudget()
+        let counted = apps.countedBytes
+        #expect(counted > 0 && counted < 32 << 20, "\(counted)")
+        #expect(apps.suspendedCount == 1 && apps.states().first { $0.app == "small" }?.residentBytes == counted)
+        // Evicted (the test's end): killed and reaped; what it gave back is what was read.
+        #expect(apps.evict("small", reason: "the test is over"))
+        #expect(apps.states().first { $0.app == "small" }?.lastEviction?.residentBytes == counted)
+        #expect(kill(sleeper, 0) != 0)
+    }
+
     /// iOS's order: the least recently used band first, the largest first within a band.
     @Test func evictionOrderIsLeastRecentlyUsedThenLargest() throws {
         let apps = SuspendedApps(budgetBytes: .max, maximumCount: .max, logger: .init(label: "test"))

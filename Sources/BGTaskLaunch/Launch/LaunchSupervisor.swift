@@ -537,21 +537,23 @@ public struct LaunchSupervisor: Sendable {
         // far above them would be the baseline of every later launch of the process, each then
         // recorded (and summed into its day's energy) as using nothing.
         let cpuNs = max(ticks, min(state.reportedCPUNs ?? 0, ticks + 50_000_000))
-        let unique = ProcessTree.uniqueBytes(ofProcess: app)
+        // Counted by its resident memory until its private memory is wanted (see
+        // `SuspendedApp.residentMeasured`).
+        let resident = ProcessTree.residentBytes(ofProcess: app)
         // Storage from /proc (the kernel's word, one file); wake-ups the app's own count of all its
         // threads (getrusage: no /proc file sums them), never below its main thread's.
         var energy = EnergyCounters.of(app, allThreads: false) ?? state.energyAtStart
         energy.wakeups = max(energy.wakeups, state.reportedWakeups ?? 0)
         state.energy = energy.since(state.energyAtStart)
         state.suspendedAfter = true
-        state.peakRSS = max(state.peakRSS, ProcessTree.residentBytes(ofProcess: app))
+        state.peakRSS = max(state.peakRSS, resident)
         var record = state.record(status: 0, usage: Self.usage(cpuNs: cpuNs > cpuAtStartNs ? cpuNs - cpuAtStartNs : 0), pid: pid,
                                   wallNs: endNs - state.startNs, startedAt: startedAt)
         finish(&record, state, plan: plan, log: log, cgroup: cgroup, refusedGroups: refusedGroups, logger: logger)
         var process = SuspendedApp(
             app: plan.bundle.identifier, pid: pid, appPID: app, channel: channel, logReadEnd: log.detachReadEnd(), cgroup: cgroup,
             sandbox: state.sandbox, launcher: state.launcher, key: key, launches: launches, suspendedAtNs: bgtask_monotonic_ns(),
-            suspendedAt: Date(), residentBytes: unique, lastLaunchID: plan.launchID, cpuNs: cpuNs, hearsResumes: state.hearsResumes)
+            suspendedAt: Date(), residentBytes: resident, residentMeasured: false, lastLaunchID: plan.launchID, cpuNs: cpuNs, hearsResumes: state.hearsResumes)
         process.energy = energy
         process.traffic = state.traffic.continued()
         if !apps.suspend(process) {
@@ -559,7 +561,7 @@ public struct LaunchSupervisor: Sendable {
             apps.endUnkept(process)
             record.termination = .exited
         }
-        logger.debug("its process is suspended", metadata: ["unique.bytes": "\(unique)"])
+        logger.debug("its process is suspended", metadata: ["resident.bytes": "\(resident)"])
         return record
     }
 

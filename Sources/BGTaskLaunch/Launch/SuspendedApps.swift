@@ -30,8 +30,16 @@ package struct SuspendedApp {
     package var launches: Int
     package var suspendedAtNs: UInt64
     package var suspendedAt: Date
-    /// Resident memory of the process's tree when it was suspended (it does not grow while stopped).
+    /// The memory the process is counted for: its private memory (`smaps_rollup`: what ending it
+    /// gives back) once measured (`residentMeasured`), until then its resident memory, which
+    /// holds every private page and the ones it shares. It does not grow while stopped.
     package var residentBytes: UInt64
+    /// Whether `residentBytes` is the measured private memory (else the resident upper bound).
+    /// A suspension does not measure it: `smaps_rollup` walks every page table of the process
+    /// (about 240 µs for an app forked from the zygote, a tenth of the host's CPU for each
+    /// resumed launch), and most suspensions never need it. `SuspendedApps` measures it when
+    /// it matters: when the bound is over the budget, before an eviction, when asked for it.
+    package var residentMeasured: Bool
     package var lastLaunchID: String
     /// The process's CPU time when it was suspended: the app's word (its `getrusage`, at least
     /// what /proc said), from which the next launch's CPU is counted.
@@ -71,7 +79,7 @@ package struct SuspendedApp {
     }
 
     /// The memberwise initializer, for the modules above this one.
-    package init(app: String, pid: pid_t, appPID: pid_t, channel: LaunchChannel, logReadEnd: Int32, cgroup: CgroupV2.LaunchGroup?, sandbox: [String: SandboxLayer]?, launcher: String, key: Key, launches: Int, suspendedAtNs: UInt64, suspendedAt: Date, residentBytes: UInt64, lastLaunchID: String, cpuNs: UInt64, hearsResumes: Bool) {
+    package init(app: String, pid: pid_t, appPID: pid_t, channel: LaunchChannel, logReadEnd: Int32, cgroup: CgroupV2.LaunchGroup?, sandbox: [String: SandboxLayer]?, launcher: String, key: Key, launches: Int, suspendedAtNs: UInt64, suspendedAt: Date, residentBytes: UInt64, residentMeasured: Bool = true, lastLaunchID: String, cpuNs: UInt64, hearsResumes: Bool) {
         self.app = app
         self.pid = pid
         self.appPID = appPID
@@ -85,6 +93,7 @@ package struct SuspendedApp {
         self.suspendedAtNs = suspendedAtNs
         self.suspendedAt = suspendedAt
         self.residentBytes = residentBytes
+        self.residentMeasured = residentMeasured
         self.lastLaunchID = lastLaunchID
         self.cpuNs = cpuNs
         self.hearsResumes = hearsResumes
@@ -161,8 +170,11 @@ package final class SuspendedApps: @unchecked Sendable {
     /// the kernel's pressure): MetricKit counts those exits (`cumulativeMemoryPressureExitCount`).
     package var onMemoryPressureEviction: (@Sendable (String) -> Void)?
     private var suspended: [String: SuspendedApp] = [:]
-    /// The resident bytes of all of `suspended`, kept as it changes (`put`, `takeOut`; under `lock`).
+    /// The counted bytes of all of `suspended` (`SuspendedApp.residentBytes`: measured, or the
+    /// bound), kept as it changes (`put`, `takeOut`; under `lock`).
     private var heldBytes: UInt64 = 0
+    /// How many of `suspended` are counted by their bound (not measured yet).
+    private var unmeasuredCount = 0
     /// Per suspended app: the watch over the pidfds of the host's child and of the app's own
     /// process (below a namespace's init, which is stopped too and would not notice the app's
     /// death).
@@ -306,10 +318,18 @@ package final class SuspendedApps: @unchecked Sendable {
     /// just suspended (`sparing`) goes last: evicting what was used a moment ago would only
     /// make its next launch start over.
     package func enforceBudget(sparing: String? = nil) {
+        var measured = false
         while true {
-            let (total, count) = lock.withLock { (heldBytes, suspended.count) }
+            let (total, count, unmeasured) = lock.withLock { (heldBytes, suspended.count, unmeasuredCount) }
             let maximumCount = effectiveMaximumCount
             guard total > budgetBytes || count > maximumCount else { return }
+            // Over on the bound: the private memory of each app not yet measured, then again.
+            // Every eviction is decided on measured figures (its order: the largest first).
+            if unmeasured > 0 && !measured {
+                measureUnmeasured()
+                measured = true
+                continue
+            }
             // Sorted only when one must go: each suspension sorting a thousand suspended apps
             // was a tenth of the host's CPU while a thousand launches ended at once.
             let order = evictionOrder()
@@ -334,12 +354,16 @@ package final class SuspendedApps: @unchecked Sendable {
             return process
         }
         guard let process = taken else { return false }
+        // What the eviction gave back, read while the process is still there (stopped); a
+        // process that died on its own is known by its bound only.
+        let measured = process.residentMeasured ? process.residentBytes : ProcessTree.uniqueBytes(ofProcess: process.appPID)
+        let bytes = process.residentMeasured || measured > 0 ? measured : process.residentBytes
         end(process)
         lock.withLock {
-            evictions[app] = AppProcessEviction(reason: reason, at: Date(), residentBytes: process.residentBytes)
+            evictions[app] = AppProcessEviction(reason: reason, at: Date(), residentBytes: bytes)
         }
         logger.info("evicted a suspended app", metadata: [
-            "bundle.id": "\(app)", "pid": "\(process.pid)", "rss": "\(process.residentBytes)", "reason": "\(reason)"])
+            "bundle.id": "\(app)", "pid": "\(process.pid)", "rss": "\(bytes)", "reason": "\(reason)"])
         return true
     }
 
@@ -373,7 +397,8 @@ package final class SuspendedApps: @unchecked Sendable {
     // MARK: What apps see
 
     package func states() -> [AppProcessState] {
-        lock.withLock {
+        measureUnmeasured()
+        return lock.withLock {
             var states: [AppProcessState] = suspended.values.map {
                 AppProcessState(app: $0.app, state: .suspended, pid: $0.pid, residentBytes: $0.residentBytes,
                                 suspendedSince: $0.suspendedAt, launches: $0.launches, lastEviction: nil)
@@ -389,19 +414,54 @@ package final class SuspendedApps: @unchecked Sendable {
     }
 
     package var suspendedCount: Int { lock.withLock { suspended.count } }
-    package var suspendedBytes: UInt64 { lock.withLock { heldBytes } }
+    /// What the suspended apps are counted for now, measured or not (for tests).
+    package var countedBytes: UInt64 { lock.withLock { heldBytes } }
+    /// The measured private memory of all suspended apps.
+    package var suspendedBytes: UInt64 {
+        measureUnmeasured()
+        return lock.withLock { heldBytes }
+    }
 
     /// Under `lock`: `process` in the table, its bytes counted.
     private func put(_ process: SuspendedApp) {
-        if let old = suspended.updateValue(process, forKey: process.app) { heldBytes -= old.residentBytes }
+        if let old = suspended.updateValue(process, forKey: process.app) {
+            heldBytes -= old.residentBytes
+            if !old.residentMeasured { unmeasuredCount -= 1 }
+        }
         heldBytes += process.residentBytes
+        if !process.residentMeasured { unmeasuredCount += 1 }
     }
 
     /// Under `lock`: `app`'s process out of the table, its bytes no longer counted.
     private func takeOut(_ app: String) -> SuspendedApp? {
         guard let process = suspended.removeValue(forKey: app) else { return nil }
         heldBytes -= process.residentBytes
+        if !process.residentMeasured { unmeasuredCount -= 1 }
         return process
+    }
+
+    /// The private memory of every suspended app counted by its bound so far, read outside the
+    /// lock (a launch worker may take or put meanwhile) and kept for a process still suspended
+    /// as it was read (the same pid, suspended at the same moment). Each suspension is measured
+    /// at most once.
+    private func measureUnmeasured() {
+        let wanted: [(app: String, pid: pid_t, appPID: pid_t, at: UInt64)] = lock.withLock {
+            guard unmeasuredCount > 0 else { return [] }
+            return suspended.values.filter { !$0.residentMeasured }.map { ($0.app, $0.pid, $0.appPID, $0.suspendedAtNs) }
+        }
+        guard !wanted.isEmpty else { return }
+        let measured = wanted.map { ($0, ProcessTree.uniqueBytes(ofProcess: $0.appPID)) }
+        lock.withLock {
+            for (want, bytes) in measured {
+                guard var process = suspended[want.app], process.pid == want.pid, process.suspendedAtNs == want.at,
+                      !process.residentMeasured else { continue }
+                // Unreadable (it died while stopped; its watch evicts it): its bound stays.
+                guard bytes > 0 else { continue }
+                process.residentBytes = bytes
+                process.residentMeasured = true
+                put(process)
+            }
+        }
     }
 
     // MARK: The watches
@@ -409,6 +469,7 @@ package final class SuspendedApps: @unchecked Sendable {
     /// The kernel asked for memory back (the pressure trigger fired): the first in eviction
     /// order goes.
     package func pressureReported() {
+        measureUnmeasured()
         guard let first = evictionOrder().first else { return }
         if evict(first, reason: "jetsam: the kernel reported memory pressure (tasks stalled on memory for 100 ms within a second, /proc/pressure/memory); it was the least recently used") {
             onMemoryPressureEviction?(first)
