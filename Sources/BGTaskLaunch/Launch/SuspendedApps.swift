@@ -175,6 +175,8 @@ package final class SuspendedApps: @unchecked Sendable {
     private var heldBytes: UInt64 = 0
     /// How many of `suspended` are counted by their bound (not measured yet).
     private var unmeasuredCount = 0
+    /// Apps whose private memory a thread reads now (`measureUnmeasured`).
+    private var measuring: Set<String> = []
     /// Per suspended app: the watch over the pidfds of the host's child and of the app's own
     /// process (below a namespace's init, which is stopped too and would not notice the app's
     /// death).
@@ -326,7 +328,9 @@ package final class SuspendedApps: @unchecked Sendable {
             // Over on the bound: the private memory of each app not yet measured, then again.
             // Every eviction is decided on measured figures (its order: the largest first).
             if unmeasured > 0 && !measured {
-                measureUnmeasured()
+                // Another worker still reads some: it decides what goes once it has (an app
+                // whose bound is large may hold little of its own).
+                if measureUnmeasured(untilFits: count <= maximumCount) { return }
                 measured = true
                 continue
             }
@@ -440,28 +444,45 @@ package final class SuspendedApps: @unchecked Sendable {
         return process
     }
 
-    /// The private memory of every suspended app counted by its bound so far, read outside the
-    /// lock (a launch worker may take or put meanwhile) and kept for a process still suspended
-    /// as it was read (the same pid, suspended at the same moment). Each suspension is measured
-    /// at most once.
-    private func measureUnmeasured() {
-        let wanted: [(app: String, pid: pid_t, appPID: pid_t, at: UInt64)] = lock.withLock {
+    /// Reads the private memory of suspended apps counted by their bound so far, the largest
+    /// bound first: until the counts fit the budget (`untilFits`), or all of them. Each read is
+    /// outside the lock (a launch worker may take or put meanwhile) and kept for a process still
+    /// suspended as it was read (the same pid, suspended at the same moment). An app is claimed
+    /// before it is read (`measuring`): launch workers suspending apps at once each read
+    /// different apps, never the same one again (at a thousand launches ending together, four
+    /// workers each reading every app was a CPU spike in the middle of the expirations). Each
+    /// suspension is read at most once; one that cannot be read (it died while stopped: its
+    /// watch evicts it) keeps its bound. Returns whether another thread still reads some.
+    @discardableResult
+    private func measureUnmeasured(untilFits: Bool = false) -> Bool {
+        let candidates: [(app: String, pid: pid_t, appPID: pid_t, at: UInt64)] = lock.withLock {
             guard unmeasuredCount > 0 else { return [] }
-            return suspended.values.filter { !$0.residentMeasured }.map { ($0.app, $0.pid, $0.appPID, $0.suspendedAtNs) }
+            return suspended.values.filter { !$0.residentMeasured }.sorted { $0.residentBytes > $1.residentBytes }
+                .map { ($0.app, $0.pid, $0.appPID, $0.suspendedAtNs) }
         }
-        guard !wanted.isEmpty else { return }
-        let measured = wanted.map { ($0, ProcessTree.uniqueBytes(ofProcess: $0.appPID)) }
-        lock.withLock {
-            for (want, bytes) in measured {
-                guard var process = suspended[want.app], process.pid == want.pid, process.suspendedAtNs == want.at,
-                      !process.residentMeasured else { continue }
-                // Unreadable (it died while stopped; its watch evicts it): its bound stays.
-                guard bytes > 0 else { continue }
-                process.residentBytes = bytes
+        for candidate in candidates {
+            let claimed: Bool = lock.withLock {
+                if untilFits && heldBytes <= budgetBytes { return false }
+                guard let process = suspended[candidate.app], process.pid == candidate.pid, process.suspendedAtNs == candidate.at,
+                      !process.residentMeasured, !measuring.contains(candidate.app) else { return false }
+                measuring.insert(candidate.app)
+                return true
+            }
+            guard claimed else {
+                if untilFits && lock.withLock({ heldBytes <= budgetBytes }) { break }
+                continue
+            }
+            let bytes = ProcessTree.uniqueBytes(ofProcess: candidate.appPID)
+            lock.withLock {
+                measuring.remove(candidate.app)
+                guard var process = suspended[candidate.app], process.pid == candidate.pid, process.suspendedAtNs == candidate.at,
+                      !process.residentMeasured else { return }
+                if bytes > 0 { process.residentBytes = bytes }
                 process.residentMeasured = true
                 put(process)
             }
         }
+        return lock.withLock { !measuring.isEmpty }
     }
 
     // MARK: The watches
