@@ -4,20 +4,25 @@ import Testing
 
 /// A launch's memory and CPU series as its supervisor writes it (`logs/LAUNCH_ID.samples`).
 @Suite struct LaunchSamplesTests {
-    private func scratchLog() throws -> (directory: URL, log: String) {
+    private static let start: UInt64 = 1_000_000_000
+
+    /// A writer for a launch's log in a directory of its own (removed by the caller), with the
+    /// launch's first sample taken 1 ms in: 5 MiB resident, 2 ms of CPU.
+    private func writerWithFirstPoint() throws -> (directory: URL, writer: LaunchSamples.Writer) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("samples-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        return (directory, directory.appendingPathComponent("20261128T000000-0000abcd.log").path)
+        var writer = LaunchSamples.Writer(log: directory.appendingPathComponent("20261128T000000-0000abcd.log").path)
+        writer.sample(resident: 5 << 20, nowNs: Self.start + 1_000_000, startNs: Self.start) { 2_000_000 }
+        return (directory, writer)
     }
 
     /// A launch over within its first second has one point: no file (it would be an inode per
     /// launch saying what the record says).
     @Test func aOnePointSeriesIsNotWritten() throws {
-        let (directory, log) = try scratchLog()
+        let (directory, first) = try writerWithFirstPoint()
+        var writer = first
         defer { try? FileManager.default.removeItem(at: directory) }
-        var writer = LaunchSamples.Writer(log: log)
-        let start: UInt64 = 1_000_000_000
-        writer.sample(resident: 5 << 20, nowNs: start + 1_000_000, startNs: start) { 2_000_000 }
+        let start = Self.start
         // More samples within the first second keep no point.
         writer.sample(resident: 6 << 20, nowNs: start + 400_000_000, startNs: start) { 3_000_000 }
         writer.flush()
@@ -27,11 +32,10 @@ import Testing
 
     /// From the second point on, the series is written whole, the first point with it, in order.
     @Test func aSeriesOfTwoPointsIsWrittenWithItsFirst() throws {
-        let (directory, log) = try scratchLog()
+        let (directory, first) = try writerWithFirstPoint()
+        var writer = first
         defer { try? FileManager.default.removeItem(at: directory) }
-        var writer = LaunchSamples.Writer(log: log)
-        let start: UInt64 = 1_000_000_000
-        writer.sample(resident: 5 << 20, nowNs: start + 1_000_000, startNs: start) { 2_000_000 }
+        let start = Self.start
         writer.sample(resident: 7 << 20, nowNs: start + 1_200_000_000, startNs: start) { nil }
         writer.flush()
         let points = LaunchSamples.read(writer.path)

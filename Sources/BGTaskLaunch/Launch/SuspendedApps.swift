@@ -328,8 +328,9 @@ package final class SuspendedApps: @unchecked Sendable {
             // Over on the bound: the private memory of each app not yet measured, then again.
             // Every eviction is decided on measured figures (its order: the largest first).
             if unmeasured > 0 && !measured {
-                // Another worker still reads some: it decides what goes once it has (an app
-                // whose bound is large may hold little of its own).
+                // Another thread still reads some: it decides what goes once it has (an app
+                // whose bound is large may hold little of its own; a reader of `states` or
+                // `suspendedBytes` enforces the budget after its reads).
                 if measureUnmeasured(untilFits: count <= maximumCount) { return }
                 measured = true
                 continue
@@ -402,6 +403,8 @@ package final class SuspendedApps: @unchecked Sendable {
 
     package func states() -> [AppProcessState] {
         measureUnmeasured()
+        // A suspension over the budget while this read apps left the eviction to it.
+        enforceBudget()
         return lock.withLock {
             var states: [AppProcessState] = suspended.values.map {
                 AppProcessState(app: $0.app, state: .suspended, pid: $0.pid, residentBytes: $0.residentBytes,
@@ -423,6 +426,7 @@ package final class SuspendedApps: @unchecked Sendable {
     /// The measured private memory of all suspended apps.
     package var suspendedBytes: UInt64 {
         measureUnmeasured()
+        enforceBudget()
         return lock.withLock { heldBytes }
     }
 
