@@ -98,9 +98,9 @@ public enum LaunchSamples {
         /// A series of one point (a launch over within its first second) is not written: the
         /// point says what the record says (its peak memory, its CPU), and its file was an
         /// inode made, and later removed, per launch. On ext4 without a journal, whose inode
-        /// allocation skips every inode freed in the last minute, that file's `open` was the
-        /// largest single cost of the host's launches (a fifth of a resumed app's host CPU in
-        /// `bgtask-bench --only e2e`, under perf).
+        /// allocation skips every inode freed in the last minute, that file's `open` cost up to
+        /// a fifth of a resumed app's host CPU (`bgtask-bench --only e2e` under perf; how much
+        /// depends on how many files were removed in the last minute).
         public mutating func flush() {
             guard pendingCount > 0, count >= 2 else { return }
             append(pending, to: path)
