@@ -40,6 +40,13 @@ package struct SuspendedApp {
     /// launches under perf), and most suspensions never need it. `SuspendedApps` measures it when
     /// it matters: when the bound is over the budget, before an eviction, when asked for it.
     package var residentMeasured: Bool
+    /// The private memory of the process, read now unless it was read already; its bound when
+    /// it cannot be read (it died).
+    func privateBytes() -> UInt64 {
+        guard !residentMeasured else { return residentBytes }
+        let read = ProcessTree.uniqueBytes(ofProcess: appPID)
+        return read > 0 ? read : residentBytes
+    }
     package var lastLaunchID: String
     /// The process's CPU time when it was suspended: the app's word (its `getrusage`, at least
     /// what /proc said), from which the next launch's CPU is counted.
@@ -362,9 +369,7 @@ package final class SuspendedApps: @unchecked Sendable {
         // What the eviction gave back, read while the process is still there (stopped); a
         // process that died on its own is known by its bound only, and so is every process
         // when the host stops (nobody will ask).
-        let stopping = lock.withLock { stopped }
-        let measured = process.residentMeasured || stopping ? process.residentBytes : ProcessTree.uniqueBytes(ofProcess: process.appPID)
-        let bytes = process.residentMeasured || measured > 0 ? measured : process.residentBytes
+        let bytes = lock.withLock { stopped } ? process.residentBytes : process.privateBytes()
         end(process)
         lock.withLock {
             evictions[app] = AppProcessEviction(reason: reason, at: Date(), residentBytes: bytes)
@@ -404,9 +409,7 @@ package final class SuspendedApps: @unchecked Sendable {
     // MARK: What apps see
 
     package func states() -> [AppProcessState] {
-        measureUnmeasured()
-        // A suspension over the budget while this read apps left the eviction to it.
-        enforceBudget()
+        measureAllAndEnforce()
         return lock.withLock {
             var states: [AppProcessState] = suspended.values.map {
                 AppProcessState(app: $0.app, state: .suspended, pid: $0.pid, residentBytes: $0.residentBytes,
@@ -427,9 +430,15 @@ package final class SuspendedApps: @unchecked Sendable {
     package var countedBytes: UInt64 { lock.withLock { heldBytes } }
     /// The measured private memory of all suspended apps.
     package var suspendedBytes: UInt64 {
+        measureAllAndEnforce()
+        return lock.withLock { heldBytes }
+    }
+
+    /// Every suspended app's private memory read, for a reader that shows it; then the budget,
+    /// since a suspension over it while this read left the eviction to it.
+    private func measureAllAndEnforce() {
         measureUnmeasured()
         enforceBudget()
-        return lock.withLock { heldBytes }
     }
 
     /// Under `lock`: `process` in the table, its bytes counted.
@@ -461,29 +470,31 @@ package final class SuspendedApps: @unchecked Sendable {
     /// watch evicts it) keeps its bound. Returns whether another thread still reads some.
     @discardableResult
     private func measureUnmeasured(untilFits: Bool = false) -> Bool {
-        let candidates: [(app: String, pid: pid_t, appPID: pid_t, at: UInt64)] = lock.withLock {
+        let candidates: [SuspendedApp] = lock.withLock {
             guard unmeasuredCount > 0 else { return [] }
             return suspended.values.filter { !$0.residentMeasured }.sorted { $0.residentBytes > $1.residentBytes }
-                .map { ($0.app, $0.pid, $0.appPID, $0.suspendedAtNs) }
+        }
+        /// Under `lock`: the same suspension as `candidate`, still counted by its bound.
+        func unmeasured(_ candidate: SuspendedApp) -> SuspendedApp? {
+            guard let process = suspended[candidate.app], process.pid == candidate.pid,
+                  process.suspendedAtNs == candidate.suspendedAtNs, !process.residentMeasured else { return nil }
+            return process
         }
         for candidate in candidates {
-            let claimed: Bool = lock.withLock {
-                if untilFits && heldBytes <= budgetBytes { return false }
-                guard let process = suspended[candidate.app], process.pid == candidate.pid, process.suspendedAtNs == candidate.at,
-                      !process.residentMeasured, !measuring.contains(candidate.app) else { return false }
+            // nil: the counts fit, no more is needed.
+            let claimed: Bool? = lock.withLock {
+                if untilFits && heldBytes <= budgetBytes { return nil }
+                guard unmeasured(candidate) != nil, !measuring.contains(candidate.app) else { return false }
                 measuring.insert(candidate.app)
                 return true
             }
-            guard claimed else {
-                if untilFits && lock.withLock({ heldBytes <= budgetBytes }) { break }
-                continue
-            }
-            let bytes = ProcessTree.uniqueBytes(ofProcess: candidate.appPID)
+            guard let claimed else { break }
+            guard claimed else { continue }
+            let bytes = candidate.privateBytes()
             lock.withLock {
                 measuring.remove(candidate.app)
-                guard var process = suspended[candidate.app], process.pid == candidate.pid, process.suspendedAtNs == candidate.at,
-                      !process.residentMeasured else { return }
-                if bytes > 0 { process.residentBytes = bytes }
+                guard var process = unmeasured(candidate) else { return }
+                process.residentBytes = bytes
                 process.residentMeasured = true
                 put(process)
             }
